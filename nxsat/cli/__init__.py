@@ -1,0 +1,84 @@
+"""The ``nxsat`` command line. Each group of commands lives in its own module of this package and
+adds its subcommands in ``register``; this module only dispatches and turns errors into one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import traceback
+from collections.abc import Sequence
+
+from nxsat import __version__
+from nxsat.diagnostics import NxsatError
+
+# Modules that contribute subcommands, in the order `nxsat --help` lists them.
+COMMAND_MODULES = ("nxsat.cli.model",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one coded line (exit 2), like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error NCC_EARG002: {message} (hint: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = _Parser(prog="nxsat", description="An equality-saturation graph compiler for AWS Neuron devices.")
+    parser.add_argument("--version", action="version", version=f"nxsat {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    debug = args.debug or bool(os.environ.get("NXSAT_DEBUG"))
+    try:
+        return int(args.func(args) or 0)
+    except NxsatError as exc:
+        if debug:
+            traceback.print_exc()
+        print(exc.format(), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("nxsat: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except MemoryError:
+        print("error NCC_EOOM002: the host ran out of memory", file=sys.stderr)
+        return 1
+    except RecursionError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error NCC_IINT001: internal compiler error: {exc} (hint: rerun with --debug and report it)",
+              file=sys.stderr)
+        return 70
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error NCC_IINT001: internal compiler error: {type(exc).__name__}: {exc} "
+              "(hint: rerun with --debug and report it)".replace("\n", " "), file=sys.stderr)
+        return 70
+
+
+def env_flags(var: str = "NEURON_CC_FLAGS") -> list[str]:
+    """Flags from the environment, as frameworks pass them to neuronx-cc."""
+    return shlex.split(os.environ.get(var, ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

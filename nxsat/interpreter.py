@@ -1,0 +1,120 @@
+"""The reference interpreter: runs any IR graph with the registry's numpy implementations.
+
+It is the oracle of every equivalence test, so it is plain: evaluate nodes in post-order, check
+each result against the node's declared type, and free values after their last use so that
+large models fit in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from nxsat.diagnostics import NxsatError, Warnings, error
+from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
+from nxsat.ops import registry
+from nxsat.ops.common import to_dtype
+
+
+class _Frame:
+    """What an implementation sees as ``ctx``: the node being run and the interpreter."""
+
+    __slots__ = ("node", "interp")
+
+    def __init__(self, interp: Interpreter, node: Node) -> None:
+        self.interp = interp
+        self.node = node
+
+    def call(self, comp: Computation, args: Sequence[Any]) -> Any:
+        return self.interp.call(comp, list(args))
+
+    def warn(self, code: str, message: str) -> None:
+        self.interp.warnings.warn(code, message, self.node.loc)
+
+
+class Interpreter:
+    """Runs computations of one module. ``check_types`` verifies every result (on by default)."""
+
+    def __init__(self, warnings: Warnings | None = None, check_types: bool = True) -> None:
+        self.warnings = warnings if warnings is not None else Warnings()
+        self.check_types = check_types
+        self._orders: dict[int, tuple[list[Node], dict[int, int]]] = {}
+
+    def _plan(self, comp: Computation) -> tuple[list[Node], dict[int, int]]:
+        key = id(comp)
+        if key not in self._orders:
+            order = comp.post_order()
+            last_use: dict[int, int] = {}
+            for i, n in enumerate(order):
+                for o in n.operands:
+                    last_use[o.id] = i
+            last_use[comp.root.id] = len(order)
+            self._orders[key] = (order, last_use)
+        return self._orders[key]
+
+    def call(self, comp: Computation, args: list[Any]) -> Any:
+        if len(args) != len(comp.params):
+            raise error("NCC_EEXE001", f"{comp.name} takes {len(comp.params)} arguments, got {len(args)}",
+                        comp.loc)
+        order, last_use = self._plan(comp)
+        values: dict[int, Any] = {p.id: a for p, a in zip(comp.params, args)}
+        with np.errstate(all="ignore"):
+            for i, node in enumerate(order):
+                if node.op != "parameter":
+                    values[node.id] = self._run(node, [values[o.id] for o in node.operands])
+                for o in node.operands:
+                    if last_use.get(o.id) == i:
+                        values.pop(o.id, None)
+        return values[comp.root.id]
+
+    def _run(self, node: Node, args: list[Any]) -> Any:
+        opdef = registry.get(node.op)
+        if opdef is None or opdef.impl is None:
+            raise error("NCC_EUOC002", f"operator {node.op} has no reference implementation", node.loc)
+        try:
+            out = opdef.impl(args, node.attrs, _Frame(self, node))
+        except NxsatError:
+            raise
+        except Exception as exc:  # a bug in an implementation: say where, keep the cause for --debug
+            raise error("NCC_IINT001", f"reference implementation of {node.op} failed at {node.name}: "
+                        f"{type(exc).__name__}: {exc}", node.loc, "please report this with the model") from exc
+        return self._conform(out, node.type, node) if self.check_types else out
+
+    def _conform(self, value: Any, t: Type, node: Node) -> Any:
+        if isinstance(t, TupleType):
+            if not isinstance(value, tuple) or len(value) != len(t.elements):
+                raise error("NCC_IINT001", f"{node.op} at {node.name} returned {type(value).__name__}, "
+                            f"expected a {len(t.elements)}-tuple", node.loc)
+            return tuple(self._conform(v, e, node) for v, e in zip(value, t.elements))
+        a = np.asarray(value)
+        if a.dtype != t.dtype.np:
+            a = to_dtype(a, t.dtype)
+        if a.shape != t.shape:
+            raise error("NCC_IINT001", f"{node.op} at {node.name} computed shape {list(a.shape)}, "
+                        f"declared {t}", node.loc)
+        return a
+
+
+def flatten(value: Any) -> list[np.ndarray]:
+    """Tuple results flattened depth-first: the order of ``out0``, ``out1``, ..."""
+    if isinstance(value, tuple):
+        return [leaf for v in value for leaf in flatten(v)]
+    return [np.asarray(value)]
+
+
+def run_module(module: Module, inputs: Sequence[np.ndarray], warnings: Warnings | None = None) -> list[np.ndarray]:
+    """Run the entry computation on inputs given in parameter order; returns the flattened outputs."""
+    params = module.entry.params
+    if len(inputs) != len(params):
+        raise error("NCC_EINP001", f"{module.name} takes {len(params)} inputs, got {len(inputs)}")
+    args = []
+    for p, x in zip(params, inputs):
+        t = p.type
+        if isinstance(t, TensorType) and tuple(np.shape(x)) != t.shape:
+            raise error("NCC_EINP001", f"input for parameter {p.name} has shape {list(np.shape(x))}, "
+                        f"expected {t}", p.loc)
+        args.append(x)
+    interp = Interpreter(warnings if warnings is not None else module.warnings)
+    return flatten(interp.call(module.entry, args))

@@ -1,0 +1,146 @@
+"""Files in and out: atomic writes, deterministic .npz, and model inputs matched to parameters.
+
+Every file nxsat writes goes through :func:`atomic_write` (write a temporary file beside the
+target, fsync, rename), so an interrupted run never leaves half a file. ``.npz`` files are written
+with fixed zip timestamps so that the same arrays give the same bytes, and read without pickle.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.diagnostics import error
+from nxsat.ir import Module, TensorType
+
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` all at once: readers see the old file or the whole new one."""
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise error("NCC_EFIL001", f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise error("NCC_EFIL001", f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """A deterministic .npz (stored, fixed timestamps, keys in the given order)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for key, value in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.ascontiguousarray(storable(value)), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=_ZIP_EPOCH)
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, member.getvalue())
+    return buf.getvalue()
+
+
+def storable(a: np.ndarray) -> np.ndarray:
+    """Arrays numpy's format can hold: bf16 and fp8 (ml_dtypes) widen exactly to fp32."""
+    a = np.asarray(a)
+    if a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np):
+        return a.astype(np.float32)
+    return a
+
+
+def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None:
+    atomic_write(path, npz_bytes(arrays))
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read an .npz without pickle; NCC_EFIL001 when it is missing or not an .npz."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise error("NCC_EFIL001", f"{path}: no such file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise error("NCC_EFIL001", f"{path}: not a readable .npz file ({exc})") from None
+
+
+def read_text(path: str | os.PathLike) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error("NCC_EFIL001", f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise error("NCC_EFIL001", f"{path}: is a directory") from None
+    except UnicodeDecodeError as exc:
+        raise error("NCC_EFIL001", f"{path}: not UTF-8 text (byte {exc.start})",
+                    hint="is this a binary file?") from None
+    except OSError as exc:
+        raise error("NCC_EFIL001", f"{path}: {exc.strerror or exc}") from None
+
+
+def match_inputs(module: Module, arrays: Mapping[str, np.ndarray], source: str = "inputs") -> list[np.ndarray]:
+    """Order ``arrays`` by the entry's parameters: keys ``in0``, ``in1``, ... or parameter names.
+
+    Values are converted to the parameter's element type when that loses nothing that matters
+    (floats to another float type, integers that fit); anything else is NCC_EINP001.
+    """
+    params = module.entry.params
+    out: list[np.ndarray] = []
+    used: set[str] = set()
+    for i, p in enumerate(params):
+        candidates = [f"in{i}", p.name, p.name.lstrip("%")]
+        key = next((k for k in candidates if k in arrays), None)
+        if key is None:
+            raise error("NCC_EINP001", f"{source}: no value for parameter {i} ({p.name}: {p.type})",
+                        hint=f"give it as in{i} or {p.name}")
+        used.add(key)
+        out.append(_conform_input(arrays[key], p.type, f"{source}[{key}]"))
+    extra = sorted(set(arrays) - used)
+    if extra:
+        raise error("NCC_EINP001", f"{source}: {', '.join(extra)} match no parameter of {module.name}",
+                    hint=f"the model takes {len(params)} inputs")
+    return out
+
+
+def _conform_input(a: np.ndarray, t: object, what: str) -> np.ndarray:
+    if not isinstance(t, TensorType):
+        raise error("NCC_EINP001", f"{what}: tuple-typed parameters cannot be given in an .npz")
+    a = np.asarray(a)
+    if tuple(a.shape) != t.shape:
+        raise error("NCC_EINP001", f"{what} has shape {list(a.shape)}, the parameter is {t}")
+    if a.dtype == t.dtype.np:
+        return a
+    src_float = a.dtype.kind == "f" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np)
+    if t.dtype.is_float and src_float:
+        return dt.cast(a, t.dtype)
+    if t.dtype.is_int and a.dtype.kind in "iu":
+        info = np.iinfo(t.dtype.np)
+        if a.size and (a.min() < info.min or a.max() > info.max):
+            raise error("NCC_EINP001", f"{what}: values do not fit {t.dtype.name}")
+        return a.astype(t.dtype.np)
+    if t.dtype.is_pred and a.dtype.kind in "biu":
+        return a != 0
+    raise error("NCC_EINP001", f"{what} is {a.dtype}, the parameter is {t}")
+
+
+def outputs_dict(outputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    return {f"out{i}": o for i, o in enumerate(outputs)}

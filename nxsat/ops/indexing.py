@@ -1,0 +1,1 @@
+"""Operators: indexing (being written)."""

@@ -1,0 +1,1 @@
+"""Operators: linalg (being written)."""

@@ -1,0 +1,1 @@
+"""Operators: norm (being written)."""

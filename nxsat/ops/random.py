@@ -1,0 +1,1 @@
+"""Operators: random (being written)."""
