@@ -29,6 +29,11 @@ def infer_type(op: str, operands: Sequence[Node], attrs: dict[str, Any], loc: Lo
         return opdef.infer([o.type for o in operands], attrs)
     except ShapeError as exc:
         raise error("NCC_EVRF064", str(exc), loc) from None
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        # A rule met attributes it cannot make sense of (bad input, e.g. a dimension list of the
+        # wrong length): still the user's shape error, reported where it is.
+        raise error("NCC_EVRF064", f"{op}: attributes do not fit the operands ({type(exc).__name__}: {exc})",
+                    loc) from None
 
 
 class Builder:

@@ -51,6 +51,7 @@ CODES: dict[str, str] = {
     "NCC_EEXE001": "reference interpreter cannot execute this graph",
     "NCC_WTYP001": "64-bit integers run as 32-bit on the device (high bits dropped)",
     "NCC_WPRS001": "model text accepted with a caveat",
+    "NCC_WUOC001": "operator not supported: the model loads for inspection only",
     "NCC_IINT001": "internal compiler error",
 }
 

@@ -60,16 +60,18 @@ class Interpreter:
                         comp.loc)
         order, last_use = self._plan(comp)
         values: dict[int, Any] = {p.id: a for p, a in zip(comp.params, args)}
+        lanes = _applied_to_arrays(comp, args)
         with np.errstate(all="ignore"):
             for i, node in enumerate(order):
                 if node.op != "parameter":
-                    values[node.id] = self._run(node, [values[o.id] for o in node.operands])
+                    values[node.id] = self.run_node(node, [values[o.id] for o in node.operands], lanes)
                 for o in node.operands:
                     if last_use.get(o.id) == i:
                         values.pop(o.id, None)
         return values[comp.root.id]
 
-    def _run(self, node: Node, args: list[Any]) -> Any:
+    def run_node(self, node: Node, args: list[Any], lanes: bool = False) -> Any:
+        """Run one node on its operand values; the result is checked against the node's type."""
         opdef = registry.get(node.op)
         if opdef is None or opdef.impl is None:
             raise error("NCC_EUOC002", f"operator {node.op} has no reference implementation", node.loc)
@@ -80,21 +82,30 @@ class Interpreter:
         except Exception as exc:  # a bug in an implementation: say where, keep the cause for --debug
             raise error("NCC_IINT001", f"reference implementation of {node.op} failed at {node.name}: "
                         f"{type(exc).__name__}: {exc}", node.loc, "please report this with the model") from exc
-        return self._conform(out, node.type, node) if self.check_types else out
+        return self._conform(out, node.type, node, lanes) if self.check_types else out
 
-    def _conform(self, value: Any, t: Type, node: Node) -> Any:
+    def _conform(self, value: Any, t: Type, node: Node, lanes: bool = False) -> Any:
         if isinstance(t, TupleType):
             if not isinstance(value, tuple) or len(value) != len(t.elements):
                 raise error("NCC_IINT001", f"{node.op} at {node.name} returned {type(value).__name__}, "
                             f"expected a {len(t.elements)}-tuple", node.loc)
-            return tuple(self._conform(v, e, node) for v, e in zip(value, t.elements))
+            return tuple(self._conform(v, e, node, lanes) for v, e in zip(value, t.elements))
         a = np.asarray(value)
         if a.dtype != t.dtype.np:
             a = to_dtype(a, t.dtype)
-        if a.shape != t.shape:
+        if a.shape != t.shape and not (lanes and t.shape == ()):
             raise error("NCC_IINT001", f"{node.op} at {node.name} computed shape {list(a.shape)}, "
                         f"declared {t}", node.loc)
         return a
+
+
+def _applied_to_arrays(comp: Computation, args: Sequence[Any]) -> bool:
+    """A scalar computation (a reduce body, a comparator, a mapped function) given whole arrays:
+    its operators are elementwise, so one run over the arrays computes every lane at once; its
+    scalar values may then hold arrays."""
+    if not all(t.shape == () for p in comp.params for t in p.type.leaves()):
+        return False
+    return any(np.ndim(a) > 0 for a in flatten(tuple(args)))
 
 
 def flatten(value: Any) -> list[np.ndarray]:
