@@ -530,6 +530,32 @@ class _ModuleBuilder:
         self.building: set[str] = set()
         self.ignored: set[str] = set()
 
+    def _origin(self, meta: Metadata) -> str | None:
+        """Where the model's own source says an instruction came from: metadata's source_file and
+        source_line, or its stack_frame_id resolved through the module's stack-frame tables."""
+        if meta.source_file:
+            return meta.origin()
+        frame_id = dict(meta.extra).get("stack_frame_id")
+        frames = self.raw.frames
+        if frame_id is None or "StackFrames" not in frames:
+            return None
+
+        def field(table: str, key: str | int, name: str) -> str | None:
+            row = frames.get(table, {}).get(int(key)) if str(key).isdigit() else None
+            if row is None:
+                return None
+            m = re.search(rf"\b{name}=(\S+?)[\s}}]", row + " ")
+            return m.group(1) if m else None
+
+        loc_id = field("StackFrames", frame_id, "file_location_id")
+        file_id = field("FileLocations", loc_id, "file_name_id") if loc_id else None
+        line = field("FileLocations", loc_id, "line") if loc_id else None
+        name = frames.get("FileNames", {}).get(int(file_id)) if file_id and file_id.isdigit() else None
+        if not name:
+            return None
+        name = _unquote(name) if name.startswith('"') else name
+        return f"{name}:{line}" if line else name
+
     # computations are built on first use, so order in the file does not matter
     def computation(self, name: str, loc: Loc) -> Computation:
         name = _strip(name)
@@ -629,7 +655,7 @@ class _ModuleBuilder:
         meta = attrs_raw.get("metadata")
         loc = ins.loc
         if meta is not None:
-            origin = _metadata(meta).origin()
+            origin = self._origin(_metadata(meta))
             if origin:
                 loc = Loc(loc.file, loc.line, loc.column, origin)
         opcode, attrs = self._attrs(ins, operands, literals, attrs_raw, loc)

@@ -56,12 +56,12 @@ class Builder:
         return n
 
     def op(self, op: str, operands: Sequence[Node] = (), *, name: str = "", loc: Loc | None = None,
-           type: Type | None = None, **attrs: Any) -> Node:
-        """Add ``op(operands)``; the type is inferred (and checked against ``type`` when given)."""
+           expect_type: Type | None = None, **attrs: Any) -> Node:
+        """Add ``op(operands)``; the type is inferred (and checked against ``expect_type`` if given)."""
         where = loc or self.loc
         inferred = infer_type(op, operands, attrs, where)
-        if type is not None and type != inferred:
-            raise error("NCC_EVRF064", f"{op} is declared {type} but its operands give {inferred}", where)
+        if expect_type is not None and expect_type != inferred:
+            raise error("NCC_EVRF064", f"{op} is declared {expect_type} but its operands give {inferred}", where)
         n = Node(op, operands, attrs, inferred, name, where)
         self.nodes.append(n)
         return n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -98,7 +99,8 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 def match_inputs(module: Module, arrays: Mapping[str, np.ndarray], source: str = "inputs") -> list[np.ndarray]:
-    """Order ``arrays`` by the entry's parameters: keys ``in0``, ``in1``, ... or parameter names.
+    """Order ``arrays`` by the entry's parameters: keys ``in0``, ``in1``, ... or parameter names
+    (``out0``, ``out1``, ... are reference outputs and are ignored).
 
     Values are converted to the parameter's element type when that loses nothing that matters
     (floats to another float type, integers that fit); anything else is NCC_EINP001.
@@ -114,7 +116,8 @@ def match_inputs(module: Module, arrays: Mapping[str, np.ndarray], source: str =
                         hint=f"give it as in{i} or {p.name}")
         used.add(key)
         out.append(_conform_input(arrays[key], p.type, f"{source}[{key}]"))
-    extra = sorted(set(arrays) - used)
+    # Reference outputs (out0, out1, ...) may share the file, as in the corpus convention.
+    extra = sorted(k for k in set(arrays) - used if not re.fullmatch(r"out\d+", k))
     if extra:
         raise error("NCC_EINP001", f"{source}: {', '.join(extra)} match no parameter of {module.name}",
                     hint=f"the model takes {len(params)} inputs")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from nxsat.attrs import ConvDims, DotDims, GatherDims, PadDim, ScatterDims, SliceDim, WindowDim
-from nxsat.ir import Computation, Module, Node, TupleType, Type, collect_computations
+from nxsat.ir import Computation, Module, Node, TupleType, Type, subcomputations
 
 
 def type_text(t: Type) -> str:
@@ -81,13 +81,14 @@ class _Printer:
         self.module = module
         self.comp_names: dict[int, str] = {}
         used: set[str] = set()
-        for comp in collect_computations(module.entry).values():
+        self.order = _callees_first(module.entry)
+        for comp in self.order:
             self.comp_names[id(comp)] = _unique(comp.name, used)
 
     def attrs(self, node: Node) -> list[str]:
         out: list[str] = []
         a = node.attrs
-        for key, value in a.items():
+        for key, value in sorted(a.items()):
             text = self.attr(node.op, key, value)
             if text is not None:
                 out.append(text)
@@ -174,11 +175,31 @@ class _Printer:
         return head + " {\n" + "\n".join(lines) + "\n}\n"
 
     def module_text(self) -> str:
-        comps = list(collect_computations(self.module.entry).values())
+        comps = self.order
         params = ", ".join(type_text(p.type) for p in self.module.entry.params)
         header = (f"HloModule {_safe(self.module.name)}, entry_computation_layout={{({params})->"
                   f"{type_text(self.module.entry.root.type)}}}\n\n")
         return header + "\n".join(self.computation(c, c is self.module.entry) for c in comps)
+
+
+def _callees_first(entry: Computation) -> list[Computation]:
+    """Live computations, each after every computation it uses, in first-use order of the live
+    nodes (independent of how the source ordered its text)."""
+    order: list[Computation] = []
+    done: set[int] = set()
+    stack: list[tuple[Computation, bool]] = [(entry, False)]
+    while stack:
+        comp, expanded = stack.pop()
+        if id(comp) in done:
+            continue
+        if expanded:
+            done.add(id(comp))
+            order.append(comp)
+            continue
+        stack.append((comp, True))
+        subs = [c for n in comp.post_order() for c in subcomputations(n)]
+        stack.extend((c, False) for c in reversed(subs) if id(c) not in done)
+    return order
 
 
 def _safe(name: str) -> str:

@@ -108,7 +108,7 @@ def _int_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         # Truncating division: numpy's floor division corrected toward zero.
         fq = np.floor_divide(x, safe_y)
         rem = x - fq * safe_y
-        fix = (rem != 0) & ((rem < 0) != (safe_y < 0))
+        fix = (rem != 0) & ((x < 0) != (safe_y < 0))
         q = (fq + fix).astype(x.dtype)
         q = np.where(overflow, x, q)
         return np.where(zero, np.array(-1, x.dtype), q).astype(x.dtype)

@@ -1,0 +1,188 @@
+"""Commands on model files: inspect, interpret, list-operators."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.diagnostics import error
+from nxsat.ir import Module, TensorType
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every command that reads a model takes (shared with later command groups)."""
+    p.add_argument("model", metavar="MODEL", help="HLO text (.hlo) or Relay text (.relay)")
+    p.add_argument("--framework", choices=["XLA", "RELAY"], type=str.upper,
+                   help="input format (default: from the file name and its first line)")
+    p.add_argument("--relay-constants", metavar="FILE",
+                   help="Relay only: values of meta[relay.Constant][i] (.npz, or JSON [shape, dtype] list)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed for generated values (Relay constants from JSON, random inputs); default 0")
+
+
+def load_model(args: argparse.Namespace) -> Module:
+    from nxsat.frontend import load
+
+    options: dict[str, Any] = {}
+    if getattr(args, "relay_constants", None):
+        options["relay_constants"] = args.relay_constants
+    if getattr(args, "seed", None) is not None and (args.framework == "RELAY" or str(args.model).endswith(".relay")):
+        options["seed"] = args.seed
+    return load(args.model, args.framework, **options)
+
+
+def print_warnings(module: Module) -> None:
+    module.warnings.print(sys.stderr)
+
+
+# --- inspect ---------------------------------------------------------------------------------
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from nxsat.modelinfo import format_info, model_info
+
+    module = load_model(args)
+    info = model_info(module)
+    if args.json:
+        print(json.dumps(info.to_json(), indent=2, sort_keys=True))
+    else:
+        print(format_info(info, max_params=10**9 if args.all else 20))
+    return 0
+
+
+# --- interpret -------------------------------------------------------------------------------
+
+def random_inputs(module: Module, seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs for every parameter: normal floats, small non-negative integers, random bools."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for i, p in enumerate(module.entry.params):
+        t = p.type
+        if not isinstance(t, TensorType):
+            raise error("NCC_EINP001", f"parameter {p.name} is a tuple; give its values with --inputs", p.loc)
+        if t.dtype.is_float:
+            out[f"in{i}"] = dt.cast(rng.standard_normal(t.shape), t.dtype)
+        elif t.dtype.is_pred:
+            out[f"in{i}"] = rng.random(t.shape) < 0.5
+        else:
+            out[f"in{i}"] = rng.integers(0, 8, t.shape).astype(t.dtype.np)
+    return out
+
+
+def _summary(name: str, a: np.ndarray) -> str:
+    t = f"{dt.from_numpy(a.dtype).name if a.dtype in (x.np for x in dt.ALL) else a.dtype}{list(a.shape)}"
+    if a.size == 0:
+        return f"  {name:<6} {t} (empty)"
+    if a.dtype.kind in "fc" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np):
+        f = a.astype(np.float64)
+        finite = np.isfinite(f)
+        stats = (f"min {np.min(f[finite]):.6g} max {np.max(f[finite]):.6g} mean {np.mean(f[finite]):.6g}"
+                 if finite.any() else "no finite values")
+        bad = f.size - int(finite.sum())
+        return f"  {name:<6} {t:<24} {stats}" + (f"  ({bad} non-finite)" if bad else "")
+    return f"  {name:<6} {t:<24} min {a.min()} max {a.max()}"
+
+
+def cmd_interpret(args: argparse.Namespace) -> int:
+    from nxsat.interpreter import run_module
+    from nxsat.io import match_inputs, outputs_dict, read_npz, write_npz
+
+    module = load_model(args)
+    if args.inputs:
+        arrays = read_npz(args.inputs)
+        source = args.inputs
+    else:
+        arrays = random_inputs(module, args.seed)
+        source = f"random inputs (seed {args.seed})"
+        print(f"no --inputs: running on {source}", file=sys.stderr)
+    inputs = match_inputs(module, arrays, source=source)
+    outputs = run_module(module, inputs)
+    print_warnings(module)
+    if args.output:
+        write_npz(args.output, outputs_dict(outputs))
+    print(f"{module.name}: {len(outputs)} output(s)" + (f" written to {args.output}" if args.output else ""))
+    for i, o in enumerate(outputs):
+        print(_summary(f"out{i}", o))
+    return 0
+
+
+# --- list-operators --------------------------------------------------------------------------
+
+def _camel(opcode: str) -> str:
+    return "".join(part.capitalize() for part in re.split(r"[-_]", opcode))
+
+
+def operator_rows(framework: str, include_unsupported: bool = False) -> list[dict[str, str]]:
+    """One row per operator name the framework's users see, sorted by name."""
+    from nxsat.ops import all_ops
+    from nxsat.ops.registry import UNSUPPORTED
+
+    rows: list[dict[str, str]] = []
+    if framework == "XLA":
+        for o in all_ops():
+            if o.status == UNSUPPORTED and not include_unsupported:
+                continue
+            if o.name == "parameter":
+                continue
+            for name in o.neuron or (_camel(o.name),):
+                rows.append({"name": name, "hlo": o.name, "engine": o.engine, "status": o.status,
+                             "notes": o.notes})
+    else:
+        try:
+            from nxsat.frontend.relay import supported_operators
+        except ImportError:
+            supported_operators = None
+        if supported_operators is not None:
+            for name, notes in supported_operators().items():
+                rows.append({"name": name, "hlo": "", "engine": "", "status": "supported", "notes": notes})
+        else:
+            for o in all_ops():
+                for name in o.relay:
+                    rows.append({"name": name, "hlo": o.name, "engine": o.engine, "status": o.status,
+                                 "notes": o.notes})
+    return sorted(rows, key=lambda r: (r["name"].lower(), r["hlo"]))
+
+
+def cmd_list_operators(args: argparse.Namespace) -> int:
+    rows = operator_rows(args.framework, args.all)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(len(r["name"]) for r in rows) if rows else 0
+    for r in rows:
+        where = f"{r['hlo']}, {r['engine']}" if r["hlo"] else r["engine"]
+        flag = "" if r["status"] == "supported" else f" [{r['status']}]"
+        notes = f": {r['notes']}" if r["notes"] else ""
+        print(f"{r['name']:<{width}}  ({where}){flag}{notes}".rstrip())
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="operators, parameters, FLOPs and outputs of a model",
+                       description="Load and check a model; print its operator histogram, parameters "
+                       "(shapes, dtypes, bytes), exact dot/convolution FLOPs, outputs and warnings.")
+    add_model_arguments(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--all", action="store_true", help="list every parameter (default: the first 20)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("interpret", help="run a model with the reference interpreter",
+                       description="Run a model with nxsat's reference semantics (numpy). Inputs are "
+                       "read from an .npz by parameter order (in0, in1, ...) or by parameter name; "
+                       "outputs are written flattened as out0, out1, ...")
+    add_model_arguments(p)
+    p.add_argument("--inputs", metavar="IN.npz", help="input values (default: seeded random inputs)")
+    p.add_argument("--output", "-o", metavar="OUT.npz", help="where to write the outputs")
+    p.set_defaults(func=cmd_interpret)
+
+    p = sub.add_parser("list-operators", help="the operators nxsat supports",
+                       description="One supported operator per line, with the engine it maps to and notes.")
+    p.add_argument("--framework", choices=["XLA", "RELAY"], type=str.upper, default="XLA")
+    p.add_argument("--all", action="store_true", help="include operators nxsat knows but refuses")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_list_operators)
