@@ -211,7 +211,12 @@ class _Transform(lark.Transformer):
         return decode_shape(str(tok), self._loc(tok))
 
     def tuple_shape(self, items: list) -> Type:
-        return TupleType(tuple(i for i in items if i is not None))
+        elements = tuple(i for i in items if i is not None)
+        depth = 1 + max((_tuple_depth(e) for e in elements), default=0)
+        if depth > MAX_TUPLE_DEPTH:
+            raise error("NCC_EPRS003", f"tuple type nested {depth} deep (the limit is {MAX_TUPLE_DEPTH})",
+                        Loc(self.filename, 0, 0))
+        return TupleType(elements)
 
     def attribute(self, items: list) -> RawAttr:
         name, value = items
@@ -219,6 +224,16 @@ class _Transform(lark.Transformer):
         if value.type == "STRING":
             v = _unquote(v)
         return RawAttr(str(name), v, value.type, self._loc(name))
+
+
+MAX_TUPLE_DEPTH = 32
+
+
+def _tuple_depth(t: Type) -> int:
+    """Nesting depth (bounded: every tuple the parser builds was checked against the limit)."""
+    if not isinstance(t, TupleType):
+        return 0
+    return 1 + max((_tuple_depth(e) for e in t.elements), default=0)
 
 
 def _unquote(s: str) -> str:
@@ -913,4 +928,8 @@ def _parser_sig() -> lark.Lark:
 def parse_hlo(text: str, filename: str = "<string>") -> Module:
     """Parse and check an HLO module. Raises NxsatError with a code and location on bad input."""
     raw = parse_raw(text, filename)
-    return _ModuleBuilder(raw, filename).module()
+    try:
+        return _ModuleBuilder(raw, filename).module()
+    except RecursionError:
+        raise error("NCC_EPRS004", "computations call each other too deeply to build", Loc(filename, 1, 1),
+                    "flatten the call chain (more than ~900 nested calls)") from None

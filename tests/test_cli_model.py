@@ -1,0 +1,128 @@
+"""The model commands: inspect, interpret, list-operators, --version; errors are one coded line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import DATA
+
+from nxsat import __version__
+from nxsat.cli import main
+
+MLP = str(DATA / "jax" / "mlp.hlo")
+MINIMUM_XLA_OPERATORS = """Abs, Add, Allgather, Allreduce, Atan2, Batchnorm, Batchnormgrad, Batchnorminference,
+BitcastConvertType, Broadcast, BroadcastInDim, Ceil, Clamp, Compare, Concatenate, Constant, ConstantLiteral,
+ConvertElementType, Cos, Customcall, Div, Dot, DotGeneral, DynamicUpdateSlice, Eq, Exp, Floor, Gather, Ge,
+GetTupleElement, Gt, Iota, Le, Log, LogicalAnd, LogicalNot, Lt, Max, Min, Mul, Ne, Neg, Pad, Pow, Reduce, Reshape,
+Rev, RngBitGenerator, RngUniform, Rsqrt, Scatter, Select, SelectAndScatter, ShiftRightLogical, Sign, Sin, Slice,
+Sqrt, Sub, Tanh, Transpose, Tuple, TopK"""
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"nxsat {__version__}"
+
+
+def test_inspect_text_and_json(capsys):
+    code, out, _ = run(capsys, "inspect", MLP)
+    assert code == 0
+    assert "parameters: 5" in out and "dot 6,144" in out and "out0   f32[4,8]" in out
+    code, out, _ = run(capsys, "inspect", MLP, "--json")
+    info = json.loads(out)
+    assert info["flops"]["dot"] == 2 * 4 * 32 * 16 + 2 * 4 * 8 * 32
+    assert [p["type"] for p in info["parameters"]] == ["f32[4,16]", "f32[16,32]", "f32[32]", "f32[32,8]", "f32[8]"]
+    assert info["parameter_bytes"] == 4 * (64 + 512 + 32 + 256 + 8)
+
+
+def test_interpret_writes_outputs_matching_xla(capsys, tmp_path):
+    out_path = tmp_path / "out.npz"
+    code, out, _ = run(capsys, "interpret", MLP, "--inputs", str(DATA / "jax" / "mlp.npz"), "--output", str(out_path))
+    assert code == 0 and "out0" in out
+    ref = np.load(DATA / "jax" / "mlp.npz")
+    got = np.load(out_path)
+    np.testing.assert_allclose(got["out0"], ref["out0"], rtol=1e-5, atol=1e-6)
+
+
+def test_interpret_by_parameter_name_and_random_inputs(capsys, tmp_path):
+    ref = np.load(DATA / "jax" / "mlp.npz")
+    named = tmp_path / "named.npz"
+    np.savez(named, **{"x.1": ref["in0"], "w1.1": ref["in1"], "b1.1": ref["in2"], "w2.1": ref["in3"],
+                       "b2.1": ref["in4"]})
+    out_path = tmp_path / "o.npz"
+    assert run(capsys, "interpret", MLP, "--inputs", str(named), "-o", str(out_path))[0] == 0
+    np.testing.assert_allclose(np.load(out_path)["out0"], ref["out0"], rtol=1e-5, atol=1e-6)
+    code, out, err = run(capsys, "interpret", MLP, "--seed", "3")
+    assert code == 0 and "random inputs (seed 3)" in err
+
+
+def test_interpret_output_is_deterministic(capsys, tmp_path):
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    run(capsys, "interpret", MLP, "-o", str(a))
+    run(capsys, "interpret", MLP, "-o", str(b))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_list_operators_covers_the_documented_minimum(capsys):
+    code, out, _ = run(capsys, "list-operators", "--framework", "XLA")
+    assert code == 0
+    names = {line.split()[0] for line in out.splitlines()}
+    missing = [n.strip() for n in MINIMUM_XLA_OPERATORS.replace("\n", " ").split(",") if n.strip() not in names]
+    assert not missing, missing
+    code, out, _ = run(capsys, "list-operators", "--all")
+    assert "[unsupported]" in out and "cholesky" in out
+
+
+@pytest.mark.parametrize("argv,code_re", [
+    (["inspect", "no/such/file.hlo"], r"NCC_EFIL001"),
+    (["interpret", MLP, "--inputs", "missing.npz"], r"NCC_EFIL001"),
+    (["inspect", MLP, "--framework", "TENSORFLOW"], r"NCC_EARG002"),
+    (["compile-everything"], r"NCC_EARG002"),
+])
+def test_bad_invocations_are_one_coded_line(capsys, argv, code_re):
+    with pytest.raises(SystemExit) if argv[0] == "compile-everything" or "TENSORFLOW" in argv else _nothing():
+        code = main(argv)
+        assert code != 0
+    err = capsys.readouterr().err.strip()
+    assert re.search(code_re, err) and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_inputs_are_refused(capsys, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, in0=np.zeros((3, 3), np.float32))
+    code, _, err = run(capsys, "interpret", MLP, "--inputs", str(bad))
+    assert code == 1 and "NCC_EINP001" in err
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip")
+    code, _, err = run(capsys, "interpret", MLP, "--inputs", str(garbage))
+    assert code == 1 and "NCC_EFIL001" in err
+
+
+def test_console_script_has_no_traceback_for_bad_model(tmp_path):
+    bad = tmp_path / "bad.hlo"
+    bad.write_text("HloModule m\nENTRY e {\n  ROOT x = f32[?] parameter(0)\n}\n")
+    proc = subprocess.run([sys.executable, "-m", "nxsat", "inspect", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith("(hint: export the model with static shapes (pad to a fixed size, "
+                                        "bucket by length))")
+    assert "NCC_EMOD025" in proc.stderr and "Traceback" not in proc.stderr and f"{bad}:3:12" in proc.stderr
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
