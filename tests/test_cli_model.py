@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import DATA
 
+from conftest import DATA
 from nxsat import __version__
 from nxsat.cli import main
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import HLO_CORPUS, JAX_CORPUS, assert_matches_reference
 
+from conftest import HLO_CORPUS, JAX_CORPUS, assert_matches_reference
 from nxsat.frontend import load, loads
 from nxsat.interpreter import run_module
 from nxsat.io import match_inputs, read_npz

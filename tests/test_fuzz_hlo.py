@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from conftest import DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import DATA
 from nxsat.diagnostics import CODES, NxsatError
 from nxsat.frontend.hlo import parse_hlo
 

@@ -119,7 +119,8 @@ def test_attribute_forms_are_decoded():
 ENTRY e {
   x = f32[1,3,8,8] parameter(0)
   w = f32[4,3,3,3] parameter(1)
-  c = f32[1,4,4,4] convolution(x, w), window={size=3x3 stride=2x2 pad=1_1x1_1 rhs_dilate=1x1}, dim_labels=bf01_oi01->bf01
+  c = f32[1,4,4,4] convolution(x, w), window={size=3x3 stride=2x2 pad=1_1x1_1 rhs_dilate=1x1},
+      dim_labels=bf01_oi01->bf01
   s = f32[1,2,4,4] slice(c), slice={[0:1], [0:4:2], [0:4], [0:4]}
   z = f32[] constant(0)
   ROOT p = f32[1,2,5,8] pad(s, z), padding=0_0x0_0x0_1x1_0_1
@@ -282,7 +283,8 @@ ENTRY e {
 
 
 def test_unknown_custom_call_target():
-    text = 'HloModule m\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT c = f32[4] custom-call(x), custom_call_target="Foo"\n}\n'
+    text = ('HloModule m\nENTRY e {\n  x = f32[4] parameter(0)\n'
+            '  ROOT c = f32[4] custom-call(x), custom_call_target="Foo"\n}\n')
     m = parse_hlo(text, "m.hlo")
     with pytest.raises(NxsatError) as exc:
         run_module(m, [np.ones(4, np.float32)])
