@@ -54,7 +54,7 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for key, value in arrays.items():
             member = io.BytesIO()
-            np.lib.format.write_array(member, np.ascontiguousarray(storable(value)), allow_pickle=False)
+            np.lib.format.write_array(member, np.asarray(storable(value), order="C"), allow_pickle=False)
             info = zipfile.ZipInfo(f"{key}.npy", date_time=_ZIP_EPOCH)
             info.external_attr = 0o644 << 16
             zf.writestr(info, member.getvalue())

@@ -159,3 +159,13 @@ def test_shape_rule_failures(op, shape, attrs, msg):
     with pytest.raises(NxsatError) as exc:
         b.op(op, [x], **attrs)
     assert exc.value.code == "NCC_EVRF064" and msg in exc.value.message
+
+
+def test_scalar_operands_keep_rank_zero():
+    # 0-d values stay 0-d through bitcast-convert and shifts (mobilenet bitcasts a scalar).
+    out = run("bitcast-convert", np.float32(1.0), dtype=dt.S32)
+    assert out.shape == () and int(out) == 0x3F800000
+    b = Builder()
+    x = b.param(dt.U32, ())
+    m = b.module(b.op("shift-left", [x, x]))
+    assert run_module(m, [np.uint32(3)])[0].shape == ()

@@ -141,22 +141,22 @@ def _unsigned(x: np.ndarray) -> np.ndarray:
 
 
 def _shift_left(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    amount = _unsigned(np.ascontiguousarray(y))
+    amount = _unsigned(np.asarray(y, order="C"))
     big = amount >= _bits(x)
-    r = np.left_shift(_unsigned(np.ascontiguousarray(x)), np.where(big, 0, amount).astype(amount.dtype))
+    r = np.left_shift(_unsigned(np.asarray(x, order="C")), np.where(big, 0, amount).astype(amount.dtype))
     return np.where(big, 0, r).astype(r.dtype).view(x.dtype)
 
 
 def _shift_right_logical(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    amount = _unsigned(np.ascontiguousarray(y))
+    amount = _unsigned(np.asarray(y, order="C"))
     big = amount >= _bits(x)
-    r = np.right_shift(_unsigned(np.ascontiguousarray(x)), np.where(big, 0, amount).astype(amount.dtype))
+    r = np.right_shift(_unsigned(np.asarray(x, order="C")), np.where(big, 0, amount).astype(amount.dtype))
     return np.where(big, 0, r).astype(r.dtype).view(x.dtype)
 
 
 def _shift_right_arithmetic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    amount = _unsigned(np.ascontiguousarray(y))
-    signed = np.ascontiguousarray(x).view(np.dtype(f"i{x.dtype.itemsize}"))
+    amount = _unsigned(np.asarray(y, order="C"))
+    signed = np.asarray(x, order="C").view(np.dtype(f"i{x.dtype.itemsize}"))
     clipped = np.minimum(amount, _bits(x) - 1).astype(amount.dtype)
     r = np.right_shift(signed, clipped.view(signed.dtype))
     return r.view(x.dtype)
@@ -188,7 +188,7 @@ def _round_afz(x: np.ndarray) -> np.ndarray:
 
 
 def _clz(x: np.ndarray) -> np.ndarray:
-    u = _unsigned(np.ascontiguousarray(x)).astype(np.uint64)
+    u = _unsigned(np.asarray(x, order="C")).astype(np.uint64)
     bits = _bits(x)
     out = np.full(x.shape, bits, dtype=np.int64)
     for b in range(bits):
@@ -198,7 +198,7 @@ def _clz(x: np.ndarray) -> np.ndarray:
 
 
 def _popcnt(x: np.ndarray) -> np.ndarray:
-    u = _unsigned(np.ascontiguousarray(x))
+    u = _unsigned(np.asarray(x, order="C"))
     return np.bitwise_count(u).astype(x.dtype)
 
 
@@ -307,7 +307,7 @@ _CMP = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, 
 def total_order_key(x: np.ndarray) -> np.ndarray:
     """Map floats to signed integers ordered as IEEE totalOrder (-NaN < -inf < -0 < +0 < inf < NaN)."""
     width = x.dtype.itemsize
-    bits = np.ascontiguousarray(x).view(np.dtype(f"i{width}")).astype(np.int64)
+    bits = np.asarray(x, order="C").view(np.dtype(f"i{width}")).astype(np.int64)
     mask = (1 << (8 * width - 1)) - 1
     return np.where(bits < 0, bits ^ mask, bits)
 

@@ -134,7 +134,7 @@ op("bitcast", engine=NONE, arity=(1, 1), impl=_reshape_impl,
 
 
 def _transpose_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
-    return np.ascontiguousarray(np.transpose(args[0], tuple(attrs["dimensions"])))
+    return np.asarray(np.transpose(args[0], tuple(attrs["dimensions"])), order="C")
 
 
 @op("transpose", engine=TENSOR, arity=(1, 1), impl=_transpose_impl, neuron=("Transpose",),
@@ -151,7 +151,7 @@ def _transpose(types: list[Type], attrs: dict) -> Type:
 
 def _slice_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
     spec: tuple[SliceDim, ...] = attrs["slice"]
-    return np.ascontiguousarray(args[0][tuple(slice(s.start, s.limit, s.stride) for s in spec)])
+    return np.asarray(args[0][tuple(slice(s.start, s.limit, s.stride) for s in spec)], order="C")
 
 
 @op("slice", engine=DMA, arity=(1, 1), impl=_slice_impl, neuron=("Slice",), relay=("strided_slice",),
@@ -179,7 +179,7 @@ def _dynamic_slice_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
     x, *starts = args
     sizes = tuple(attrs["sizes"])
     st = _clamped_starts(x.shape, starts, sizes)
-    return np.ascontiguousarray(x[tuple(slice(s, s + n) for s, n in zip(st, sizes))])
+    return np.asarray(x[tuple(slice(s, s + n) for s, n in zip(st, sizes))], order="C")
 
 
 def _check_start_indices(starts: list[TensorType], rank: int, name: str) -> None:
@@ -254,7 +254,7 @@ def _pad_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
     out = np.pad(body, widths, mode="constant", constant_values=np.asarray(value, dtype=x.dtype)) \
         if any(w != (0, 0) for w in widths) else body
     crop = tuple(slice(-min(p.lo, 0), out.shape[i] + min(p.hi, 0)) for i, p in enumerate(cfg))
-    return np.ascontiguousarray(out[crop])
+    return np.asarray(out[crop], order="C")
 
 
 @op("pad", engine=DMA, arity=(2, 2), impl=_pad_impl, neuron=("Pad",), relay=("nn.pad",),
@@ -280,7 +280,7 @@ def _pad(types: list[Type], attrs: dict) -> Type:
 
 
 def _reverse_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
-    return np.ascontiguousarray(np.flip(args[0], axis=tuple(attrs["dimensions"])))
+    return np.asarray(np.flip(args[0], axis=tuple(attrs["dimensions"])), order="C")
 
 
 @op("reverse", engine=DMA, arity=(1, 1), impl=_reverse_impl, neuron=("Rev",), relay=("reverse",),
@@ -310,7 +310,7 @@ def _convert(types: list[Type], attrs: dict) -> Type:
 
 
 def _bitcast_convert_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
-    x = np.ascontiguousarray(args[0])
+    x = np.asarray(args[0], order="C")
     d: dt.DType = attrs["dtype"]
     out = x.view(d.np)
     src, dst = x.dtype.itemsize, d.np.itemsize
