@@ -228,6 +228,13 @@ class _Transform(lark.Transformer):
 
 MAX_TUPLE_DEPTH = 32
 
+# custom-call targets that only annotate sharding: the identity on a single device.
+SHARDING_ANNOTATIONS = frozenset({
+    "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "xla.sdy.FuncResultSharding",
+    "xla.sdy.Sharding", "xla.sdy.GlobalToLocalShape", "xla.sdy.LocalToGlobalShape", "LocalToGlobalShape",
+    "GlobalToLocalShape", "annotate_device_placement",
+})
+
 
 def _tuple_depth(t: Type) -> int:
     """Nesting depth (bounded: every tuple the parser builds was checked against the limit)."""
@@ -723,6 +730,13 @@ class _ModuleBuilder:
             opcode = "topk"
             a["k"] = t.elements[0].shape[-1] if t.elements[0].shape else 1
             a["largest"] = True
+        elif opcode == "custom-call" and _custom_call_target(raw) in SHARDING_ANNOTATIONS:
+            # Sharding annotations (GSPMD / Shardy) pass their value through on one device.
+            used.add("custom_call_target")
+            if len(operands) != 1 or operands[0].type != t:
+                raise error("NCC_EVRF015", f"sharding annotation {_custom_call_target(raw)!r} changes the "
+                            "shape: only single-device (replicated) programs are supported", loc)
+            opcode = "copy"
         elif opcode == "custom-call":
             self.warnings.warn("NCC_WUOC001", f"custom-call target {_custom_call_target(raw)!r} is unknown: "
                                "the model loads for inspection but cannot run (NCC_EVRF015)", loc)

@@ -376,8 +376,8 @@ def _identity_impl(args: list[Any], attrs: dict, ctx: Any) -> Any:
     return args[0] if len(args) == 1 else tuple(args)
 
 
-@op("optimization-barrier", engine=NONE, arity=(1, 1), impl=_identity_impl,
+@op("opt-barrier", engine=NONE, arity=(1, 1), impl=_identity_impl, neuron=("OptimizationBarrier",),
     notes="identity; only orders scheduling")
 def _optimization_barrier(types: list[Type], attrs: dict) -> Type:
-    count(types, 1, "optimization-barrier")
+    count(types, 1, "opt-barrier")
     return types[0]
