@@ -75,8 +75,8 @@ def random_inputs(module: Module, seed: int) -> dict[str, np.ndarray]:
 
 
 def _summary(name: str, a: np.ndarray) -> str:
-    name = dt.from_numpy(a.dtype).name if a.dtype in (x.np for x in dt.ALL) else str(a.dtype)
-    t = f"{name}[{','.join(map(str, a.shape))}]"
+    dtype = dt.from_numpy(a.dtype).name if a.dtype in (x.np for x in dt.ALL) else str(a.dtype)
+    t = f"{dtype}[{','.join(map(str, a.shape))}]"
     if a.size == 0:
         return f"  {name:<6} {t} (empty)"
     if a.dtype.kind in "fc" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np):
