@@ -156,10 +156,11 @@ def cmd_list_operators(args: argparse.Namespace) -> int:
         return 0
     width = max(len(r["name"]) for r in rows) if rows else 0
     for r in rows:
-        where = f"{r['hlo']}, {r['engine']}" if r["hlo"] else r["engine"]
+        where = ", ".join(x for x in (r["hlo"], r["engine"]) if x)
+        where = f"({where})" if where else ""
         flag = "" if r["status"] == "supported" else f" [{r['status']}]"
         notes = f": {r['notes']}" if r["notes"] else ""
-        print(f"{r['name']:<{width}}  ({where}){flag}{notes}".rstrip())
+        print(f"{r['name']:<{width}}  {where}{flag}{notes}".rstrip())
     return 0
 
 
