@@ -53,6 +53,35 @@ CODES: dict[str, str] = {
     "NCC_WPRS001": "model text accepted with a caveat",
     "NCC_WUOC001": "operator not supported: the model loads for inspection only",
     "NCC_IINT001": "internal compiler error",
+    # rules
+    "NCC_ERUL001": "syntax error in a rule file",
+    "NCC_ERUL002": "invalid rule: missing or bad metadata, duplicate name, or egglog rejects it",
+    "NCC_ERUL003": "unknown rule, rule set or model type",
+    "NCC_ERUL004": "invalid rule configuration (rules/config.toml)",
+    # sim / runtime
+    "NCC_ETGT001": "invalid target spec",
+    "NCC_EASM001": "syntax error in a device program",
+    "NCC_EASM002": "unknown instruction, stream or directive in a device program",
+    "NCC_EASM003": "undefined or duplicate name in a device program",
+    "NCC_EASM004": "operand or attribute does not fit the instruction",
+    "NCC_EASM005": "tile does not fit SBUF (over 128 partitions or past the end of a partition)",
+    "NCC_EASM006": "PSUM bank overflow",
+    "NCC_EASM007": "read before any write",
+    "NCC_EASM008": "race: conflicting accesses not ordered by semaphores",
+    "NCC_EASM009": "deadlock: a semaphore wait can never be satisfied",
+    "NCC_EASM010": "constants missing or not matching their declarations",
+    "NCC_ENEF001": "truncated NEFF",
+    "NCC_ENEF002": "corrupted NEFF (checksum mismatch)",
+    "NCC_ENEF003": "tampered or malformed NEFF manifest",
+    "NCC_ENEF004": "NEFF format major version mismatch: recompile with this nxsat",
+    "NCC_ENEF005": "NEFF compiled for another target",
+    "NCC_ENEF006": "not an nxsat NEFF file",
+    "NCC_ERUN001": "simulation exceeds a host limit",
+    "NCC_WRUN001": "out-of-bound access in a gather or scatter (indirect memory copy)",
+    # relay
+    "NCC_ERLY001": "Relay constants (--relay-constants file or #[metadata]) unreadable or malformed",
+    "NCC_ERLY002": "a meta[relay.Constant] the model uses has no value",
+    "NCC_ERLY003": "a Relay constant has an unusable shape or dtype, or the constants are too large",
 }
 
 
