@@ -15,7 +15,7 @@ from nxsat import __version__
 from nxsat.diagnostics import NxsatError
 
 # Modules that contribute subcommands, in the order `nxsat --help` lists them.
-COMMAND_MODULES = ("nxsat.cli.model",)
+COMMAND_MODULES = ("nxsat.cli.model", "nxsat.cli.device")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,160 @@
+"""Commands on device programs and NEFFs: run, profile, assemble, disassemble."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.diagnostics import Warnings
+
+
+def _target_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--target", metavar="T", help=what)
+    p.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int, metavar="N",
+                   help="logical core config (trn2: 1 or 2)")
+
+
+def _random_inputs(model: Any, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    prog = model.program
+    for i, t in enumerate(prog.inputs()):
+        shape = prog.global_shape(t)
+        if t.dtype.is_float:
+            out[f"in{i}"] = dt.cast(rng.standard_normal(shape), t.dtype)
+        elif t.dtype.is_pred:
+            out[f"in{i}"] = rng.random(shape) < 0.5
+        else:
+            out[f"in{i}"] = rng.integers(0, 8, shape).astype(t.dtype.np)
+    return out
+
+
+def _summary(name: str, a: np.ndarray) -> str:
+    kind = dt.from_numpy(a.dtype).name if a.dtype in (x.np for x in dt.ALL) else str(a.dtype)
+    t = f"{kind}{list(a.shape)}"
+    if a.dtype.kind == "f" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np):
+        f = a.astype(np.float64)
+        fin = np.isfinite(f)
+        if not fin.any():
+            return f"  {name:<6} {t:<24} no finite values"
+        return f"  {name:<6} {t:<24} min {f[fin].min():.6g} max {f[fin].max():.6g} mean {f[fin].mean():.6g}"
+    return f"  {name:<6} {t:<24} min {a.min()} max {a.max()}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from nxsat.io import atomic_write, outputs_dict, read_npz, write_npz
+    from nxsat.sim import load_file
+
+    model = load_file(args.model, args.target, args.lnc)
+    if args.inputs:
+        arrays = read_npz(args.inputs)
+        source = args.inputs
+    else:
+        arrays = _random_inputs(model, args.seed)
+        source = f"random inputs (seed {args.seed})"
+        print(f"no --inputs: running on {source}", file=sys.stderr)
+    warnings = Warnings()
+    outputs = model.run(arrays, source, warnings)
+    warnings.print(sys.stderr)
+    summary, tl = model.profile()
+    if args.output:
+        write_npz(args.output, outputs_dict(outputs))
+    if args.trace:
+        atomic_write(args.trace, model.trace(tl))
+    print(f"{args.model}: {len(outputs)} output(s)" + (f" written to {args.output}" if args.output else ""))
+    for i, o in enumerate(outputs):
+        print(_summary(f"out{i}", o))
+    print(f"latency: {summary['latency_ns'] / 1000:.3f} us on {summary['target']} "
+          f"(roofline {summary['roofline']['bound_ns'] / 1000:.3f} us, MFU {summary['mfu']:.1%})")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from nxsat.io import atomic_write
+    from nxsat.sim import load_file
+    from nxsat.sim.report import format_summary
+
+    model = load_file(args.model, args.target, args.lnc)
+    summary, tl = model.profile()
+    if args.trace:
+        atomic_write(args.trace, model.trace(tl))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+        if args.trace:
+            print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
+    return 0
+
+
+def cmd_assemble(args: argparse.Namespace) -> int:
+    from nxsat.io import atomic_write, read_npz, read_text
+    from nxsat.sim import assemble
+
+    text = read_text(args.program)
+    consts = read_npz(args.constants) if args.constants else None
+    data = assemble(text, args.program, consts, args.target, args.lnc)
+    atomic_write(args.output, data)
+    print(f"{args.output}: {len(data)} bytes")
+    return 0
+
+
+def cmd_disassemble(args: argparse.Namespace) -> int:
+    from nxsat.io import atomic_write, write_npz
+    from nxsat.sim import load_file
+
+    model = load_file(args.model)
+    if args.constants:
+        write_npz(args.constants, model.consts)
+    if args.output:
+        atomic_write(args.output, model.text)
+    else:
+        sys.stdout.write(model.text)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="simulate a NEFF: outputs and latency",
+                       description="Load and validate a NEFF, run it on the device model (numerics of the "
+                       "device) and report its latency from the timing model. Inputs are read from an .npz "
+                       "by position (in0, in1, ...) or by name; outputs are written flattened as out0, "
+                       "out1, ...")
+    p.add_argument("model", metavar="MODEL.neff")
+    p.add_argument("--inputs", metavar="IN.npz", help="input values (default: seeded random inputs)")
+    p.add_argument("--output", "-o", metavar="OUT.npz", help="where to write the outputs")
+    p.add_argument("--trace", metavar="TRACE.json", help="also write a Chrome/Perfetto trace")
+    p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
+    _target_args(p, "the device this runtime simulates (default: the NEFF's own; another is refused)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("profile", help="timing of a NEFF: latency, utilization, MFU, bandwidth, trace",
+                       description="Replay a NEFF on the timing model: latency, roofline bound, per-engine "
+                       "busy time and utilization, MFU, HBM traffic and bandwidth, SBUF/PSUM peaks, spills.")
+    p.add_argument("model", metavar="MODEL.neff")
+    p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace (one track per engine "
+                   "and DMA queue)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _target_args(p, "the device this runtime simulates (default: the NEFF's own; another is refused)")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("assemble", help="build a NEFF from a device program in text form",
+                       description="Check a device program (docs/device-program.md) against the target and "
+                       "write it as a NEFF with its constants.")
+    p.add_argument("program", metavar="PROGRAM.nxs")
+    p.add_argument("--constants", metavar="C.npz", help="values of the program's const tensors, by name")
+    p.add_argument("--output", "-o", metavar="X.neff", required=True)
+    _target_args(p, "target (default: the program's .target)")
+    p.set_defaults(func=cmd_assemble)
+
+    p = sub.add_parser("disassemble", help="print the device program of a NEFF",
+                       description="Print the canonical text of a NEFF's device program; assembling it (with "
+                       "the constants) gives the same NEFF bytes.")
+    p.add_argument("model", metavar="X.neff")
+    p.add_argument("--output", "-o", metavar="PROGRAM.nxs", help="write the text here instead of stdout")
+    p.add_argument("--constants", metavar="C.npz", help="also write the constants here")
+    p.set_defaults(func=cmd_disassemble)

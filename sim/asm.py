@@ -1,0 +1,583 @@
+"""The text form of a device program: parse (``assemble``'s front half) and print (``disassemble``).
+
+The grammar is line based (docs/device-program.md): directives (``.isa 1.0``), declarations
+(``sbuf xt: bf16[128, 512] offset=0``), semaphores (``sem ld``) and instructions
+(``pe matmul acc, w[:, 0:128], x, start=true, wait=ld>=1, signal=mm``). Printing is canonical:
+every value normalised, defaults left out, placement explicit, so that parsing a printed program
+gives the same program and printing it again gives the same text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.diagnostics import Loc, error
+from nxsat.sim import numerics as nm
+from nxsat.sim.isa import OPS, Attr
+from nxsat.sim.program import (
+    ISA_VERSION,
+    TENSOR_KINDS,
+    Access,
+    Idx,
+    Instr,
+    Program,
+    Tensor,
+    Wait,
+    stream_kind,
+)
+
+MAX_LINE = 100_000
+MAX_LINES = 4_000_000
+RESERVED = frozenset({"true", "false", "none", "inf", "nan", "sem", "T"} | set(TENSOR_KINDS))
+
+_TOKEN = re.compile(r"""
+    [+-]?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)   # number
+  | [+-]?(?:inf|nan)\b                                                              # inf, nan
+  | [A-Za-z_][A-Za-z0-9_]*                                                         # name
+  | >=
+  | [\[\](),:=.]
+  | \S                                                                             # anything else
+""", re.X)
+_NUM_START = frozenset("0123456789+-.")
+_tok = tuple.__new__
+
+
+class Tok(NamedTuple):
+    kind: str
+    text: str
+    col: int
+
+
+class _Line:
+    """Tokens of one line with a cursor; errors point at the current token's column."""
+
+    def __init__(self, text: str, line: int, source: str) -> None:
+        self.line = line
+        self.source = source
+        self.toks: list[Tok] = []
+        for m in _TOKEN.finditer(text):
+            t = m.group()
+            c = t[0]
+            if c.isalpha() or c == "_":
+                kind = "num" if t in ("inf", "nan") else "name"
+            elif c in _NUM_START and (len(t) > 1 or c.isdigit()):
+                kind = "num"
+            elif t == ">=":
+                kind = "ge"
+            elif t in "[](),:=.":
+                kind = "punct"
+            else:
+                raise error("NCC_EASM001", f"unexpected character {t!r}", Loc(source, line, m.start() + 1))
+            self.toks.append(_tok(Tok, (kind, t, m.start() + 1)))
+        self.i = 0
+        self.end_col = len(text) + 1
+
+    def loc(self, at: int | None = None) -> Loc:
+        """Where token ``at`` (default: the current one) is; cheap callers keep ``ln.i`` instead."""
+        i = self.i if at is None else at
+        col = self.toks[i].col if i < len(self.toks) else self.end_col
+        return Loc(self.source, self.line, col)
+
+    def fail(self, message: str, code: str = "NCC_EASM001", hint: str | None = None) -> Exception:
+        return error(code, message, self.loc(), hint)
+
+    def peek(self, text: str | None = None) -> Tok | None:
+        if self.i >= len(self.toks):
+            return None
+        t = self.toks[self.i]
+        if text is not None and t.text != text:
+            return None
+        return t
+
+    def next(self) -> Tok:
+        if self.i >= len(self.toks):
+            raise self.fail("unexpected end of line")
+        t = self.toks[self.i]
+        self.i += 1
+        return t
+
+    def expect(self, text: str) -> Tok:
+        t = self.peek()
+        if t is None or t.text != text:
+            raise self.fail(f"expected {text!r}" + (f", found {t.text!r}" if t else " at end of line"))
+        self.i += 1
+        return t
+
+    def name(self, what: str = "a name") -> str:
+        t = self.peek()
+        if t is None or t.kind != "name":
+            raise self.fail(f"expected {what}" + (f", found {t.text!r}" if t else ""))
+        self.i += 1
+        return t.text
+
+    def int(self, what: str = "an integer") -> int:
+        t = self.peek()
+        if t is None or t.kind != "num" or not re.fullmatch(r"[+-]?\d+", t.text):
+            raise self.fail(f"expected {what}" + (f", found {t.text!r}" if t else ""))
+        self.i += 1
+        return int(t.text)
+
+    def done(self) -> bool:
+        return self.i >= len(self.toks)
+
+    def end(self) -> None:
+        if not self.done():
+            raise self.fail(f"unexpected {self.toks[self.i].text!r}")
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+@dataclass
+class _RawIdx:
+    start: int | None
+    stop: int | None
+    step: int | None
+    single: bool
+    col: int
+
+
+def parse(text: str, source: str = "<program>") -> Program:
+    """Parse a device program's text. Names are resolved here; shapes and semantics in verify."""
+    lines = text.splitlines()
+    if len(lines) > MAX_LINES:
+        raise error("NCC_EVRF007", f"{source}: {len(lines)} lines; at most {MAX_LINES} are accepted")
+    prog = Program(source=source)
+    seen_isa = False
+    for n, raw in enumerate(lines, 1):
+        if len(raw) > MAX_LINE:
+            raise error("NCC_EASM001", f"line longer than {MAX_LINE} characters", Loc(source, n))
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith(".flags"):
+            prog.flags = _parse_flags(raw, n, source)
+            continue
+        body = raw.split("#", 1)[0]
+        ln = _Line(body, n, source)
+        if ln.peek(".") is not None:
+            ln.next()
+            seen_isa = _directive(ln, prog, seen_isa)
+            continue
+        if not seen_isa:
+            raise ln.fail("a device program starts with '.isa MAJOR.MINOR'",
+                          hint=f"write .isa {ISA_VERSION[0]}.{ISA_VERSION[1]}")
+        first = ln.name("a stream, a tensor kind or 'sem'")
+        if first in TENSOR_KINDS:
+            _declaration(ln, first, prog)
+        elif first == "sem":
+            _semaphore(ln, prog)
+        else:
+            _instruction(ln, first, prog)
+    if not seen_isa:
+        raise error("NCC_EASM001", "empty device program (no '.isa' line)", Loc(source, 1))
+    return prog
+
+
+def _parse_flags(raw: str, n: int, source: str) -> tuple[str, ...]:
+    rest = raw.strip()[len(".flags"):].strip()
+    try:
+        value, end = json.JSONDecoder().raw_decode(rest)
+    except json.JSONDecodeError as exc:
+        raise error("NCC_EASM001", f".flags takes a JSON list of strings: {exc.msg}", Loc(source, n)) from None
+    tail = rest[end:].strip()
+    if tail and not tail.startswith("#"):
+        raise error("NCC_EASM001", f"unexpected text after .flags: {tail!r}", Loc(source, n))
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise error("NCC_EASM001", ".flags takes a JSON list of strings", Loc(source, n))
+    return tuple(value)
+
+
+def _directive(ln: _Line, prog: Program, seen_isa: bool) -> bool:
+    name = ln.name("a directive")
+    if name == "isa":
+        if seen_isa:
+            raise ln.fail("duplicate .isa")
+        t = ln.next()
+        m = re.fullmatch(r"(\d+)\.(\d+)", t.text)
+        if not m:
+            raise ln.fail(f"expected MAJOR.MINOR after .isa, found {t.text!r}")
+        major, minor = int(m.group(1)), int(m.group(2))
+        if major != ISA_VERSION[0]:
+            raise error("NCC_EASM002", f"device program ISA {major}.{minor} is not supported by this nxsat "
+                        f"(ISA {ISA_VERSION[0]}.x)", Loc(ln.source, ln.line), "recompile with this nxsat")
+        prog.version = (major, minor)
+        ln.end()
+        return True
+    if not seen_isa:
+        raise ln.fail("a device program starts with '.isa MAJOR.MINOR'")
+    if name == "target":
+        prog.target = ln.name("a target name")
+    elif name == "lnc":
+        prog.lnc = ln.int("a logical core count")
+    elif name == "ranks":
+        r = ln.int("a rank count")
+        if not 1 <= r <= 1024:
+            raise ln.fail("ranks must be between 1 and 1024", "NCC_EASM004")
+        prog.ranks = r
+    else:
+        raise error("NCC_EASM002", f"unknown directive .{name}", Loc(ln.source, ln.line),
+                    "directives: .isa .target .lnc .ranks .flags")
+    ln.end()
+    return seen_isa
+
+
+def _dtype(ln: _Line) -> dt.DType:
+    name = ln.name("an element type")
+    try:
+        t = dt.by_name(name)
+    except KeyError:
+        raise error("NCC_EASM004", f"unknown element type {name!r}", Loc(ln.source, ln.line),
+                    "types: " + ", ".join(nm.ALLOWED_DTYPES)) from None
+    return t
+
+
+def _declaration(ln: _Line, kind: str, prog: Program) -> None:
+    col = ln.loc()
+    name = ln.name("a tensor name")
+    if name in RESERVED:
+        raise error("NCC_EASM003", f"{name!r} is a reserved word", col)
+    if name in prog.tensors or name in prog.semaphores:
+        raise error("NCC_EASM003", f"{name} is already declared (line "
+                    f"{(prog.tensors.get(name) and prog.tensors[name].line) or prog.semaphores.get(name)})", col)
+    ln.expect(":")
+    dtype = _dtype(ln)
+    ln.expect("[")
+    shape: list[int] = []
+    if not ln.peek("]"):
+        shape.append(ln.int("a dimension size"))
+        while ln.peek(","):
+            ln.next()
+            shape.append(ln.int("a dimension size"))
+    ln.expect("]")
+    opts: dict[str, int] = {}
+    while not ln.done():
+        key = ln.name("an option")
+        ln.expect("=")
+        if key in opts:
+            raise ln.fail(f"duplicate option {key}")
+        opts[key] = ln.int(f"an integer for {key}")
+    allowed = {"sbuf": {"partition", "offset"}, "psum": {"partition", "offset", "bank"},
+               "input": {"shard"}, "output": {"shard"}}.get(kind, set())
+    for k in opts:
+        if k not in allowed:
+            raise error("NCC_EASM004", f"{kind} tensors take no option {k!r}", col,
+                        ("options: " + ", ".join(sorted(allowed))) if allowed else None)
+    prog.tensors[name] = Tensor(name, kind, dtype, tuple(shape), partition=opts.get("partition", 0),
+                                offset=opts.get("offset"), bank=opts.get("bank"), shard=opts.get("shard"),
+                                line=ln.line)
+
+
+def _semaphore(ln: _Line, prog: Program) -> None:
+    col = ln.loc()
+    name = ln.name("a semaphore name")
+    if name in RESERVED:
+        raise error("NCC_EASM003", f"{name!r} is a reserved word", col)
+    if name in prog.tensors or name in prog.semaphores:
+        raise error("NCC_EASM003", f"{name} is already declared", col)
+    prog.semaphores[name] = ln.line
+    ln.end()
+
+
+def _instruction(ln: _Line, stream: str, prog: Program) -> None:
+    if not stream_kind(stream):
+        raise error("NCC_EASM002", f"unknown stream {stream!r}", Loc(ln.source, ln.line, 1),
+                    "streams: pe act dve pool cc q0..q15; declarations: input output const scratch sbuf psum sem")
+    op_at = ln.i
+    opcode = ln.name("an instruction")
+    op = OPS.get(opcode)
+    if op is None:
+        raise error("NCC_EASM002", f"unknown instruction {opcode!r}", ln.loc(op_at),
+                    "instructions: " + ", ".join(sorted(OPS)))
+    operands: list[Access] = []
+    attrs: dict[str, Any] = {}
+    waits: list[Wait] = []
+    signals: list[str] = []
+    first = True
+    while not ln.done():
+        if not first:
+            ln.expect(",")
+        first = False
+        if ln.i + 1 < len(ln.toks) and ln.toks[ln.i].kind == "name" and ln.toks[ln.i + 1].text == "=":
+            key_at = ln.i
+            key = ln.name()
+            ln.expect("=")
+            if key == "wait":
+                sem = _sem_ref(ln, prog)
+                ln.expect(">=")
+                v = ln.int("a semaphore count")
+                if v < 1:
+                    raise error("NCC_EASM004", "a wait needs a count of at least 1", ln.loc(key_at))
+                waits.append(Wait(sem, v))
+            elif key == "signal":
+                sem = _sem_ref(ln, prog)
+                if sem in signals:
+                    raise error("NCC_EASM004", f"{sem} is signalled twice by one instruction", ln.loc(key_at))
+                signals.append(sem)
+            else:
+                spec = next((a for a in op.attrs if a.name == key), None)
+                if spec is None:
+                    raise error("NCC_EASM004", f"{opcode} has no attribute {key!r}", ln.loc(key_at),
+                                ("attributes: " + ", ".join(a.name for a in op.attrs)) if op.attrs else None)
+                if key in attrs:
+                    raise error("NCC_EASM004", f"duplicate attribute {key}", ln.loc(key_at))
+                attrs[key] = _attr_value(ln, spec, prog)
+        else:
+            if attrs or waits or signals:
+                raise ln.fail("operands come before attributes")
+            operands.append(_access(ln, prog))
+    if len(operands) != len(op.operands):
+        raise error("NCC_EASM004", f"{opcode} takes {len(op.operands)} operand(s) "
+                    f"({', '.join(o.name for o in op.operands) or 'none'}), got {len(operands)}", ln.loc(op_at))
+    for a in op.attrs:
+        if a.name not in attrs:
+            if a.default is None and a.kind not in ("in", "out"):
+                raise error("NCC_EASM004", f"{opcode} needs attribute {a.name}", ln.loc(op_at),
+                            ("choices: " + ", ".join(a.choices)) if a.choices else None)
+            attrs[a.name] = a.default
+    ordered = {a.name: attrs[a.name] for a in op.attrs}
+    prog.instrs.append(Instr(stream, opcode, tuple(operands), ordered, tuple(waits), tuple(signals), ln.line))
+
+
+def _sem_ref(ln: _Line, prog: Program) -> str:
+    loc = ln.loc()
+    name = ln.name("a semaphore")
+    if name not in prog.semaphores:
+        raise error("NCC_EASM003", f"undefined semaphore {name}", loc, "declare it with 'sem NAME'")
+    return name
+
+
+def _float(ln: _Line) -> float:
+    t = ln.next()
+    if t.kind != "num":
+        raise error("NCC_EASM004", f"expected a number, found {t.text!r}", Loc(ln.source, ln.line, t.col))
+    return float(np.float32(float(t.text)))  # immediates are fp32 on the device
+
+
+def _attr_value(ln: _Line, a: Attr, prog: Program) -> Any:
+    if a.kind == "bool":
+        v = ln.name("true or false")
+        if v not in ("true", "false"):
+            raise ln.fail(f"{a.name} takes true or false", "NCC_EASM004")
+        return v == "true"
+    if a.kind == "int":
+        return ln.int(f"an integer for {a.name}")
+    if a.kind == "float":
+        return _float(ln)
+    if a.kind == "enum":
+        loc = ln.loc()
+        v = ln.name(f"one of {', '.join(a.choices)}")
+        if v not in a.choices:
+            raise error("NCC_EASM004", f"{a.name}={v} is not one of {', '.join(a.choices)}", loc)
+        return v
+    if a.kind == "ints":
+        if ln.peek("("):
+            ln.next()
+            vals: list[int] = []
+            if not ln.peek(")"):
+                vals.append(ln.int())
+                while ln.peek(","):
+                    ln.next()
+                    vals.append(ln.int())
+            ln.expect(")")
+            return tuple(vals)
+        return (ln.int(),)
+    if a.kind == "scalar":
+        t = ln.peek()
+        if t is not None and t.kind == "num":
+            return _float(ln)
+        return _access(ln, prog)
+    if a.kind in ("in", "out"):
+        if ln.peek("none"):
+            ln.next()
+            return None
+        return _access(ln, prog)
+    raise AssertionError(a.kind)
+
+
+def _access(ln: _Line, prog: Program) -> Access:
+    at = ln.i
+    name = ln.name("a tensor")
+    t = prog.tensors.get(name)
+    if t is None:
+        raise error("NCC_EASM003", f"undefined tensor {name}", ln.loc(at),
+                    "declare tensors before the instructions that use them")
+    index: tuple[Idx, ...] = ()
+    if ln.peek("["):
+        ln.next()
+        raw = [_raw_idx(ln)]
+        while ln.peek(","):
+            ln.next()
+            raw.append(_raw_idx(ln))
+        ln.expect("]")
+        index = _normalize(raw, t, ln)
+    views: list[tuple[str, tuple[int, ...]]] = []
+    rank = sum(1 for ix in index if not ix.single) if index else len(t.shape)
+    while ln.peek("."):
+        ln.next()
+        v_at = ln.i
+        v = ln.name("T, permute or reshape")
+        if v == "T":
+            views.append(("permute", tuple(range(rank - 1, -1, -1))))
+        elif v in ("permute", "reshape", "broadcast"):
+            ln.expect("(")
+            vals = [ln.int()]
+            while ln.peek(","):
+                ln.next()
+                vals.append(ln.int())
+            ln.expect(")")
+            views.append((v, tuple(vals)))
+            if v == "reshape":
+                rank = len(vals)
+        else:
+            raise error("NCC_EASM001", f"unknown view .{v}", ln.loc(v_at),
+                        "views: .T .permute(...) .reshape(...) .broadcast(dim, size)")
+    return Access(name, index, tuple(views))
+
+
+def _raw_idx(ln: _Line) -> _RawIdx:
+    col = ln.toks[ln.i].col if ln.i < len(ln.toks) else ln.end_col
+    start = stop = step = None
+    if not ln.peek(":"):
+        start = ln.int("an index")
+        if not ln.peek(":"):
+            return _RawIdx(start, None, None, True, col)
+    ln.expect(":")
+    if not (ln.peek(":") or ln.peek(",") or ln.peek("]")):
+        stop = ln.int("a slice end")
+    if ln.peek(":"):
+        ln.next()
+        if not (ln.peek(",") or ln.peek("]")):
+            step = ln.int("a slice step")
+    return _RawIdx(start, stop, step, False, col)
+
+
+def _normalize(raw: list[_RawIdx], t: Tensor, ln: _Line) -> tuple[Idx, ...]:
+    if len(raw) != len(t.shape):
+        raise error("NCC_EASM004", f"{t.name} has {len(t.shape)} dimension(s), the index has {len(raw)}",
+                    Loc(ln.source, ln.line, raw[0].col))
+    out: list[Idx] = []
+    for d, (r, n) in enumerate(zip(raw, t.shape)):
+        loc = Loc(ln.source, ln.line, r.col)
+        if r.single:
+            i = r.start + n if r.start is not None and r.start < 0 else r.start
+            if i is None or not 0 <= i < n:
+                raise error("NCC_EASM004", f"index {r.start} out of range for dimension {d} of {t.name} "
+                            f"(size {n})", loc)
+            out.append(Idx(i, i + 1, 1, True))
+            continue
+        step = 1 if r.step is None else r.step
+        if step <= 0:
+            raise error("NCC_EASM004", f"slice step must be positive (dimension {d} of {t.name})", loc)
+        start = 0 if r.start is None else (r.start + n if r.start < 0 else r.start)
+        stop = n if r.stop is None else (r.stop + n if r.stop < 0 else r.stop)
+        if not (0 <= start < stop <= n):
+            raise error("NCC_EASM004", f"slice {r.start if r.start is not None else ''}:"
+                        f"{r.stop if r.stop is not None else ''} is empty or out of range for dimension {d} "
+                        f"of {t.name} (size {n})", loc)
+        count = len(range(start, stop, step))
+        out.append(Idx(start, start + (count - 1) * step + 1, step, False))
+    if all(not ix.single and ix.start == 0 and ix.stop == n and ix.step == 1 for ix, n in zip(out, t.shape)):
+        return ()
+    return tuple(out)
+
+
+# --- printing --------------------------------------------------------------------------------------
+
+def fmt_float(v: float) -> str:
+    """The shortest text that reads back as the same fp32 value."""
+    return str(np.float32(v))
+
+
+def fmt_access(a: Access, shape: tuple[int, ...]) -> str:
+    """Canonical text of an access: whole tensors unindexed, slices in their shortest exact form."""
+    s = a.tensor
+    full = all(not ix.single and ix.start == 0 and ix.stop >= n and ix.step == 1 for ix, n in zip(a.index, shape))
+    if a.index and not full:
+        parts = []
+        for ix, n in zip(a.index, shape):
+            count = len(range(ix.start, ix.stop, ix.step))
+            stop = ix.start + (count - 1) * ix.step + 1
+            if ix.single:
+                parts.append(str(ix.start))
+            elif ix.start == 0 and stop == n and ix.step == 1:
+                parts.append(":")
+            elif ix.step == 1:
+                parts.append(f"{ix.start}:{stop}")
+            else:
+                parts.append(f"{ix.start}:{stop}:{ix.step}")
+        s += "[" + ", ".join(parts) + "]"
+    for op, arg in a.views:
+        if op == "permute" and len(arg) >= 2 and tuple(arg) == tuple(range(len(arg) - 1, -1, -1)):
+            s += ".T"
+        else:
+            s += f".{op}({', '.join(map(str, arg))})"
+    return s
+
+
+def _fmt_attr(a: Attr, v: Any, prog: Program) -> str:
+    if a.kind == "bool":
+        return "true" if v else "false"
+    if a.kind == "float":
+        return fmt_float(v)
+    if a.kind == "ints":
+        return "(" + ", ".join(map(str, v)) + ")"
+    if isinstance(v, Access):
+        return fmt_access(v, prog.tensors[v.tensor].shape)
+    if isinstance(v, float):
+        return fmt_float(v)
+    return str(v)
+
+
+def format_program(prog: Program, bank_bytes: int = 2048) -> str:
+    """The canonical text of a program (placement must be resolved: every on-chip offset an int)."""
+    out = [f".isa {prog.version[0]}.{prog.version[1]}"]
+    if prog.target is not None:
+        out.append(f".target {prog.target}")
+    if prog.lnc is not None:
+        out.append(f".lnc {prog.lnc}")
+    out.append(f".ranks {prog.ranks}")
+    out.append(".flags " + json.dumps(list(prog.flags)))
+    out.append("")
+    for t in prog.tensors.values():
+        line = f"{t.kind:<8}{t.name}: {t.dtype.name}[{', '.join(map(str, t.shape))}]"
+        opts = []
+        if t.onchip:
+            if t.partition:
+                opts.append(f"partition={t.partition}")
+            off = t.offset
+            if not isinstance(off, int):
+                raise ValueError(f"tensor {t.name} is not placed")
+            if t.kind == "psum" and off % bank_bytes == 0:
+                opts.append(f"bank={off // bank_bytes}")
+            else:
+                opts.append(f"offset={off}")
+        if t.shard is not None:
+            opts.append(f"shard={t.shard}")
+        out.append(line + ("  " + " ".join(opts) if opts else ""))
+    for s in prog.semaphores:
+        out.append(f"sem     {s}")
+    out.append("")
+    for ins in prog.instrs:
+        out.append(format_instr(ins, prog))
+    return "\n".join(out) + "\n"
+
+
+def format_instr(ins: Instr, prog: Program) -> str:
+    op = OPS[ins.opcode]
+    args = [fmt_access(a, prog.tensors[a.tensor].shape) for a in ins.operands]
+    for a in op.attrs:
+        v = ins.attrs.get(a.name, a.default)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and a.kind in ("float", "scalar"):
+            v = float(np.float32(v))  # immediates are fp32: compare and print as the device holds them
+        if v is None or (v == a.default and not isinstance(v, Access) and a.default is not None):
+            continue
+        args.append(f"{a.name}={_fmt_attr(a, v, prog)}")
+    args += [f"wait={w.sem}>={w.value}" for w in ins.waits]
+    args += [f"signal={s}" for s in ins.signals]
+    return f"{ins.stream:<5} {ins.opcode:<14} {', '.join(args)}".rstrip()

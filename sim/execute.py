@@ -1,0 +1,143 @@
+"""The functional executor: runs a linked device program on numpy, whole tiles at a time.
+
+Memory is modeled as bytes: SBUF and PSUM are ``[partitions, bytes]`` arrays per rank and an on-chip
+tensor is a typed view at its partition and offset, so tiles that share memory really share it.
+HBM tensors are separate arrays. Instructions run in the verifier's order (any order the semaphores
+allow gives the same result, since the verifier refused races); each rank of an SPMD program has
+its own memory and collectives combine them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nxsat.diagnostics import Warnings, error
+from nxsat.sim import numerics as nm
+from nxsat.sim.isa import RAccess
+from nxsat.sim.program import Program, Tensor
+from nxsat.sim.verify import Linked
+
+DEFAULT_MAX_BYTES = 8 << 30
+
+
+def max_host_bytes() -> int:
+    """Host memory the executor may use (NXSAT_SIM_MAX_BYTES, default 8 GiB)."""
+    try:
+        return int(os.environ.get("NXSAT_SIM_MAX_BYTES", DEFAULT_MAX_BYTES))
+    except ValueError:
+        return DEFAULT_MAX_BYTES
+
+
+@dataclass
+class RankState:
+    hbm: dict[str, np.ndarray]
+    sbuf: np.ndarray
+    psum: np.ndarray
+    bases: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class _Ctx:
+    """The memory of one rank as instructions see it (implements isa.ExecCtx)."""
+
+    def __init__(self, state: RankState, rank: int, saturate: dict[str, bool], warnings: Warnings) -> None:
+        self.state = state
+        self.rank = rank
+        self.saturate = saturate
+        self.warnings = warnings
+
+    def _base(self, t: Tensor) -> np.ndarray:
+        b = self.state.bases.get(t.name)
+        if b is None:
+            if t.onchip:
+                mem = self.state.sbuf if t.kind == "sbuf" else self.state.psum
+                assert t.offset is not None
+                rows = mem[t.partition:t.partition + t.shape[0], t.offset:t.offset + t.row_bytes]
+                b = rows.view(t.dtype.np).reshape(t.shape)
+            else:
+                b = self.state.hbm[t.name]
+            self.state.bases[t.name] = b
+        return b
+
+    def view(self, ra: RAccess, writable: bool = False) -> np.ndarray:
+        v = self._base(ra.tensor)
+        if ra.acc.index:
+            v = v[tuple(ix.start if ix.single else slice(ix.start, ix.stop, ix.step) for ix in ra.acc.index)]
+        for op, arg in ra.acc.views:
+            if op == "permute":
+                v = v.transpose(arg)
+            elif op == "broadcast":
+                shape = list(v.shape)
+                shape[arg[0]] = arg[1]
+                v = np.broadcast_to(v, shape)
+            else:
+                v = np.reshape(v, arg, copy=False) if writable else np.reshape(v, arg)
+        return v
+
+    def read(self, ra: RAccess) -> np.ndarray:
+        return self.view(ra)
+
+    def write(self, ra: RAccess, values: np.ndarray) -> None:
+        v = self.view(ra, writable=True)
+        cast = nm.device_cast(values, ra.dtype, self.saturate.get(ra.dtype.name, False))
+        v[...] = np.asarray(cast).reshape(v.shape)
+
+    def write_raw(self, ra: RAccess, values: np.ndarray) -> None:
+        v = self.view(ra, writable=True)
+        v[...] = np.asarray(values).reshape(v.shape)
+
+    def warn(self, message: str) -> None:
+        self.warnings.warn("NCC_WRUN001", message)
+
+
+def shard(prog: Program, t: Tensor, value: np.ndarray, rank: int) -> np.ndarray:
+    """Rank ``rank``'s part of a host array for tensor ``t`` (the whole array when not sharded)."""
+    if t.shard is None or prog.ranks == 1:
+        return value
+    return np.split(value, prog.ranks, axis=t.shard)[rank]
+
+
+def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, np.ndarray],
+            warnings: Warnings | None = None) -> list[np.ndarray]:
+    """Run the program; ``inputs`` and ``consts`` by tensor name, host (global) shapes and exact dtypes.
+    Returns the outputs in declaration order, host shapes."""
+    prog = lk.program
+    target = lk.target
+    warnings = warnings if warnings is not None else Warnings()
+    hbm_bytes = sum(t.nbytes for t in prog.tensors.values() if not t.onchip)
+    onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
+    need = prog.ranks * (hbm_bytes + onchip)
+    if need > max_host_bytes():
+        raise error("NCC_ERUN001", f"simulating this program needs {need / 2**30:.1f} GiB of host memory; "
+                    f"the limit is {max_host_bytes() / 2**30:.1f} GiB", hint="raise NXSAT_SIM_MAX_BYTES")
+    saturate = {name: target.fp8_saturates(name) for name in nm.FP8_MAX}
+    ctxs: list[_Ctx] = []
+    for r in range(prog.ranks):
+        hbm: dict[str, np.ndarray] = {}
+        for t in prog.tensors.values():
+            if t.onchip:
+                continue
+            if t.kind == "input":
+                hbm[t.name] = np.ascontiguousarray(shard(prog, t, inputs[t.name], r)).copy()
+            elif t.kind == "const":
+                hbm[t.name] = np.ascontiguousarray(consts[t.name]).copy()
+            else:
+                hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
+        state = RankState(hbm, np.zeros((target.partitions, target.sbuf_bytes), np.uint8),
+                          np.zeros((target.partitions, target.psum_bytes), np.uint8))
+        ctxs.append(_Ctx(state, r, saturate, warnings))
+    with np.errstate(all="ignore"):
+        for i in lk.order:
+            c = lk.instrs[i]
+            c.op.run_all(ctxs, c)
+    outs: list[np.ndarray] = []
+    for t in prog.outputs():
+        parts = [x.state.hbm[t.name] for x in ctxs]
+        if t.shard is not None and prog.ranks > 1:
+            outs.append(np.concatenate(parts, axis=t.shard))
+        else:
+            outs.append(parts[0].copy())
+    return outs

@@ -1,0 +1,933 @@
+"""The instruction set: one record per opcode with its operands, attributes, checks and semantics.
+
+Everything about an instruction lives in its class here: which streams may run it, what its
+operands and attributes are, which shapes and types it accepts (``check``), what it computes on
+numpy (``run``), and the variables its cost formula in the target spec reads (``cost_vars``). The
+timing model adds engine clocks, DMA and semaphores; the text form is in :mod:`nxsat.sim.asm`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.sim import numerics as nm
+from nxsat.sim.program import AP, Access, Instr, Tensor
+
+# --- resolved instructions ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RAccess:
+    """An access resolved against its tensor: shape, memory, access pattern."""
+
+    acc: Access
+    tensor: Tensor
+    ap: AP
+    box: tuple[tuple[int, int, int], ...]
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+    @property
+    def dtype(self) -> dt.DType:
+        return self.tensor.dtype
+
+    @property
+    def memory(self) -> str:
+        return self.tensor.memory
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.ap.shape
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def partitions(self) -> int:
+        """Partition count (on-chip) or the size of the first dimension (HBM)."""
+        return self.ap.part[1] if self.ap.part else (self.shape[0] if self.shape else 1)
+
+    @property
+    def free(self) -> int:
+        """Elements per partition (on-chip); all elements over the first dimension (HBM)."""
+        return self.ap.free_elems if self.ap.part else self.size // max(1, self.partitions)
+
+    def byte_range(self) -> tuple[int, int]:
+        """(lo, hi) bytes within a partition row that this access may touch (on-chip only)."""
+        lo, hi = self.ap.span()
+        base = self.tensor.offset or 0
+        size = self.dtype.itemsize
+        return base + lo * size, base + hi * size
+
+    def abs_partitions(self) -> tuple[int, int]:
+        """(first, count) absolute partitions (on-chip only)."""
+        assert self.ap.part is not None
+        return self.tensor.partition + self.ap.part[0], self.ap.part[1]
+
+
+@dataclass
+class LInstr:
+    """An instruction linked to its resolved operands; ``index`` is its place in the program."""
+
+    instr: Instr
+    index: int
+    op: Op
+    ops: list[RAccess]
+    attrs: dict[str, Any]
+    reads: list[RAccess] = field(default_factory=list)
+    writes: list[RAccess] = field(default_factory=list)
+    ranks: int = 1
+
+    @property
+    def line(self) -> int:
+        return self.instr.line
+
+    @property
+    def stream(self) -> str:
+        return self.instr.stream
+
+
+class CheckFail(ValueError):
+    """Raised by a check; the verifier turns it into a coded error at the instruction's line."""
+
+    def __init__(self, message: str, code: str = "NCC_EASM004") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ExecCtx(Protocol):
+    """What an instruction's ``run`` sees: memory of one rank, the target, warnings."""
+
+    rank: int
+    saturate: dict[str, bool]
+
+    def read(self, ra: RAccess) -> np.ndarray: ...
+    def write(self, ra: RAccess, values: np.ndarray) -> None: ...
+    def write_raw(self, ra: RAccess, values: np.ndarray) -> None: ...
+    def warn(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Data an instruction moves through the DMA engines (for the timing model)."""
+
+    nbytes: int
+    hbm_bytes: int
+    descriptor_bytes: float
+    engines: int
+    spill_bytes: int = 0
+
+
+# --- operand and attribute schemas -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Operand:
+    name: str
+    memories: frozenset[str]
+    write: bool = False
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute: ``kind`` is bool | int | float | enum | ints | scalar (float or [P,1] access,
+    read) | in (access, read) | out (access, written)."""
+
+    name: str
+    kind: str
+    default: Any = None
+    choices: tuple[str, ...] = ()
+
+
+SB = frozenset({"sbuf"})
+PS = frozenset({"psum"})
+SBPS = frozenset({"sbuf", "psum"})
+HBM = frozenset({"hbm"})
+SBHBM = frozenset({"sbuf", "hbm"})
+
+
+def _sq(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def same_shape(a: RAccess, b: RAccess) -> bool:
+    """Equal shapes up to size-1 dimensions (on-chip: equal partition counts too)."""
+    if a.ap.part and b.ap.part:
+        return a.ap.part[1] == b.ap.part[1] and _sq(a.shape[1:]) == _sq(b.shape[1:])
+    return _sq(a.shape) == _sq(b.shape)
+
+
+def _shape_str(ra: RAccess) -> str:
+    return f"{ra.name}{list(ra.shape)}"
+
+
+def _need_same(a: RAccess, b: RAccess, what: str) -> None:
+    if not same_shape(a, b):
+        raise CheckFail(f"{what}: {_shape_str(a)} and {_shape_str(b)} differ in shape")
+
+
+def _need_per_partition(s: RAccess, dst: RAccess, what: str) -> None:
+    if s.ap.part is None or s.ap.part[1] != dst.partitions or s.free != 1:
+        raise CheckFail(f"{what} must be a [{dst.partitions}, 1] on-chip access (one value per partition), "
+                        f"got {_shape_str(s)}")
+
+
+def _per_partition(x: ExecCtx, s: RAccess, rank: int, domain: str) -> np.ndarray:
+    v = nm.load(x.read(s), domain).reshape(-1)
+    return v.reshape((-1,) + (1,) * (rank - 1))
+
+
+def _scalar(x: ExecCtx, v: Any, dst: RAccess, domain: str) -> Any:
+    if isinstance(v, RAccess):
+        return _per_partition(x, v, len(dst.shape), domain)
+    return np.int64(v) if domain == "int" else np.float32(v)
+
+
+# --- opcodes -----------------------------------------------------------------------------------
+
+class Op:
+    """Base of every opcode. Subclasses set the class attributes and override what they need."""
+
+    name = ""
+    engines: tuple[str, ...] = ()
+    operands: tuple[Operand, ...] = ()
+    attrs: tuple[Attr, ...] = ()
+    doc = ""
+
+    def attr(self, name: str) -> Attr:
+        return next(a for a in self.attrs if a.name == name)
+
+    def check(self, c: LInstr, target: Any) -> None:
+        """Shape and type rules beyond the operand memories (raise CheckFail)."""
+
+    def effects(self, c: LInstr) -> tuple[list[RAccess], list[RAccess]]:
+        reads = [ra for o, ra in zip(self.operands, c.ops) if not o.write]
+        writes = [ra for o, ra in zip(self.operands, c.ops) if o.write]
+        for a in self.attrs:
+            v = c.attrs.get(a.name)
+            if isinstance(v, RAccess):
+                (writes if a.kind == "out" else reads).append(v)
+        return reads, writes
+
+    def data_reads(self, c: LInstr) -> list[RAccess]:
+        """Reads that must wait for an earlier instruction of the same engine to write them."""
+        return c.reads
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        raise NotImplementedError
+
+    def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
+        """Run on every rank: independently, except for collectives, which combine the ranks."""
+        for x in xs:
+            self.run(x, c)
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        dst = c.ops[0] if c.ops else None
+        n = max((ra.free for ra in c.ops if ra.ap.part), default=1)
+        p = dst.partitions if dst is not None else 1
+        return {"N": n, "P": p}
+
+    def flops(self, c: LInstr) -> tuple[str, float] | None:
+        """(precision, FLOPs) of TensorE work that counts toward MFU."""
+        return None
+
+    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
+        return None
+
+
+
+def _domain(*ras: RAccess) -> str:
+    return nm.compute_domain(*(r.dtype for r in ras))
+
+
+# TensorE --------------------------------------------------------------------------------------
+
+class Matmul(Op):
+    name = "matmul"
+    engines = ("pe",)
+    operands = (Operand("dst", PS, write=True), Operand("stationary", SB), Operand("moving", SB))
+    attrs = (Attr("start", "bool", False), Attr("stop", "bool", False),
+             Attr("precision", "enum", "fp32", ("fp32", "tf32")))
+    doc = "dst[M, N] (psum, f32) = or += stationary[K, M].T @ moving[K, N]; K on partitions"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, st, mv = c.ops
+        mm = target.matmul
+        k, m = st.partitions, st.free
+        if len(_sq(st.shape[1:])) > 1:
+            raise CheckFail(f"stationary {_shape_str(st)} must be [K, M]")
+        if mv.partitions != k:
+            raise CheckFail(f"contraction mismatch: stationary has K={k} partitions, moving has {mv.partitions}")
+        if k > mm["rows"]:
+            raise CheckFail(f"K={k} exceeds the {mm['rows']}-row array")
+        if m > mm["cols"]:
+            raise CheckFail(f"M={m} (stationary columns) exceeds the {mm['cols']}-column array")
+        if mv.free > mm["max_moving"]:
+            raise CheckFail(f"N={mv.free} (moving columns) exceeds {mm['max_moving']}")
+        if dst.dtype is not dt.F32:
+            raise CheckFail(f"matmul writes fp32 PSUM; {dst.name} is {dst.dtype.name}")
+        if dst.partitions != m or dst.free != mv.free:
+            raise CheckFail(f"dst {_shape_str(dst)} must be [{m}, {mv.free}] for stationary "
+                            f"{_shape_str(st)} and moving {_shape_str(mv)}")
+        if st.dtype is not mv.dtype:
+            raise CheckFail(f"stationary is {st.dtype.name} but moving is {mv.dtype.name}")
+        prec = self.precision(c)
+        if not target.supports_matmul_dtype(prec):
+            raise CheckFail(f"TensorE of {target.name} does not multiply {prec}", code="NCC_ESPP004")
+        if c.attrs["precision"] == "tf32" and st.dtype is not dt.F32:
+            raise CheckFail("precision=tf32 applies to f32 operands only")
+        lo, hi = dst.byte_range()
+        bank = target.psum_bank_bytes
+        if lo // bank != (hi - 1) // bank:
+            raise CheckFail(f"matmul output {_shape_str(dst)} at bytes {lo}..{hi} crosses a PSUM bank boundary "
+                            f"(banks of {bank} bytes per partition)", code="NCC_EASM006")
+
+    @staticmethod
+    def precision(c: LInstr) -> str:
+        st = c.ops[1]
+        if st.dtype is dt.F32:
+            return "tf32" if c.attrs["precision"] == "tf32" else "f32"
+        return st.dtype.name
+
+    def effects(self, c: LInstr) -> tuple[list[RAccess], list[RAccess]]:
+        reads, writes = super().effects(c)
+        if not c.attrs["start"]:
+            reads = [c.ops[0], *reads]  # accumulate: reads the partial sum
+        return reads, writes
+
+    def data_reads(self, c: LInstr) -> list[RAccess]:
+        return list(c.ops[1:])  # PSUM accumulates in place: no stall for the partial sum
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, st, mv = c.ops
+        k = st.partitions
+        s = nm.to_f32(x.read(st)).reshape(k, -1)
+        m = nm.to_f32(x.read(mv)).reshape(k, -1)
+        if self.precision(c) == "tf32":
+            s, m = dt.round_tf32(s), dt.round_tf32(m)
+        r = np.matmul(s.T, m, dtype=np.float32)
+        if not c.attrs["start"]:
+            r = nm.to_f32(x.read(dst)).reshape(r.shape) + r
+        x.write(dst, r.reshape(dst.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        _, st, mv = c.ops
+        return {"M": st.free, "N": mv.free, "K": st.partitions, "P": st.partitions,
+                "dtype_factor": target.matmul_dtype_factor(self.precision(c)) or 1.0}
+
+    def flops(self, c: LInstr) -> tuple[str, float] | None:
+        _, st, mv = c.ops
+        return self.precision(c), 2.0 * st.partitions * st.free * mv.free
+
+
+class Transpose(Op):
+    name = "transpose"
+    engines = ("pe",)
+    operands = (Operand("dst", PS, write=True), Operand("src", SB))
+    doc = "dst[F, P] (psum) = src[P, F].T through TensorE (an identity matmul)"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        if len(_sq(src.shape[1:])) > 1:
+            raise CheckFail(f"transpose source {_shape_str(src)} must be [P, F]")
+        if src.free > target.matmul["cols"] or src.partitions > target.matmul["rows"]:
+            raise CheckFail(f"transpose of {_shape_str(src)} exceeds the {target.matmul['rows']}x"
+                            f"{target.matmul['cols']} array")
+        if dst.partitions != src.free or dst.free != src.partitions:
+            raise CheckFail(f"dst {_shape_str(dst)} must be [{src.free}, {src.partitions}]")
+        if dst.dtype not in (dt.F32, src.dtype):
+            raise CheckFail(f"transpose writes f32 or the source type ({src.dtype.name}), not {dst.dtype.name}")
+        lo, hi = dst.byte_range()
+        bank = target.psum_bank_bytes
+        if lo // bank != (hi - 1) // bank:
+            raise CheckFail(f"transpose output {_shape_str(dst)} crosses a PSUM bank boundary", code="NCC_EASM006")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        v = x.read(src).reshape(src.partitions, -1)
+        if dst.dtype is src.dtype:
+            x.write_raw(dst, np.ascontiguousarray(v.T).reshape(dst.shape))
+        else:
+            x.write(dst, nm.to_f32(v).T.reshape(dst.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        _, src = c.ops
+        return {"P": src.partitions, "N": src.free}
+
+
+# ScalarE ---------------------------------------------------------------------------------------
+
+class Activation(Op):
+    name = "activation"
+    engines = ("act", "dve")
+    operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
+    attrs = (Attr("func", "enum", "identity", tuple(nm.ACTIVATIONS)), Attr("scale", "scalar", 1.0),
+             Attr("bias", "scalar", 0.0), Attr("accum", "out", None))
+    doc = "dst = func(scale * src + bias) in fp32; accum (optional) = sum of dst's values per partition"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        _need_same(dst, src, "activation")
+        for k in ("scale", "bias"):
+            if isinstance(c.attrs[k], RAccess):
+                _need_per_partition(c.attrs[k], dst, k)
+        acc = c.attrs["accum"]
+        if acc is not None:
+            _need_per_partition(acc, dst, "accum")
+            if not acc.dtype.is_float:
+                raise CheckFail("accum must be a float tile")
+        if c.stream == "dve" and c.attrs["func"] not in ("identity", "relu", "abs", "square", "sign"):
+            raise CheckFail(f"VectorE has no {c.attrs['func']} function; run it on act")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        v = nm.to_f32(x.read(src)).reshape(dst.shape)
+        t = v * _scalar(x, c.attrs["scale"], dst, "f32") + _scalar(x, c.attrs["bias"], dst, "f32")
+        y = nm.ACTIVATIONS[c.attrs["func"]](np.asarray(t, dtype=np.float32))
+        x.write(dst, y)
+        acc = c.attrs["accum"]
+        if acc is not None:
+            s = np.add.reduce(y.reshape(dst.partitions, -1), axis=1, dtype=np.float32)
+            x.write(acc, s.reshape(acc.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        v = super().cost_vars(c, target)
+        v["accum"] = 1 if c.attrs["accum"] is not None else 0
+        return v
+
+
+# VectorE / GpSimd elementwise -------------------------------------------------------------------
+
+ALU_OPS = tuple(nm.BINARY)
+
+
+class TensorTensor(Op):
+    name = "tensor_tensor"
+    engines = ("dve", "pool")
+    operands = (Operand("dst", SBPS, write=True), Operand("a", SBPS), Operand("b", SBPS))
+    attrs = (Attr("op", "enum", None, ALU_OPS),)
+    doc = "dst = a op b, elementwise, same shapes"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, a, b = c.ops
+        _need_same(dst, a, "tensor_tensor")
+        _need_same(dst, b, "tensor_tensor")
+        _check_int_op(c.attrs["op"], dst, a, b)
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, a, b = c.ops
+        d = _domain(dst, a, b)
+        va = nm.load(x.read(a), d).reshape(dst.shape)
+        vb = nm.load(x.read(b), d).reshape(dst.shape)
+        with np.errstate(all="ignore"):
+            x.write(dst, nm.BINARY[c.attrs["op"]](va, vb))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        v = super().cost_vars(c, target)
+        dst, a, b = c.ops
+        psum_in = a.memory == "psum" or b.memory == "psum"
+        bf16_fast = (all(r.dtype is dt.BF16 for r in c.ops) and c.attrs["op"] in ("add", "mul", "sub")
+                     and all(r.ap.contiguous_run() == r.free for r in c.ops))
+        v["fast"] = 1 if (psum_in or bf16_fast) else 0
+        return v
+
+
+def _check_int_op(op: str, *ras: RAccess) -> None:
+    if op in nm.INT_ONLY_OPS and not all(r.dtype.is_int for r in ras):
+        raise CheckFail(f"{op} works on integer tiles only")
+
+
+class TensorScalar(Op):
+    name = "tensor_scalar"
+    engines = ("dve", "pool", "act")
+    operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
+    attrs = (Attr("op0", "enum", None, ALU_OPS), Attr("scalar0", "scalar", 0.0),
+             Attr("op1", "enum", "none", ("none", *ALU_OPS)), Attr("scalar1", "scalar", 0.0))
+    doc = "dst = (src op0 scalar0) op1 scalar1; a scalar is an immediate or a [P, 1] tile"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        _need_same(dst, src, "tensor_scalar")
+        for k in ("scalar0", "scalar1"):
+            if isinstance(c.attrs[k], RAccess):
+                _need_per_partition(c.attrs[k], dst, k)
+        _check_int_op(c.attrs["op0"], dst, src)
+        if c.attrs["op1"] != "none":
+            _check_int_op(c.attrs["op1"], dst, src)
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        scal = [v for k in ("scalar0", "scalar1") if isinstance(v := c.attrs[k], RAccess)]
+        d = _domain(dst, src, *scal)
+        v = nm.load(x.read(src), d).reshape(dst.shape)
+        with np.errstate(all="ignore"):
+            v = nm.BINARY[c.attrs["op0"]](v, _scalar(x, c.attrs["scalar0"], dst, d))
+            if c.attrs["op1"] != "none":
+                v = nm.BINARY[c.attrs["op1"]](v, _scalar(x, c.attrs["scalar1"], dst, d))
+        x.write(dst, v)
+
+
+class TensorReduce(Op):
+    name = "tensor_reduce"
+    engines = ("dve", "pool")
+    operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
+    attrs = (Attr("op", "enum", None, tuple(nm.REDUCE)), Attr("axes", "ints", ()))
+    doc = "dst = reduce(op) of src over free axes (default: all free axes), fp32 accumulation"
+
+    def axes(self, c: LInstr) -> tuple[int, ...]:
+        src = c.ops[1]
+        return c.attrs["axes"] or tuple(range(1, len(src.shape)))
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        axes = self.axes(c)
+        if any(a < 1 or a >= len(src.shape) for a in axes) or len(set(axes)) != len(axes):
+            raise CheckFail(f"axes {list(axes)} must be distinct free axes of {_shape_str(src)} "
+                            f"(1..{len(src.shape) - 1})")
+        kept = tuple(s for i, s in enumerate(src.shape) if i not in axes)
+        if dst.partitions != src.partitions or _sq(dst.shape[1:]) != _sq(kept[1:]):
+            raise CheckFail(f"dst {_shape_str(dst)} must be {list(kept)} (reduced over axes {list(axes)})")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        d = _domain(dst, src)
+        v = nm.load(x.read(src), d)
+        with np.errstate(all="ignore"):
+            r = nm.REDUCE[c.attrs["op"]](v, axis=self.axes(c))
+        x.write(dst, np.asarray(r).reshape(dst.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        dst, src = c.ops
+        half = src.dtype is dt.BF16 and c.attrs["op"] in ("add", "max")
+        return {"N": src.free, "P": src.partitions, "half": 1 if half else 0}
+
+
+class TensorCopy(Op):
+    name = "tensor_copy"
+    engines = ("dve", "pool", "act")
+    operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
+    doc = "dst = src, converted to dst's type (round to nearest even)"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        _need_same(c.ops[0], c.ops[1], "tensor_copy")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        v = x.read(src).reshape(dst.shape)
+        if dst.dtype is src.dtype:
+            x.write_raw(dst, v)
+        else:
+            x.write(dst, nm.load(v, _domain(dst, src)))
+
+
+class Select(Op):
+    name = "select"
+    engines = ("dve", "pool")
+    operands = (Operand("dst", SBPS, write=True), Operand("pred", SBPS), Operand("on_true", SBPS),
+                Operand("on_false", SBPS))
+    doc = "dst = on_true where pred != 0 else on_false"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst = c.ops[0]
+        for r in c.ops[1:]:
+            _need_same(dst, r, "select")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, p, a, b = c.ops
+        d = _domain(dst, a, b)
+        cond = x.read(p).reshape(dst.shape) != 0
+        x.write(dst, np.where(cond, nm.load(x.read(a), d).reshape(dst.shape),
+                              nm.load(x.read(b), d).reshape(dst.shape)))
+
+
+class Iota(Op):
+    name = "iota"
+    engines = ("pool", "dve")
+    operands = (Operand("dst", SBPS, write=True),)
+    attrs = (Attr("base", "int", 0), Attr("channel_multiplier", "int", 0), Attr("steps", "ints", ()))
+    doc = "dst[p, i...] = base + channel_multiplier * p + sum(steps[k] * i_k) (default steps: row-major index)"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst = c.ops[0]
+        steps = c.attrs["steps"]
+        if steps and len(steps) != len(dst.shape) - 1:
+            raise CheckFail(f"steps needs one value per free dimension of {_shape_str(dst)}")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst = c.ops[0]
+        free = dst.shape[1:]
+        steps = c.attrs["steps"] or tuple(np.cumprod((1, *free[::-1]))[:-1][::-1].tolist())
+        v = np.full(dst.shape, c.attrs["base"], dtype=np.int64)
+        v += c.attrs["channel_multiplier"] * np.arange(dst.shape[0], dtype=np.int64).reshape((-1,) + (1,) * len(free))
+        for k, (n, s) in enumerate(zip(free, steps)):
+            shape = [1] * len(dst.shape)
+            shape[k + 1] = n
+            v += s * np.arange(n, dtype=np.int64).reshape(shape)
+        x.write(dst, v)
+
+
+class Memset(Op):
+    name = "memset"
+    engines = ("dve", "pool", "act")
+    operands = (Operand("dst", SBPS, write=True),)
+    attrs = (Attr("value", "float", 0.0),)
+    doc = "dst = value"
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst = c.ops[0]
+        x.write(dst, np.full(dst.shape, c.attrs["value"], dtype=np.float32))
+
+
+class BnStats(Op):
+    name = "bn_stats"
+    engines = ("dve",)
+    operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
+    doc = ("dst[P, 6] = (count, mean, M2) of src's even-indexed and of its odd-indexed elements per "
+           "partition (M2 = sum of squared deviations), fp32")
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        if dst.dtype is not dt.F32 or dst.free != 6 or dst.partitions != src.partitions:
+            raise CheckFail(f"bn_stats writes f32 [{src.partitions}, 6], got {dst.dtype.name}{list(dst.shape)}")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        v = nm.to_f32(x.read(src)).reshape(src.partitions, -1).astype(np.float64)
+        out = np.zeros((src.partitions, 6), dtype=np.float64)
+        for h in range(2):
+            part = v[:, h::2]
+            n = part.shape[1]
+            if n:
+                mean = part.mean(axis=1)
+                out[:, 3 * h] = n
+                out[:, 3 * h + 1] = mean
+                out[:, 3 * h + 2] = ((part - mean[:, None]) ** 2).sum(axis=1)
+        x.write(dst, out.astype(np.float32).reshape(dst.shape))
+
+
+class BnAggr(Op):
+    name = "bn_aggr"
+    engines = ("dve",)
+    operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
+    doc = "dst[P, 2] = (mean, population variance) merged from bn_stats groups src[P, 6k] (Chan's formula)"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        if dst.dtype is not dt.F32 or dst.free != 2 or dst.partitions != src.partitions:
+            raise CheckFail(f"bn_aggr writes f32 [{src.partitions}, 2], got {dst.dtype.name}{list(dst.shape)}")
+        if src.dtype is not dt.F32 or src.free % 3 or src.free == 0:
+            raise CheckFail(f"bn_aggr reads f32 bn_stats groups [P, 6k], got {src.dtype.name}{list(src.shape)}")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        g = nm.to_f32(x.read(src)).reshape(src.partitions, -1, 3).astype(np.float64)
+        n, mean, m2 = g[..., 0], g[..., 1], g[..., 2]
+        total = n.sum(axis=1)
+        safe = np.where(total > 0, total, 1.0)
+        mu = (n * mean).sum(axis=1) / safe
+        var = (m2.sum(axis=1) + (n * (mean - mu[:, None]) ** 2).sum(axis=1)) / safe
+        out = np.stack([mu, var], axis=1)
+        x.write(dst, out.astype(np.float32).reshape(dst.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        return {"N": c.ops[1].free, "P": c.ops[1].partitions}
+
+
+# GpSimd indirect memory copies ------------------------------------------------------------------
+
+OOB_TEXT = "failed to run scatter/gather (indirect memory copy {what} at {where}), due to out-of-bound access"
+
+
+def _index_rows(x: ExecCtx, idx: RAccess, rows: int, what: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    i = nm.to_int(x.read(idx)).reshape(-1)
+    ok = (i >= 0) & (i < rows)
+    if not ok.all():
+        bad = i[~ok]
+        x.warn(OOB_TEXT.format(what=what, where=where)
+               + f": {bad.size} index(es) outside [0, {rows}), first {int(bad[0])}")
+    return i, ok
+
+
+class Gather(Op):
+    name = "gather"
+    engines = ("pool",)
+    operands = (Operand("dst", SB, write=True), Operand("table", HBM), Operand("idx", SB))
+    doc = ("dst[p, j, :] = table[idx[p, j], :]; an index outside the table leaves zeros and a runtime "
+           "warning (the device's indirect-copy error)")
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, table, idx = c.ops
+        _check_indirect(dst, table, idx, "gather")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, table, idx = c.ops
+        t = x.read(table).reshape(table.shape[0], -1)
+        i, ok = _index_rows(x, idx, t.shape[0], "gather", f"line {c.line}")
+        out = np.zeros((i.size, t.shape[1]), dtype=t.dtype)
+        out[ok] = t[i[ok]]
+        x.write_raw(dst, out.reshape(dst.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        dst, table, idx = c.ops
+        return {"rows": idx.size, "N": dst.free, "P": dst.partitions}
+
+    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
+        dst, table, idx = c.ops
+        row = dst.nbytes // max(1, idx.size)
+        return _indirect_transfer(dst.nbytes, row, dst.partitions, target, table)
+
+
+class Scatter(Op):
+    name = "scatter"
+    engines = ("pool",)
+    operands = (Operand("table", HBM, write=True), Operand("idx", SB), Operand("src", SB))
+    attrs = (Attr("mode", "enum", "set", ("set", "add")),)
+    doc = ("table[idx[p, j], :] = (or +=) src[p, j, :]; duplicates: the last in (p, j) order wins for "
+           "set, all add for add (fp32); out-of-range indices are skipped with a runtime warning")
+
+    def check(self, c: LInstr, target: Any) -> None:
+        table, idx, src = c.ops
+        _check_indirect(src, table, idx, "scatter")
+        if table.tensor.kind in ("input", "const"):
+            raise CheckFail(f"{table.name} is a read-only {table.tensor.kind}")
+
+    def effects(self, c: LInstr) -> tuple[list[RAccess], list[RAccess]]:
+        reads, writes = super().effects(c)
+        if c.attrs["mode"] == "add":
+            reads = [c.ops[0], *reads]
+        return reads, writes
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        table, idx, src = c.ops
+        t = x.read(table)
+        rows = t.shape[0]
+        flat = t.reshape(rows, -1)
+        i, ok = _index_rows(x, idx, rows, "scatter", f"line {c.line}")
+        vals = x.read(src).reshape(i.size, -1)[ok]
+        i = i[ok]
+        if c.attrs["mode"] == "add":
+            d = nm.compute_domain(table.dtype, src.dtype)
+            acc = nm.load(flat, d).copy()
+            np.add.at(acc, i, nm.load(vals, d))
+            new = acc
+        else:
+            new = flat.copy()
+            # Last write wins, made explicit: keep the last occurrence of every index.
+            rev_unique, rev_pos = np.unique(i[::-1], return_index=True)
+            new[rev_unique] = vals[::-1][rev_pos]
+        if c.attrs["mode"] == "add":
+            x.write(table, new.reshape(table.shape))
+        else:
+            x.write_raw(table, new.reshape(table.shape))
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        table, idx, src = c.ops
+        return {"rows": idx.size, "N": src.free, "P": src.partitions}
+
+    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
+        table, idx, src = c.ops
+        row = src.nbytes // max(1, idx.size)
+        # scatter-add reads the rows too
+        factor = 2 if c.attrs["mode"] == "add" else 1
+        return _indirect_transfer(src.nbytes, row, src.partitions, target, table, factor)
+
+
+def _check_indirect(tile: RAccess, table: RAccess, idx: RAccess, what: str) -> None:
+    if not idx.dtype.is_int:
+        raise CheckFail(f"{what} indices must be an integer tile, {idx.name} is {idx.dtype.name}")
+    if idx.partitions != tile.partitions:
+        raise CheckFail(f"{what}: indices {_shape_str(idx)} and tile {_shape_str(tile)} differ in partitions")
+    if len(table.shape) < 1:
+        raise CheckFail(f"{what}: table must have a row dimension")
+    row = math.prod(table.shape[1:])
+    if tile.free != idx.free * row:
+        raise CheckFail(f"{what}: tile {_shape_str(tile)} must hold {idx.free} row(s) of {row} element(s) "
+                        f"per partition")
+    if tile.dtype is not table.dtype:
+        raise CheckFail(f"{what}: tile is {tile.dtype.name}, table is {table.dtype.name}")
+
+
+def _indirect_transfer(nbytes: int, row: int, partitions: int, target: Any, table: RAccess,
+                       factor: int = 1) -> Transfer:
+    d = target.dma
+    engines = max(1, min(d["engines"], math.ceil(partitions / d["partitions_per_engine"])))
+    spill = nbytes if table.tensor.kind == "scratch" else 0
+    return Transfer(nbytes * factor, nbytes * factor, max(1, row), engines, spill)
+
+
+# DMA -------------------------------------------------------------------------------------------
+
+class Dma(Op):
+    name = "dma"
+    engines = ("dma",)
+    operands = (Operand("dst", SBHBM, write=True), Operand("src", SBHBM))
+    doc = "dst = src, byte for byte (same element type), any strides on either side"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        if not _sq(dst.shape) == _sq(src.shape):
+            raise CheckFail(f"dma: {_shape_str(dst)} and {_shape_str(src)} differ in shape")
+        same = dst.dtype is src.dtype or {dst.dtype.name, src.dtype.name} == {"pred", "u8"}
+        if not same:
+            raise CheckFail(f"dma copies bytes: {dst.name} is {dst.dtype.name}, {src.name} is {src.dtype.name} "
+                            "(convert on an engine)")
+        if dst.tensor.kind in ("input", "const"):
+            raise CheckFail(f"{dst.name} is a read-only {dst.tensor.kind}")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        v = x.read(src)
+        if dst.dtype is not src.dtype:
+            v = v.view(dst.dtype.np)
+        x.write_raw(dst, v.reshape(dst.shape))
+
+    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
+        dst, src = c.ops
+        return dma_transfer(dst, src, target)
+
+
+def dma_transfer(dst: RAccess, src: RAccess, target: Any) -> Transfer:
+    """Descriptor size and DMA-engine count of a copy between two access patterns."""
+    d = target.dma
+    size = dst.dtype.itemsize
+    run = min(dst.ap.contiguous_run(), src.ap.contiguous_run())
+    nbytes = dst.nbytes
+    engines = 1
+    for r in (dst, src):
+        if r.ap.part:
+            engines = max(engines, math.ceil(r.partitions / d["partitions_per_engine"]))
+    if not dst.ap.part and not src.ap.part:
+        engines = math.ceil(nbytes / d["hbm_hbm_engines_per_bytes"])
+    engines = max(1, min(d["engines"], engines))
+    hbm = nbytes * sum(1 for r in (dst, src) if r.memory == "hbm")
+    spill = nbytes if any(r.tensor.kind == "scratch" for r in (dst, src)) else 0
+    return Transfer(nbytes, hbm, float(run * size), engines, spill)
+
+
+# Collectives -----------------------------------------------------------------------------------
+
+class _Collective(Op):
+    engines = ("cc",)
+    operands = (Operand("dst", SBHBM, write=True), Operand("src", SBHBM))
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        raise AssertionError("collectives run on all ranks at once (run_all)")
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        dst, src = c.ops
+        r = c.ranks
+        col = target.collectives
+        steps, wire = self.ring(src.nbytes, dst.nbytes, r)
+        return {"N": src.free, "P": src.partitions, "R": r, "steps": steps, "wire_bytes": wire,
+                "fixed_ns": col["fixed_ns"], "hop_ns": col["hop_ns"], "link_gbps": col["link_gbps_per_rank"]}
+
+    def ring(self, src_bytes: int, dst_bytes: int, r: int) -> tuple[int, float]:
+        raise NotImplementedError
+
+
+class AllReduce(_Collective):
+    name = "all_reduce"
+    attrs = (Attr("op", "enum", "add", tuple(nm.COLLECTIVE_REDUCE)),)
+    doc = "dst = op over ranks of src (every rank gets the result)"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        _need_same(dst, src, "all_reduce")
+        if dst.dtype is not src.dtype:
+            raise CheckFail("all_reduce: dst and src must have the same type")
+
+    def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
+        dst, src = c.ops
+        d = nm.compute_domain(src.dtype)
+        vals = [nm.load(x.read(src), d) for x in xs]
+        acc = vals[0]
+        for v in vals[1:]:
+            acc = nm.COLLECTIVE_REDUCE[c.attrs["op"]](acc, v)
+        for x in xs:
+            x.write(dst, np.asarray(acc).reshape(dst.shape))
+
+    def ring(self, src_bytes: int, dst_bytes: int, r: int) -> tuple[int, float]:
+        return 2 * (r - 1), 2.0 * (r - 1) / r * src_bytes
+
+
+class AllGather(_Collective):
+    name = "all_gather"
+    attrs = (Attr("axis", "int", 0),)
+    doc = "dst = concatenation over ranks of src along axis"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        _check_concat(c, c.ops[1], c.ops[0], "all_gather")
+
+    def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
+        dst, src = c.ops
+        v = np.concatenate([x.read(src) for x in xs], axis=c.attrs["axis"])
+        for x in xs:
+            x.write_raw(dst, v.reshape(dst.shape))
+
+    def ring(self, src_bytes: int, dst_bytes: int, r: int) -> tuple[int, float]:
+        return r - 1, float((r - 1) * src_bytes)
+
+
+class ReduceScatter(_Collective):
+    name = "reduce_scatter"
+    attrs = (Attr("op", "enum", "add", tuple(nm.COLLECTIVE_REDUCE)), Attr("axis", "int", 0))
+    doc = "dst = rank r's part (along axis) of op over ranks of src"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        _check_concat(c, c.ops[0], c.ops[1], "reduce_scatter")
+
+    def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
+        dst, src = c.ops
+        d = nm.compute_domain(src.dtype)
+        vals = [nm.load(x.read(src), d) for x in xs]
+        acc = vals[0]
+        for v in vals[1:]:
+            acc = nm.COLLECTIVE_REDUCE[c.attrs["op"]](acc, v)
+        parts = np.split(np.asarray(acc), len(xs), axis=c.attrs["axis"])
+        for x, p in zip(xs, parts):
+            x.write(dst, p.reshape(dst.shape))
+
+    def ring(self, src_bytes: int, dst_bytes: int, r: int) -> tuple[int, float]:
+        return r - 1, float((r - 1) * dst_bytes)
+
+
+def _check_concat(c: LInstr, part: RAccess, whole: RAccess, what: str) -> None:
+    r = c.ranks
+    axis = c.attrs["axis"]
+    if not 0 <= axis < len(part.shape) or len(part.shape) != len(whole.shape):
+        raise CheckFail(f"{what}: axis {axis} and shapes {_shape_str(part)}, {_shape_str(whole)} do not fit")
+    want = list(part.shape)
+    want[axis] *= r
+    if tuple(want) != whole.shape:
+        raise CheckFail(f"{what} over {r} rank(s): {_shape_str(whole)} must be {want}")
+    if part.dtype is not whole.dtype:
+        raise CheckFail(f"{what}: dst and src must have the same type")
+
+
+class Nop(Op):
+    name = "nop"
+    engines = ("pe", "act", "dve", "pool", "cc", "dma")
+    doc = "nothing: a place to wait on and signal semaphores"
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        return None
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        return {"N": 0, "P": 0}
+
+
+OPS: dict[str, Op] = {op.name: op for op in (
+    Matmul(), Transpose(), Activation(), TensorTensor(), TensorScalar(), TensorReduce(), TensorCopy(),
+    Select(), Iota(), Memset(), BnStats(), BnAggr(), Gather(), Scatter(), Dma(), AllReduce(), AllGather(),
+    ReduceScatter(), Nop(),
+)}

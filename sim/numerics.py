@@ -1,0 +1,162 @@
+"""Device numerics: where the NeuronCore rounds, and how.
+
+Engines other than TensorE read any element type, compute in fp32 and cast on output; TensorE
+multiplies exactly and accumulates in fp32 in PSUM. So the rounding points are: the fp32 result of
+each engine step, and the cast to the destination type (round to nearest even; fp8 e4m3 saturates
+at +-448 as the target spec says). Integer-only instructions compute exactly in 64 bits and wrap
+to the destination type. Transcendental functions are correctly rounded fp32 results: the
+device's own approximation error is not published and not modeled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+from scipy import special
+
+from nxsat import dtypes as dt
+
+F32 = np.float32
+
+ALLOWED_DTYPES = ("f32", "bf16", "f16", "f8e4m3fn", "f8e5m2", "s32", "u32", "s16", "u16", "s8", "u8")
+HBM_ONLY_DTYPES = ("pred",)
+FP8_MAX = {"f8e4m3fn": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max),
+           "f8e5m2": float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)}
+
+
+def is_float(t: dt.DType) -> bool:
+    return t.kind == "float"
+
+
+def to_f32(x: np.ndarray) -> np.ndarray:
+    """An engine's input cast: every storage type widens to fp32 (exactly, except 32-bit ints)."""
+    return np.asarray(x).astype(F32, copy=False)
+
+
+def to_int(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.int64, copy=False)
+
+
+def device_cast(x: np.ndarray, dtype: dt.DType, saturate_fp8: bool) -> np.ndarray:
+    """An engine's output cast of fp32 (or exact int64) values to a storage type."""
+    a = np.asarray(x)
+    if dtype.is_pred:
+        return a != 0
+    if dtype.is_int:
+        if a.dtype.kind in "iub":
+            return a.astype(dtype.np)  # wraps, two's complement
+        return dt.cast(a.astype(F32, copy=False), dtype)  # truncate toward zero, saturate, NaN -> 0
+    a = a.astype(F32, copy=False)
+    if dtype.name in FP8_MAX and saturate_fp8:
+        m = FP8_MAX[dtype.name]
+        a = np.clip(a, -m, m)  # NaN stays NaN
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a.astype(dtype.np)
+
+
+def _f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """Evaluate in float64 and round once to fp32: a correctly rounded fp32 function."""
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return fn(x.astype(np.float64)).astype(F32)
+
+    return run
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+# ScalarE functions f(t), t = scale * x + bias in fp32.
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "identity": _f64(lambda x: x),
+    "exp": _f64(np.exp),
+    "log": _f64(np.log),
+    "tanh": _f64(np.tanh),
+    "sigmoid": _f64(lambda x: special.expit(x)),
+    "relu": _f64(lambda x: np.maximum(x, 0.0)),
+    "gelu": _f64(lambda x: 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))),
+    "gelu_tanh": _f64(_gelu_tanh),
+    "silu": _f64(lambda x: x * special.expit(x)),
+    "softplus": _f64(lambda x: np.logaddexp(0.0, x)),
+    "sqrt": _f64(np.sqrt),
+    "rsqrt": _f64(lambda x: 1.0 / np.sqrt(x)),
+    "reciprocal": _f64(lambda x: 1.0 / x),
+    "square": _f64(np.square),
+    "abs": _f64(np.abs),
+    "sign": _f64(np.sign),
+    "sin": _f64(np.sin),
+    "cos": _f64(np.cos),
+    "erf": _f64(special.erf),
+}
+
+
+def _cmp(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    return lambda a, b: fn(a, b).astype(a.dtype)
+
+
+def _fdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f":
+        return a / b
+    b = np.where(b == 0, 1, b)  # integer division by zero: defined as a / 1 (documented)
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) ^ (b < 0), -q, q)  # truncating, like C
+
+
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f":
+        return np.power(a, b)
+    return np.power(a, np.maximum(b, 0))
+
+
+# Binary ALU operations of VectorE / GpSimd (and tensor_scalar's op0/op1). Float inputs are fp32
+# arrays and results are fp32 (numpy's float32 arithmetic rounds like the device's fp32 ALU);
+# integer inputs are int64 arrays.
+BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "rsub": lambda a, b: np.subtract(b, a),
+    "mul": np.multiply,
+    "div": _fdiv,
+    "rdiv": lambda a, b: _fdiv(b, a),
+    "max": np.maximum,
+    "min": np.minimum,
+    "pow": _pow,
+    "abs_max": lambda a, b: np.maximum(np.abs(a), np.abs(b)),
+    "eq": _cmp(np.equal),
+    "ne": _cmp(np.not_equal),
+    "lt": _cmp(np.less),
+    "le": _cmp(np.less_equal),
+    "gt": _cmp(np.greater),
+    "ge": _cmp(np.greater_equal),
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+    "shl": lambda a, b: np.left_shift(a, np.clip(b, 0, 63)),
+    "shr": lambda a, b: np.right_shift(a, np.clip(b, 0, 63)),
+}
+INT_ONLY_OPS = frozenset({"and", "or", "xor", "shl", "shr"})
+
+# tensor_reduce operations and the identity each starts from.
+REDUCE: dict[str, Callable[..., np.ndarray]] = {
+    "add": np.add.reduce,
+    "mul": np.multiply.reduce,
+    "max": np.maximum.reduce,
+    "min": np.minimum.reduce,
+}
+
+COLLECTIVE_REDUCE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "max": np.maximum, "min": np.minimum, "mul": np.multiply,
+}
+
+
+def compute_domain(*types: dt.DType) -> str:
+    """``int`` when every type is an integer (exact 64-bit arithmetic), else ``f32``."""
+    return "int" if all(t.is_int for t in types) else "f32"
+
+
+def load(x: np.ndarray, domain: str) -> np.ndarray:
+    return to_int(x) if domain == "int" else to_f32(x)

@@ -1,0 +1,382 @@
+"""The device program: tensors placed in HBM, SBUF or PSUM, per-engine instruction streams, semaphores.
+
+This is what the backend emits and what the simulator runs (documented in docs/device-program.md).
+The records here are plain data; :mod:`nxsat.sim.asm` reads and prints their text form,
+:mod:`nxsat.sim.verify` checks them against a target, and the access-pattern algebra at the end
+turns an access (``x[:, 0:4].T``) into the offsets and strides the engines and DMA see.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from nxsat.dtypes import DType
+
+ISA_VERSION = (1, 0)
+
+HBM_KINDS = ("input", "output", "const", "scratch")
+ONCHIP_KINDS = ("sbuf", "psum")
+TENSOR_KINDS = HBM_KINDS + ONCHIP_KINDS
+
+# Streams in their fixed order: compute engines, the collective engine, then the DMA queues.
+ENGINE_STREAMS = ("pe", "act", "dve", "pool", "cc")
+MAX_QUEUES = 64
+
+
+def queue_name(i: int) -> str:
+    return f"q{i}"
+
+
+def stream_kind(stream: str) -> str:
+    """``pe``/``act``/``dve``/``pool``/``cc`` for engines, ``dma`` for a queue ``q<i>``."""
+    if stream in ENGINE_STREAMS:
+        return stream
+    if stream.startswith("q") and stream[1:].isdigit() and str(int(stream[1:])) == stream[1:]:
+        return "dma"
+    return ""
+
+
+def stream_order(stream: str) -> tuple[int, int]:
+    if stream in ENGINE_STREAMS:
+        return (0, ENGINE_STREAMS.index(stream))
+    return (1, int(stream[1:]))
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A declared tensor. On-chip tensors are ``[partitions, *free]`` at a partition and byte offset."""
+
+    name: str
+    kind: str
+    dtype: DType
+    shape: tuple[int, ...]
+    partition: int = 0
+    offset: int | None = None  # bytes within each partition; None until placed
+    bank: int | None = None  # psum, as written: offset counts from this bank (resolved when placed)
+    shard: int | None = None  # input/output: dimension split across ranks
+    line: int = 0
+
+    @property
+    def memory(self) -> str:
+        return self.kind if self.kind in ONCHIP_KINDS else "hbm"
+
+    @property
+    def onchip(self) -> bool:
+        return self.kind in ONCHIP_KINDS
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def partitions(self) -> int:
+        return self.shape[0]
+
+    @property
+    def row_elems(self) -> int:
+        """Elements per partition (on-chip tensors)."""
+        return math.prod(self.shape[1:])
+
+    @property
+    def row_bytes(self) -> int:
+        return self.row_elems * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Idx:
+    """One dimension of an index: a slice ``start:stop:step`` or, with ``single``, the index ``start``."""
+
+    start: int
+    stop: int
+    step: int = 1
+    single: bool = False
+
+    @property
+    def size(self) -> int:
+        return len(range(self.start, self.stop, self.step))
+
+
+@dataclass(frozen=True)
+class Access:
+    """``tensor[index]`` then view operations (``("permute", perm)``, ``("reshape", shape)``,
+    ``("broadcast", (dim, size))``).
+
+    ``index`` is empty for the whole tensor; otherwise one :class:`Idx` per declared dimension.
+    """
+
+    tensor: str
+    index: tuple[Idx, ...] = ()
+    views: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Wait:
+    sem: str
+    value: int
+
+
+@dataclass
+class Instr:
+    stream: str
+    opcode: str
+    operands: tuple[Access, ...]
+    attrs: dict[str, Any]
+    waits: tuple[Wait, ...] = ()
+    signals: tuple[str, ...] = ()
+    line: int = 0
+
+
+@dataclass
+class Program:
+    """A whole device program. ``source`` names where it came from (for error locations)."""
+
+    version: tuple[int, int] = ISA_VERSION
+    target: str | None = None
+    lnc: int | None = None
+    ranks: int | None = None  # SPMD ranks (physical cores); None: the target's lnc
+    flags: tuple[str, ...] = ()
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    semaphores: dict[str, int] = field(default_factory=dict)  # name -> declaring line
+    instrs: list[Instr] = field(default_factory=list)
+    source: str = "<program>"
+
+    def inputs(self) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.kind == "input"]
+
+    def outputs(self) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.kind == "output"]
+
+    def consts(self) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.kind == "const"]
+
+    def streams(self) -> list[str]:
+        """The streams that have instructions, in the fixed stream order."""
+        return sorted({i.stream for i in self.instrs}, key=stream_order)
+
+    def global_shape(self, t: Tensor) -> tuple[int, ...]:
+        """The shape the host sees: a sharded input/output is ``ranks`` shards along its shard dim."""
+        if t.shard is None or not self.ranks or self.ranks == 1:
+            return t.shape
+        s = list(t.shape)
+        s[t.shard] *= self.ranks
+        return tuple(s)
+
+
+# --- access patterns ---------------------------------------------------------------------------
+
+class AccessError(ValueError):
+    """An access that does not fit its tensor; the verifier turns it into a coded error."""
+
+
+@dataclass(frozen=True)
+class AP:
+    """Where an access lies in its tensor: ``offset`` plus ``(size, stride)`` dims, in elements.
+
+    For on-chip tensors ``part`` is ``(first, count)`` relative to the tensor's first partition and
+    ``offset``/``dims`` describe the free dimensions inside one partition's row; for HBM tensors
+    ``part`` is None and ``dims`` cover every dimension of the flat tensor.
+    """
+
+    offset: int
+    dims: tuple[tuple[int, int], ...]
+    part: tuple[int, int] | None = None
+
+    @cached_property
+    def shape(self) -> tuple[int, ...]:
+        free = tuple(s for s, _ in self.dims)
+        return free if self.part is None else (self.part[1], *free)
+
+    @cached_property
+    def free_elems(self) -> int:
+        return math.prod(s for s, _ in self.dims)
+
+    def span(self) -> tuple[int, int]:
+        """(lowest, highest + 1) element offset touched within a row (or the flat tensor)."""
+        lo = self.offset + sum((s - 1) * st for s, st in self.dims if st < 0)
+        hi = self.offset + sum((s - 1) * st for s, st in self.dims if st > 0) + 1
+        return lo, hi
+
+    def contiguous_run(self) -> int:
+        """Elements in the longest innermost run that is contiguous in memory."""
+        run = 1
+        for size, stride in reversed(self.dims):
+            if size == 1:
+                continue
+            if stride != run:
+                break
+            run *= size
+        return run
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    acc = 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def resolve(acc: Access, t: Tensor) -> AP:
+    """The access pattern of ``acc`` on tensor ``t``; :class:`AccessError` when it does not fit."""
+    rank = len(t.shape)
+    if acc.index and len(acc.index) != rank:
+        raise AccessError(f"{t.name} has {rank} dimension(s), the index has {len(acc.index)}")
+    strides = contiguous_strides(t.shape)
+    offset = 0
+    part: tuple[int, int] | None = None
+    dims: list[tuple[int, int]] = []
+    index = acc.index or tuple(Idx(0, n) for n in t.shape)
+    for d, (ix, n, st) in enumerate(zip(index, t.shape, strides)):
+        if ix.single:
+            if not 0 <= ix.start < n:
+                raise AccessError(f"index {ix.start} is out of range for dimension {d} of {t.name} (size {n})")
+        elif ix.step <= 0:
+            raise AccessError(f"slice step must be positive (dimension {d} of {t.name})")
+        elif not (0 <= ix.start < n and ix.stop <= n and ix.size > 0):
+            raise AccessError(f"slice {ix.start}:{ix.stop} is out of range or empty for dimension {d} "
+                              f"of {t.name} (size {n})")
+        if t.onchip and d == 0:
+            if ix.single:
+                raise AccessError(f"the partition dimension of {t.name} can be sliced, not indexed")
+            if ix.step != 1:
+                raise AccessError(f"the partition dimension of {t.name} cannot be strided")
+            part = (ix.start, ix.size)
+            continue
+        if t.onchip:
+            st = strides[d]  # within a row: the partition dim's stride is not an element stride
+        offset += ix.start * st
+        if not ix.single:
+            dims.append((ix.size, st * ix.step))
+    if t.onchip and part is None:
+        part = (0, t.shape[0])
+    for op, arg in acc.views:
+        if op == "permute":
+            dims, part = _permute(dims, part, arg, t.name)
+        elif op == "reshape":
+            dims = _reshape(dims, part, arg, t.name)
+        elif op == "broadcast":
+            dims = _broadcast(dims, part, arg, t.name)
+        else:
+            raise AccessError(f"unknown view operation {op}")
+    return AP(offset, tuple(dims), part)
+
+
+def _permute(dims: list[tuple[int, int]], part: tuple[int, int] | None, perm: tuple[int, ...],
+             name: str) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
+    rank = len(dims) + (part is not None)
+    if sorted(perm) != list(range(rank)):
+        raise AccessError(f"permutation {list(perm)} does not fit a view of rank {rank}")
+    if part is not None:
+        if perm[0] != 0:
+            raise AccessError(f"a view of on-chip tensor {name} must keep the partition dimension first")
+        return [dims[p - 1] for p in perm[1:]], part
+    return [dims[p] for p in perm], part
+
+
+def _reshape(dims: list[tuple[int, int]], part: tuple[int, int] | None, shape: tuple[int, ...],
+             name: str) -> list[tuple[int, int]]:
+    if any(s <= 0 for s in shape):
+        raise AccessError(f"reshape to {list(shape)}: sizes must be positive")
+    if part is not None:
+        if not shape or shape[0] != part[1]:
+            raise AccessError(f"a reshape of on-chip tensor {name} must keep the partition dimension "
+                              f"({part[1]}) first")
+        shape = shape[1:]
+    old = [(s, st) for s, st in dims if s != 1]
+    total = math.prod(s for s, _ in dims)
+    if math.prod(shape) != total:
+        raise AccessError(f"cannot reshape {total} elements to {list(shape)}")
+    new = list(shape)
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while j < len(new):
+        if new[j] == 1:
+            out.append((1, 0))
+            j += 1
+            continue
+        # Group old dims [i0, i) with new dims [j0, j) of equal product.
+        i0, j0 = i, j
+        op, np_ = old[i][0], new[j]
+        i += 1
+        j += 1
+        while op != np_:
+            if op < np_:
+                op *= old[i][0]
+                i += 1
+            else:
+                np_ *= new[j]
+                j += 1
+        group = old[i0:i]
+        for (_, st_hi), (s_lo, st_lo) in zip(group, group[1:]):
+            if st_hi != st_lo * s_lo:
+                raise AccessError(f"reshape of a non-contiguous view of {name} to {list(shape)} needs a copy")
+        stride = group[-1][1]
+        tail: list[tuple[int, int]] = []
+        for k in range(j - 1, j0 - 1, -1):
+            tail.append((new[k], stride))
+            stride *= new[k]
+        out.extend(reversed(tail))
+    return out
+
+
+def _broadcast(dims: list[tuple[int, int]], part: tuple[int, int] | None, arg: tuple[int, ...],
+               name: str) -> list[tuple[int, int]]:
+    """Repeat a size-1 dimension ``size`` times (stride 0): a read-only view."""
+    if len(arg) != 2:
+        raise AccessError("broadcast takes (dimension, size)")
+    dim, size = arg
+    if part is not None:
+        if dim == 0:
+            raise AccessError(f"the partition dimension of on-chip tensor {name} cannot be broadcast")
+        dim -= 1
+    if not 0 <= dim < len(dims) or dims[dim][0] != 1 or size < 1:
+        raise AccessError(f"broadcast({arg[0]}, {size}): dimension {arg[0]} must exist and have size 1")
+    out = list(dims)
+    out[dim] = (size, 0)
+    return out
+
+
+def is_broadcast(acc: Access) -> bool:
+    return any(op == "broadcast" for op, _ in acc.views)
+
+
+def index_box(acc: Access, t: Tensor) -> tuple[tuple[int, int, int], ...]:
+    """The element set of an access as one arithmetic progression per declared dimension."""
+    if not acc.index:
+        return tuple((0, n, 1) for n in t.shape)
+    return tuple((ix.start, ix.start + 1, 1) if ix.single else (ix.start, ix.stop, ix.step) for ix in acc.index)
+
+
+def boxes_overlap(a: tuple[tuple[int, int, int], ...], b: tuple[tuple[int, int, int], ...]) -> bool:
+    """Do two index boxes of the same tensor share an element? Exact for strided boxes."""
+    for (s1, e1, k1), (s2, e2, k2) in zip(a, b):
+        lo, hi = max(s1, s2), min(e1, e2)
+        if lo >= hi:
+            return False
+        if k1 == 1 and k2 == 1:
+            continue
+        if not _progressions_meet(s1, k1, s2, k2, lo, hi):
+            return False
+    return True
+
+
+def _progressions_meet(s1: int, k1: int, s2: int, k2: int, lo: int, hi: int) -> bool:
+    """Is there x in [lo, hi) with x = s1 (mod k1) and x = s2 (mod k2)?"""
+    g = math.gcd(k1, k2)
+    if (s2 - s1) % g:
+        return False
+    # Solve x = s1 + k1 * t = s2 (mod k2): t = (s2 - s1)/g * inv(k1/g) mod (k2/g).
+    m = k2 // g
+    t = ((s2 - s1) // g * pow(k1 // g, -1, m)) % m if m > 1 else 0
+    x0 = s1 + k1 * t
+    period = k1 * m
+    first = x0 + ((lo - x0 + period - 1) // period) * period
+    return first < hi

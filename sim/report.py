@@ -1,0 +1,168 @@
+"""What ``nxsat profile`` shows: latency, utilization, MFU, bandwidth, memory peaks, the roofline,
+and the Chrome/Perfetto trace (one track per engine and per DMA queue)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from nxsat.sim.asm import format_instr
+from nxsat.sim.program import ENGINE_STREAMS, stream_kind, stream_order
+from nxsat.sim.timing import Timeline
+from nxsat.sim.verify import Linked, flops_total
+
+
+def roofline(lk: Linked, hbm_bytes: float) -> dict[str, Any]:
+    """The fastest any schedule could be on this target: all TensorE work at peak, or all HBM
+    traffic at full bandwidth, whichever takes longer (per rank)."""
+    t = lk.target
+    compute = 0.0
+    for prec, f in flops_total(lk).items():
+        peak = t.peak_flops(prec)
+        compute += f / peak if peak else 0.0
+    memory = hbm_bytes / t.hbm_bw
+    return {"compute_ns": compute, "memory_ns": memory, "bound_ns": max(compute, memory),
+            "bound": "compute" if compute >= memory else "memory"}
+
+
+def _live_peak(lk: Linked, tl: Timeline, memory: str) -> int:
+    """Peak bytes of ``memory`` held by live tensors (first write to last access), counting memory
+    shared by aliasing tensors once."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for c in lk.instrs:
+        s, e = tl.start[c.index], tl.end[c.index]
+        for ra in c.writes:
+            if ra.memory == memory:
+                first[ra.name] = min(first.get(ra.name, s), s)
+        for ra in (*c.reads, *c.writes):
+            if ra.memory == memory:
+                last[ra.name] = max(last.get(ra.name, e), e)
+    ts = [lk.program.tensors[n] for n in first]
+    if not ts:
+        return 0
+    boxes = {t.name: (t.partition, t.partition + t.shape[0], t.offset or 0, (t.offset or 0) + t.row_bytes) for t in ts}
+    pb = sorted({v for b in boxes.values() for v in (b[0], b[1])})
+    bb = sorted({v for b in boxes.values() for v in (b[2], b[3])})
+    area = np.outer(np.diff(pb), np.diff(bb)).astype(np.int64)
+    cnt = np.zeros(area.shape, dtype=np.int64)
+    pi = {v: k for k, v in enumerate(pb)}
+    bi = {v: k for k, v in enumerate(bb)}
+    events = []
+    for t in ts:
+        events.append((last[t.name], 0, t.name))
+        events.append((first[t.name], 1, t.name))
+    used = peak = 0
+    for _, kind, name in sorted(events):
+        p0, p1, b0, b1 = boxes[name]
+        sl = (slice(pi[p0], pi[p1]), slice(bi[b0], bi[b1]))
+        region = cnt[sl]
+        if kind == 1:
+            used += int(area[sl][region == 0].sum())
+            region += 1
+            peak = max(peak, used)
+        else:
+            region -= 1
+            used -= int(area[sl][region == 0].sum())
+    return peak
+
+
+def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
+    """The profile as a JSON-ready dict (numbers per rank; SPMD ranks run the same timeline)."""
+    t = lk.target
+    lat = tl.latency
+    prog = lk.program
+    flops = flops_total(lk)
+    total_flops = sum(flops.values())
+    counts = Counter(c.stream for c in lk.instrs)
+    engines: dict[str, Any] = {}
+    for s in sorted(set(ENGINE_STREAMS) | set(counts), key=stream_order):
+        b = tl.busy.get(s, 0.0)
+        name = t.engines[s].name if s in t.engines else f"DMA queue {s}"
+        engines[s] = {"name": name, "instructions": counts.get(s, 0), "busy_ns": round(b, 3),
+                      "utilization": round(b / lat, 6) if lat else 0.0}
+    peak = t.peak_flops("bf16")
+    roof = roofline(lk, tl.hbm_bytes)
+    sbuf_peak = _live_peak(lk, tl, "sbuf")
+    psum_peak = _live_peak(lk, tl, "psum")
+    return {
+        "target": t.name, "core": t.core, "lnc": t.lnc, "ranks": prog.ranks,
+        "instructions": len(lk.instrs),
+        "latency_ns": round(lat, 3),
+        "roofline": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in roof.items()},
+        "engines": engines,
+        "flops": {k: flops[k] for k in sorted(flops)},
+        "tflops": round(total_flops / lat / 1000, 6) if lat else 0.0,
+        "mfu": round(roof["compute_ns"] / lat, 6) if lat else 0.0,
+        "peak_bf16_tflops": round(peak / 1000, 6),
+        "hbm": {"bytes": int(tl.hbm_bytes), "gbps": round(tl.hbm_bytes / lat, 6) if lat else 0.0,
+                "peak_gbps": round(t.hbm_bw, 6),
+                "utilization": round(tl.hbm_bytes / lat / t.hbm_bw, 6) if lat else 0.0},
+        "dma": {"engine_utilization": round(tl.dma_engine_ns / (lat * t.dma["engines"]), 6) if lat else 0.0},
+        "sbuf": {"peak_bytes": sbuf_peak, "capacity": t.partitions * t.sbuf_bytes,
+                 "utilization": round(sbuf_peak / (t.partitions * t.sbuf_bytes), 6)},
+        "psum": {"peak_bytes": psum_peak, "capacity": t.partitions * t.psum_bytes,
+                 "utilization": round(psum_peak / (t.partitions * t.psum_bytes), 6)},
+        "spill_bytes": int(tl.spill_bytes),
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The profile as text for a terminal."""
+    lat = s["latency_ns"]
+    roof = s["roofline"]
+    lines = [
+        f"target {s['target']} ({s['core']}, lnc={s['lnc']}), {s['ranks']} rank(s), {s['instructions']} instructions",
+        f"latency        {lat / 1000:.3f} us",
+        f"roofline       {roof['bound_ns'] / 1000:.3f} us ({roof['bound']}-bound: compute "
+        f"{roof['compute_ns'] / 1000:.3f} us, HBM {roof['memory_ns'] / 1000:.3f} us)"
+        + (f"; roofline efficiency {roof['bound_ns'] / lat:.1%}" if lat else ""),
+        f"compute        {s['tflops']:.3f} TFLOPS, MFU {s['mfu']:.1%} (bf16 peak {s['peak_bf16_tflops']:.2f} TFLOPS)",
+        f"HBM            {s['hbm']['bytes']} bytes, {s['hbm']['gbps']:.1f} GB/s "
+        f"({s['hbm']['utilization']:.1%} of {s['hbm']['peak_gbps']:.1f})",
+        f"DMA engines    {s['dma']['engine_utilization']:.1%} busy",
+        f"SBUF peak      {s['sbuf']['peak_bytes']} bytes ({s['sbuf']['utilization']:.1%})",
+        f"PSUM peak      {s['psum']['peak_bytes']} bytes ({s['psum']['utilization']:.1%})",
+        f"spill          {s['spill_bytes']} bytes",
+        "engine         instrs      busy us   util",
+    ]
+    for k, e in s["engines"].items():
+        lines.append(f"  {k:<6} {e['name'][:12]:<12} {e['instructions']:>6} {e['busy_ns'] / 1000:>12.3f} "
+                     f"{e['utilization']:>6.1%}")
+    return "\n".join(lines)
+
+
+def chrome_trace(lk: Linked, tl: Timeline) -> str:
+    """A Chrome trace-event JSON (Perfetto opens it): one track (thread) per engine and DMA queue."""
+    t = lk.target
+    prog = lk.program
+    tracks = sorted(set(ENGINE_STREAMS) | set(lk.streams), key=stream_order)
+    tid = {s: k + 1 for k, s in enumerate(tracks)}
+    ev: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 1, "tid": 0,
+                                 "args": {"name": f"{t.name} NeuronCore ({t.core}), rank 0"}}]
+    for s in tracks:
+        label = f"{t.engines[s].name} ({s})" if s in t.engines else f"DMA queue {s}"
+        ev.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid[s], "args": {"name": label}})
+        ev.append({"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": tid[s],
+                   "args": {"sort_index": tid[s]}})
+    for sl in sorted(tl.slices, key=lambda x: (x.start, tid[x.stream], x.instr)):
+        c = lk.instrs[sl.instr]
+        args: dict[str, Any] = {"line": c.line, "instruction": format_instr(c.instr, prog)}
+        tr = tl.transfers.get(sl.instr)
+        if tr is not None and (stream_kind(sl.stream) == "dma" or sl.phase):
+            args.update({"bytes": tr.nbytes, "descriptor_bytes": tr.descriptor_bytes, "dma_engines": tr.engines})
+            if stream_kind(sl.stream) == "dma":
+                args["triggered_us"] = round(tl.start[sl.instr] / 1000, 6)
+        f = c.op.flops(c)
+        if f:
+            args["flops"] = f[1]
+            args["precision"] = f[0]
+        ev.append({"name": c.op.name + (" (transfer)" if sl.phase else ""), "cat": sl.stream, "ph": "X",
+                   "pid": 1, "tid": tid[sl.stream], "ts": round(sl.start / 1000, 6),
+                   "dur": round((sl.end - sl.start) / 1000, 6), "args": args})
+    doc = {"traceEvents": ev, "displayTimeUnit": "ns",
+           "otherData": {"target": t.name, "latency_us": round(tl.latency / 1000, 6), "source": prog.source}}
+    return json.dumps(doc, separators=(",", ":"))

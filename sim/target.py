@@ -1,0 +1,353 @@
+"""Target specs: the device facts the simulator, the cost model and the backend read, as data.
+
+Each target is a JSON file under ``sim/targets/``. A file has ``facts`` (published numbers, with the
+documents they come from in ``sources``) and ``assumptions`` (every number the documents do not give,
+each with the reason it was chosen), and may ``extends`` a core file (``neuroncore-v2``). Loading merges
+the chain, refuses an assumption that restates a fact of the same file, and keeps the list of
+assumptions so that reports and docs can show exactly what the model takes on trust.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from nxsat import dtypes as dt
+from nxsat.diagnostics import error
+from nxsat.sim.expr import Formula
+
+MAX_EXTENDS_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One compute engine of a core: its stream name (``pe``), display name and clock."""
+
+    stream: str
+    name: str
+    clock_ghz: float
+
+    def ns(self, cycles: float) -> float:
+        return cycles / self.clock_ghz
+
+
+@dataclass(frozen=True)
+class Assumption:
+    key: str
+    value: Any
+    why: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved target spec for one logical-core configuration (``lnc``)."""
+
+    name: str
+    core: str
+    description: str
+    lnc: int
+    spec: dict[str, Any]
+    assumptions: tuple[Assumption, ...]
+    sources: tuple[str, ...]
+    engines: dict[str, Engine] = field(default_factory=dict)
+    costs: dict[str, Formula] = field(default_factory=dict)
+
+    # --- memories ----------------------------------------------------------------------------
+    @property
+    def partitions(self) -> int:
+        return int(self.spec["sbuf"]["partitions"])
+
+    @property
+    def sbuf_bytes(self) -> int:
+        """Bytes per SBUF partition."""
+        return int(self.spec["sbuf"]["bytes_per_partition"])
+
+    @property
+    def psum_bytes(self) -> int:
+        """Bytes per PSUM partition."""
+        return int(self.spec["psum"]["bytes_per_partition"])
+
+    @property
+    def psum_banks(self) -> int:
+        return int(self.spec["psum"]["banks"])
+
+    @property
+    def psum_bank_bytes(self) -> int:
+        return self.psum_bytes // self.psum_banks
+
+    @property
+    def chip_cores(self) -> int:
+        return int(self.spec["chip"]["cores"])
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.spec["chip"]["hbm_bytes"])
+
+    @property
+    def hbm_bw(self) -> float:
+        """HBM bandwidth one physical core gets, bytes per ns (= GB/s): the chip's, shared evenly."""
+        return float(self.spec["chip"]["hbm_gbps"]) / self.chip_cores
+
+    # --- engines, DMA --------------------------------------------------------------------------
+    @property
+    def dma(self) -> dict[str, Any]:
+        return self.spec["dma"]
+
+    @property
+    def dma_queues(self) -> int:
+        return int(self.spec["dma"]["queues"])
+
+    @property
+    def matmul(self) -> dict[str, Any]:
+        return self.spec["matmul"]
+
+    @property
+    def max_semaphores(self) -> int:
+        return int(self.spec["sync"]["semaphores"])
+
+    @property
+    def constants(self) -> dict[str, float]:
+        return dict(self.spec.get("constants", {}))
+
+    @property
+    def collectives(self) -> dict[str, float]:
+        return dict(self.spec["collectives"])
+
+    def matmul_dtype_factor(self, dtype_name: str) -> float | None:
+        """Cycles per moving column relative to bf16, or None when TensorE cannot run the type."""
+        f = self.spec["matmul"]["dtype_cycle_factor"].get(dtype_name)
+        return None if f is None else float(f)
+
+    def supports_matmul_dtype(self, dtype_name: str) -> bool:
+        if dtype_name == "tf32":
+            return bool(self.spec["numerics"].get("tf32")) and self.matmul_dtype_factor("tf32") is not None
+        return dtype_name in self.spec["numerics"]["matmul_dtypes"] and self.matmul_dtype_factor(dtype_name) is not None
+
+    def peak_flops(self, dtype_name: str = "bf16") -> float:
+        """Dense matmul FLOPs per ns (= GFLOP/s) of one core at this precision: 2 x rows x cols x clock."""
+        factor = self.matmul_dtype_factor(dtype_name)
+        if factor is None:
+            return 0.0
+        m = self.spec["matmul"]
+        return 2.0 * m["rows"] * m["cols"] * self.engines["pe"].clock_ghz / factor
+
+    def cost(self, opcode: str, engine: str) -> Formula | None:
+        """The cost formula of an opcode on an engine: ``opcode@engine`` first, then ``opcode``."""
+        return self.costs.get(f"{opcode}@{engine}") or self.costs.get(opcode)
+
+    def fp8_saturates(self, dtype_name: str) -> bool:
+        return bool(self.spec["numerics"].get("fp8_saturate", {}).get(dtype_name, False))
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers a report shows about the target."""
+        return {
+            "target": self.name, "core": self.core, "lnc": self.lnc,
+            "hbm_gbps_per_core": round(self.hbm_bw, 3),
+            "bf16_tflops_per_core": round(self.peak_flops("bf16") / 1000, 3),
+            "sbuf_bytes": self.partitions * self.sbuf_bytes,
+            "psum_bytes": self.partitions * self.psum_bytes,
+        }
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def _targets_dir() -> Any:
+    return resources.files("nxsat.sim").joinpath("targets")
+
+
+@cache
+def _read(name: str) -> dict[str, Any]:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+        raise error("NCC_EARG002", f"unknown target {name!r}", hint="targets: " + ", ".join(target_names()))
+    path = _targets_dir().joinpath(f"{name}.json")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError):
+        raise error("NCC_EARG002", f"unknown target {name!r}", hint="targets: " + ", ".join(target_names())) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error("NCC_ETGT001", f"target spec {name}.json is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise error("NCC_ETGT001", f"target spec {name}.json must be a JSON object")
+    return data
+
+
+def target_names() -> list[str]:
+    """The targets one can compile for (abstract core files excluded), sorted."""
+    names = []
+    for entry in _targets_dir().iterdir():
+        if entry.name.endswith(".json"):
+            stem = entry.name[: -len(".json")]
+            if not _read(stem).get("abstract"):
+                names.append(stem)
+    return sorted(names)
+
+
+def _paths(tree: Any, prefix: str = "") -> set[str]:
+    """Every dotted path (inner nodes included) of a nested dict."""
+    out: set[str] = set()
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            p = f"{prefix}.{k}" if prefix else k
+            out.add(p)
+            out |= _paths(v, p)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _set_path(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key; a dict value is merged into what is there (it restates part of a section)."""
+    parts = key.split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[p] = nxt
+        node = nxt
+    old = node.get(parts[-1])
+    if isinstance(value, dict) and isinstance(old, dict):
+        node[parts[-1]] = _merge(old, value)
+    else:
+        node[parts[-1]] = copy.deepcopy(value)
+
+
+def _covers(key: str, value: Any, other: str) -> bool:
+    """Does setting ``key`` to ``value`` restate the dotted key ``other``?"""
+    if other == key:
+        return True
+    if not other.startswith(key + "."):
+        return False
+    return other[len(key) + 1:] in _paths(value)
+
+
+def _resolve(name: str, depth: int = 0) -> tuple[dict[str, Any], dict[str, Assumption], dict[str, Any]]:
+    """(merged spec, assumptions by key, metadata) of one file and its ``extends`` chain."""
+    if depth > MAX_EXTENDS_DEPTH:
+        raise error("NCC_ETGT001", f"target spec {name}: 'extends' chain deeper than {MAX_EXTENDS_DEPTH}")
+    data = _read(name)
+    facts = data.get("facts", {})
+    assumptions = data.get("assumptions", {})
+    if not isinstance(facts, dict) or not isinstance(assumptions, dict):
+        raise error("NCC_ETGT001", f"target spec {name}: 'facts' and 'assumptions' must be objects")
+    if "extends" in data:
+        spec, assumed, meta = _resolve(str(data["extends"]), depth + 1)
+    else:
+        spec, assumed, meta = {}, {}, {"sources": []}
+    fact_paths = _paths(facts)
+    for key, entry in assumptions.items():
+        if key in fact_paths or any(p.startswith(key + ".") for p in fact_paths):
+            raise error("NCC_ETGT001", f"target spec {name}: {key} is both a fact and an assumption",
+                        hint="every number lives in one place")
+        if not isinstance(entry, dict) or "value" not in entry or not str(entry.get("why", "")).strip():
+            raise error("NCC_ETGT001", f"target spec {name}: assumption {key} needs a value and a 'why'")
+    # A child's facts or assumptions replace what its parent assumed at the same key.
+    for key in list(assumed):
+        if key in fact_paths or any(_covers(k, e["value"], key) for k, e in assumptions.items()):
+            del assumed[key]
+    spec = _merge(spec, facts)
+    for key, entry in assumptions.items():
+        _set_path(spec, key, entry["value"])
+        assumed[key] = Assumption(key, entry["value"], str(entry["why"]), f"{name}.json")
+    meta = dict(meta)
+    for k in ("core", "description"):
+        if k in data:
+            meta[k] = data[k]
+    meta["sources"] = list(meta.get("sources", [])) + [str(s) for s in data.get("sources", [])]
+    return spec, assumed, meta
+
+
+_REQUIRED = {
+    "chip": ("cores", "hbm_bytes", "hbm_gbps"),
+    "sbuf": ("partitions", "bytes_per_partition"),
+    "psum": ("partitions", "bytes_per_partition", "banks"),
+    "matmul": ("rows", "cols", "max_moving", "first_latency_cycles", "dtype_cycle_factor"),
+    "dma": ("engines", "engine_gbps", "fixed_latency_ns", "partitions_per_engine", "queues",
+            "descriptor_overhead_ns", "hbm_hbm_engines_per_bytes"),
+    "latency": ("access_cycles", "dependent_stall_cycles", "semaphore_ns"),
+    "sync": ("semaphores",),
+    "collectives": ("fixed_ns", "hop_ns", "link_gbps_per_rank"),
+    "numerics": ("matmul_dtypes",),
+    "lnc": ("default", "configs"),
+}
+ENGINE_STREAMS = ("pe", "act", "dve", "pool", "cc")
+
+# Modeling choices the spec names and the code implements: a spec that asks for another is refused
+# rather than silently modeled differently.
+POLICIES = {
+    ("dma", "sharing"): ("engine-time max-min",),
+    ("matmul", "stationary_reload_hidden"): (True,),
+    ("chip", "hbm_shared_evenly"): (True,),
+    ("numerics", "float_to_int"): ("truncate-saturate",),
+    ("numerics", "stochastic_rounding"): (False,),
+    ("dma", "queue_pipelined"): (True, False),
+}
+
+
+@cache
+def load_target(name: str, lnc: int | None = None) -> Target:
+    """The resolved spec of target ``name`` with logical-core config ``lnc`` (default: the target's)."""
+    data = _read(name)
+    if data.get("abstract"):
+        raise error("NCC_EARG002", f"{name} is a core description, not a target",
+                    hint="targets: " + ", ".join(target_names()))
+    spec, assumed, meta = _resolve(name)
+    for section, keys in _REQUIRED.items():
+        sec = spec.get(section)
+        if not isinstance(sec, dict):
+            raise error("NCC_ETGT001", f"target {name}: missing section {section!r}")
+        for k in keys:
+            if k not in sec:
+                raise error("NCC_ETGT001", f"target {name}: missing {section}.{k}")
+    for (section, key), allowed in POLICIES.items():
+        value = spec.get(section, {}).get(key)
+        if value not in allowed:
+            raise error("NCC_ETGT001", f"target {name}: {section}.{key} = {value!r} is not a model nxsat implements",
+                        hint="supported: " + ", ".join(repr(a) for a in allowed))
+    engines: dict[str, Engine] = {}
+    for stream in ENGINE_STREAMS:
+        e = spec.get("engines", {}).get(stream)
+        if not isinstance(e, dict) or not isinstance(e.get("clock_ghz"), (int, float)) or e["clock_ghz"] <= 0:
+            raise error("NCC_ETGT001", f"target {name}: engine {stream} needs a positive clock_ghz")
+        engines[stream] = Engine(stream, str(e.get("name", stream)), float(e["clock_ghz"]))
+    costs = {k: Formula(v, f"{name}.costs.{k}") for k, v in sorted(spec.get("costs", {}).items())}
+    configs = {int(k): v for k, v in spec["lnc"]["configs"].items()}
+    chosen = int(spec["lnc"]["default"]) if lnc is None else int(lnc)
+    if chosen not in configs:
+        raise error("NCC_EARG001", f"logical core config {chosen} is not valid for {name}",
+                    hint="valid: " + ", ".join(str(k) for k in sorted(configs)))
+    if spec["sbuf"]["partitions"] != spec["psum"]["partitions"]:
+        raise error("NCC_ETGT001", f"target {name}: SBUF and PSUM must have the same partition count")
+    if spec["psum"]["bytes_per_partition"] % spec["psum"]["banks"]:
+        raise error("NCC_ETGT001", f"target {name}: PSUM size must divide into its banks")
+    for d in spec["numerics"]["matmul_dtypes"]:
+        try:
+            dt.by_name(d)
+        except KeyError:
+            raise error("NCC_ETGT001", f"target {name}: unknown matmul dtype {d!r}") from None
+    return Target(
+        name=name, core=str(meta.get("core", "")), description=str(meta.get("description", "")), lnc=chosen,
+        spec=spec, assumptions=tuple(assumed[k] for k in sorted(assumed)),
+        sources=tuple(dict.fromkeys(meta.get("sources", []))), engines=engines, costs=costs,
+    )
+
+
+def physical_cores(target: Target) -> int:
+    """Physical cores one logical core of this target's configuration spans."""
+    return target.lnc

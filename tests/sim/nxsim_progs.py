@@ -1,0 +1,150 @@
+"""Helpers of the device-model tests: building models, type-aware comparison, and device programs
+generated in the text form (for tests and benchmarks too large to write by hand)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat import sim
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "programs"
+
+# Explicit mantissa bits of each storage type: one unit in the last place is 2**-bits relative.
+MANTISSA = {"f32": 23, "bf16": 7, "f16": 10, "f8e4m3fn": 3, "f8e5m2": 2}
+
+
+def build(text: str, consts: dict | None = None, target: str | None = None) -> sim.Model:
+    return sim.load(sim.assemble(text, "test.nxs", consts, target))
+
+
+def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Values as the device stores them in ``dtype`` (round to nearest even)."""
+    return dt.cast(np.asarray(x, dtype=np.float32), dt.by_name(dtype))
+
+
+def assert_close_dtype(actual: np.ndarray, ref: np.ndarray, dtype: str, ulps: float = 1.0,
+                       atol: float = 0.0) -> None:
+    """|actual - ref| within ``ulps`` units in the last place of ``dtype`` at ref's magnitude."""
+    a = np.asarray(actual).astype(np.float64)
+    r = np.asarray(ref).astype(np.float64)
+    assert a.shape == r.shape
+    err = np.abs(a - r) - (ulps * 2.0 ** -MANTISSA[dtype] * np.abs(r) + atol)
+    assert not (err > 0).any(), (f"{int((err > 0).sum())} of {err.size} values off by more than {ulps} ulp "
+                                 f"of {dtype}; worst excess {err.max():.3g}")
+
+
+def big_matmul(m_tiles: int = 8, k_tiles: int = 16, panels: int = 8, dtype: str = "bf16") -> str:
+    """C[128 m, 512 p] = A[128 m, 128 k] @ B[128 k, 512 p], A given transposed (K on partitions).
+
+    Output-panel loop: for each 512-wide panel of B, K outer and the M tiles inner, each M tile
+    accumulating in its own PSUM bank (up to 8). A^T stays in SBUF after panel 0; B panels are
+    double-buffered. One queue streams A^T and one B, in the order TensorE needs them; ScalarE
+    evacuates every bank (VectorE and ScalarE cannot share the PSUM port, so two evacuating engines
+    would only wait for each other); one queue per M tile stores.
+    """
+    M, K, N = 128 * m_tiles, 128 * k_tiles, 512 * panels
+    assert m_tiles <= 8
+    lines = [
+        ".isa 1.0", ".target trn1", "",
+        f"input   at: {dtype}[{K}, {M}]",
+        f"input   b: {dtype}[{K}, {N}]",
+        f"output  c: {dtype}[{M}, {N}]",
+        f"sbuf    as: {dtype}[128, {k_tiles}, {M}]",
+        f"sbuf    bs: {dtype}[128, 2, {k_tiles}, 512]",
+        f"sbuf    os: {dtype}[128, {m_tiles}, 512]",
+        f"psum    acc: f32[128, {m_tiles}, 512]",
+    ]
+    sems = ["la", "lb", "pd", "mm", "ev"] + [f"st{m}" for m in range(m_tiles)]
+    lines += [f"sem     {s}" for s in sems] + [""]
+    for kt in range(k_tiles):
+        lines.append(f"q0    dma  as[:, {kt}, :], at[{kt * 128}:{kt * 128 + 128}, :], signal=la")
+    for p in range(panels):
+        buf = p % 2
+        for kt in range(k_tiles):
+            waits = f", wait=pd>={p - 1}" if p >= 2 and kt == 0 else ""
+            lines.append(f"q1    dma  bs[:, {buf}, {kt}, :], b[{kt * 128}:{kt * 128 + 128}, "
+                         f"{p * 512}:{p * 512 + 512}]{waits}, signal=lb")
+        for kt in range(k_tiles):
+            for m in range(m_tiles):
+                w = []
+                if m == 0:
+                    w.append(f"wait=lb>={p * k_tiles + kt + 1}")
+                    if p == 0:
+                        w.append(f"wait=la>={kt + 1}")
+                if kt == 0 and p >= 1:
+                    w.append(f"wait=ev>={(p - 1) * m_tiles + m + 1}")
+                flags = (["start=true"] if kt == 0 else []) + (["stop=true"] if kt == k_tiles - 1 else [])
+                sig = []
+                if kt == k_tiles - 1:
+                    sig.append("signal=mm")
+                    if m == m_tiles - 1:
+                        sig.append("signal=pd")
+                args = [f"acc[:, {m}, :]", f"as[:, {kt}, {m * 128}:{m * 128 + 128}]", f"bs[:, {buf}, {kt}, :]"]
+                lines.append("pe    matmul  " + ", ".join(args + flags + w + sig))
+        for m in range(m_tiles):
+            w = [f"wait=mm>={p * m_tiles + m + 1}"] + ([f"wait=st{m}>={p}"] if p >= 1 else [])
+            lines.append(f"act   tensor_copy  os[:, {m}, :], acc[:, {m}, :], " + ", ".join(w) + ", signal=ev")
+            lines.append(f"q{2 + m}    dma  c[{m * 128}:{m * 128 + 128}, {p * 512}:{p * 512 + 512}], os[:, {m}, :], "
+                         f"wait=ev>={p * m_tiles + m + 1}, signal=st{m}")
+    return "\n".join(lines) + "\n"
+
+
+def dma_copy(queues: int = 8, chunks: int = 4, rows: int = 128, cols: int = 4096, dtype: str = "f32") -> str:
+    """y = x through SBUF: every queue loads a [128, cols] chunk and stores it back, ``chunks`` times."""
+    total = queues * chunks * rows
+    lines = [".isa 1.0", ".target trn1", "", f"input   x: {dtype}[{total}, {cols}]",
+             f"output  y: {dtype}[{total}, {cols}]"]
+    lines += [f"sbuf    b{q}: {dtype}[{rows}, {cols}]" for q in range(queues)] + [""]
+    for c in range(chunks):
+        for q in range(queues):
+            r0 = (c * queues + q) * rows
+            lines.append(f"q{q}    dma  b{q}, x[{r0}:{r0 + rows}, :]")
+            lines.append(f"q{q}    dma  y[{r0}:{r0 + rows}, :], b{q}")
+    return "\n".join(lines) + "\n"
+
+
+def random_program(seed: int, target: str = "trn1") -> str:
+    """A few independent jobs (matmul, activation, copy) on random engines and queues, random sizes."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    decl: list[str] = []
+    body: list[str] = []
+    sems: list[str] = []
+    for j in range(int(rng.integers(1, 6))):
+        kind = ["mm", "act", "copy"][int(rng.integers(0, 3))]
+        q = [f"q{int(x)}" for x in rng.integers(0, 16, 3)]
+        sems += [f"L{j}", f"C{j}", f"E{j}"]
+        if kind == "mm":
+            dtype = ["bf16", "f32", "f16"][int(rng.integers(0, 3))]
+            kt = int(rng.integers(1, 4))
+            m = int(rng.choice([32, 64, 128]))
+            n = int(rng.choice([64, 256, 512]))
+            decl += [f"input   a{j}: {dtype}[{128 * kt}, {m}]", f"input   b{j}: {dtype}[{128 * kt}, {n}]",
+                     f"output  c{j}: f32[{m}, {n}]", f"sbuf    sa{j}: {dtype}[128, {kt}, {m}]",
+                     f"sbuf    sb{j}: {dtype}[128, {kt}, {n}]", f"sbuf    sc{j}: f32[{m}, {n}]",
+                     f"psum    p{j}: f32[{m}, {n}]"]
+            body += [f"{q[0]} dma sa{j}, a{j}.reshape({kt}, 128, {m}).permute(1, 0, 2), signal=L{j}",
+                     f"{q[1]} dma sb{j}, b{j}.reshape({kt}, 128, {n}).permute(1, 0, 2), signal=L{j}"]
+            for k in range(kt):
+                flags = (", start=true" if k == 0 else "") + (", stop=true, signal=C" + str(j) if k == kt - 1 else "")
+                wait = f", wait=L{j}>=2" if k == 0 else ""
+                body.append(f"pe matmul p{j}, sa{j}[:, {k}, :], sb{j}[:, {k}, :]{flags}{wait}")
+            eng = ["act", "dve"][int(rng.integers(0, 2))]
+            body += [f"{eng} tensor_copy sc{j}, p{j}, wait=C{j}>=1, signal=E{j}",
+                     f"{q[2]} dma c{j}, sc{j}, wait=E{j}>=1"]
+        else:
+            p = int(rng.choice([16, 64, 128]))
+            f = int(rng.choice([64, 512, 2048]))
+            decl += [f"input   x{j}: f32[{p}, {f}]", f"output  y{j}: f32[{p}, {f}]", f"sbuf    sx{j}: f32[{p}, {f}]",
+                     f"sbuf    sy{j}: f32[{p}, {f}]"]
+            body.append(f"{q[0]} dma sx{j}, x{j}, signal=L{j}")
+            if kind == "act":
+                body.append(f"act activation sy{j}, sx{j}, func=exp, wait=L{j}>=1, signal=E{j}")
+            else:
+                body.append(f"dve tensor_copy sy{j}, sx{j}, wait=L{j}>=1, signal=E{j}")
+            body.append(f"{q[1]} dma y{j}, sy{j}, wait=E{j}>=1")
+    return "\n".join([".isa 1.0", f".target {target}", *decl, *(f"sem {s}" for s in sems), *body]) + "\n"

@@ -1,0 +1,91 @@
+"""Bad input of any kind ends in a coded error, never another exception: mutated programs, mutated NEFFs."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from nxsim_progs import EXAMPLES
+
+from nxsat import sim
+from nxsat.diagnostics import NxsatError
+
+PIECES = ["[", "]", ",", ":", "=", ".", "(", ")", ">=", "-1", "0", "7", "129", "99999999999", "x", "acc", "signal=",
+          "wait=", "sem", "pe", "q0", "dma", "matmul", "start=true", ".T", ".reshape(2, 2)", ".broadcast(0, 4)",
+          "f32", "bf16", "inf", "nan", "#", "\n", " ", "1.5e3", "offset=1", "bank=9", "shard=0", "partition=127"]
+
+
+@pytest.mark.parametrize("name", ["matmul", "softmax", "layernorm", "gather"])
+def test_mutated_programs_fail_with_codes(name: str) -> None:
+    text = (EXAMPLES / f"{name}.nxs").read_text()
+    consts = {"gamma": np.zeros((1, 768), np.float32), "beta": np.zeros((1, 768), np.float32)} \
+        if name == "layernorm" else None
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    ok = failed = 0
+    for _ in range(150):
+        t = list(text)
+        for _ in range(int(rng.integers(1, 4))):
+            pos = int(rng.integers(0, len(t)))
+            r = rng.random()
+            if r < 0.4:
+                del t[pos:pos + int(rng.integers(1, 6))]
+            elif r < 0.8:
+                t[pos:pos] = list(PIECES[int(rng.integers(0, len(PIECES)))])
+            else:
+                t[pos] = chr(int(rng.integers(32, 127)))
+        mutated = "".join(t)
+        try:
+            data = sim.assemble(mutated, "m.nxs", consts)
+        except NxsatError as e:
+            assert e.code.startswith("NCC_"), e
+            failed += 1
+            continue
+        m = sim.load(data)  # what assembles must load
+        assert sim.assemble(m.text, "again", m.consts) == data
+        ok += 1
+    assert failed > 50
+
+
+def test_mutated_neffs_are_refused_with_codes() -> None:
+    data = sim.assemble((EXAMPLES / "softmax.nxs").read_text(), "s")
+    rng = np.random.default_rng(0)
+    codes = set()
+    for _ in range(300):
+        b = bytearray(data)
+        r = rng.random()
+        if r < 0.3:
+            b = b[:int(rng.integers(0, len(b)))]
+        elif r < 0.9:
+            for _ in range(int(rng.integers(1, 4))):
+                b[int(rng.integers(0, len(b)))] = int(rng.integers(0, 256))
+        else:
+            b[int(rng.integers(0, len(b))):int(rng.integers(0, len(b)))] = bytes(rng.integers(0, 256, 8).tolist())
+        if bytes(b) == data:
+            continue
+        with pytest.raises(NxsatError) as e:
+            sim.load(bytes(b))
+        codes.add(e.value.code)
+    assert {"NCC_ENEF001", "NCC_ENEF002", "NCC_ENEF003"} <= codes
+
+
+def test_bad_inputs_to_run() -> None:
+    m = sim.load(sim.assemble((EXAMPLES / "gather.nxs").read_text(), "g"))
+    table = np.zeros((1000, 64), np.float32)
+    for bad in ({"in0": table}, {"in0": table, "in1": np.zeros((128, 1), np.float32) + 0.5},
+                {"in0": table, "in1": np.zeros((128, 2), np.int32)}, {"in0": table, "ids": np.zeros((128, 1), np.int32),
+                                                                      "extra": table}):
+        with pytest.raises(NxsatError) as e:
+            m.run(bad)
+        assert e.value.code == "NCC_EINP001"
+    # Reference outputs in the same file are ignored, as by `nxsat interpret`.
+    out = m.run({"in0": table, "in1": np.zeros((128, 1), np.int64), "out0": table})
+    assert out[0].shape == (128, 64)
+
+
+def test_host_memory_limit(monkeypatch) -> None:
+    m = sim.load(sim.assemble((EXAMPLES / "gather.nxs").read_text(), "g"))
+    monkeypatch.setenv("NXSAT_SIM_MAX_BYTES", str(1 << 20))
+    with pytest.raises(NxsatError) as e:
+        m.run({"in0": np.zeros((1000, 64), np.float32), "in1": np.zeros((128, 1), np.int32)})
+    assert e.value.code == "NCC_ERUN001"
