@@ -115,7 +115,7 @@ def match_inputs(module: Module, arrays: Mapping[str, np.ndarray], source: str =
             raise error("NCC_EINP001", f"{source}: no value for parameter {i} ({p.name}: {p.type})",
                         hint=f"give it as in{i} or {p.name}")
         used.add(key)
-        out.append(_conform_input(arrays[key], p.type, f"{source}[{key}]"))
+        out.append(conform_input(arrays[key], p.type, f"{source}[{key}]"))
     # Reference outputs (out0, out1, ...) may share the file, as in the corpus convention.
     extra = sorted(k for k in set(arrays) - used if not re.fullmatch(r"out\d+", k))
     if extra:
@@ -124,7 +124,8 @@ def match_inputs(module: Module, arrays: Mapping[str, np.ndarray], source: str =
     return out
 
 
-def _conform_input(a: np.ndarray, t: object, what: str) -> np.ndarray:
+def conform_input(a: np.ndarray, t: object, what: str) -> np.ndarray:
+    """One input array converted to a parameter's type (see match_inputs), or NCC_EINP001."""
     if not isinstance(t, TensorType):
         raise error("NCC_EINP001", f"{what}: tuple-typed parameters cannot be given in an .npz")
     a = np.asarray(a)

@@ -140,7 +140,7 @@ class Model:
 
     def match_inputs(self, arrays: Mapping[str, np.ndarray], source: str = "inputs") -> dict[str, np.ndarray]:
         """Inputs by position (``in0``, ``in1``, ...) or by name, converted like ``nxsat interpret``."""
-        from nxsat.io import _conform_input
+        from nxsat.io import conform_input
 
         prog = self.program
         out: dict[str, np.ndarray] = {}
@@ -152,7 +152,7 @@ class Model:
                 raise error("NCC_EINP001", f"{source}: no value for input {i} ({t.name}: {t.dtype.name}{list(shape)})",
                             hint=f"give it as in{i} or {t.name}")
             used.add(key)
-            out[t.name] = _conform_input(arrays[key], TensorType(t.dtype, shape), f"{source}[{key}]")
+            out[t.name] = conform_input(arrays[key], TensorType(t.dtype, shape), f"{source}[{key}]")
         extra = sorted(k for k in set(arrays) - used if not re.fullmatch(r"out\d+", k))
         if extra:
             raise error("NCC_EINP001", f"{source}: {', '.join(extra)} match no input of {self.source}",

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nxsat import dtypes as dt
+from nxsat.cli.common import array_summary, random_array
 from nxsat.diagnostics import Warnings
 
 
@@ -21,29 +21,8 @@ def _target_args(p: argparse.ArgumentParser, what: str) -> None:
 
 def _random_inputs(model: Any, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
     prog = model.program
-    for i, t in enumerate(prog.inputs()):
-        shape = prog.global_shape(t)
-        if t.dtype.is_float:
-            out[f"in{i}"] = dt.cast(rng.standard_normal(shape), t.dtype)
-        elif t.dtype.is_pred:
-            out[f"in{i}"] = rng.random(shape) < 0.5
-        else:
-            out[f"in{i}"] = rng.integers(0, 8, shape).astype(t.dtype.np)
-    return out
-
-
-def _summary(name: str, a: np.ndarray) -> str:
-    kind = dt.from_numpy(a.dtype).name if a.dtype in (x.np for x in dt.ALL) else str(a.dtype)
-    t = f"{kind}{list(a.shape)}"
-    if a.dtype.kind == "f" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np):
-        f = a.astype(np.float64)
-        fin = np.isfinite(f)
-        if not fin.any():
-            return f"  {name:<6} {t:<24} no finite values"
-        return f"  {name:<6} {t:<24} min {f[fin].min():.6g} max {f[fin].max():.6g} mean {f[fin].mean():.6g}"
-    return f"  {name:<6} {t:<24} min {a.min()} max {a.max()}"
+    return {f"in{i}": random_array(rng, prog.global_shape(t), t.dtype) for i, t in enumerate(prog.inputs())}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -68,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         atomic_write(args.trace, model.trace(tl))
     print(f"{args.model}: {len(outputs)} output(s)" + (f" written to {args.output}" if args.output else ""))
     for i, o in enumerate(outputs):
-        print(_summary(f"out{i}", o))
+        print(array_summary(f"out{i}", o))
     print(f"latency: {summary['latency_ns'] / 1000:.3f} us on {summary['target']} "
           f"(roofline {summary['roofline']['bound_ns'] / 1000:.3f} us, MFU {summary['mfu']:.1%})")
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from nxsat import dtypes as dt
+from nxsat.cli.common import array_summary, random_array
 from nxsat.diagnostics import error
 from nxsat.ir import Module, TensorType
 
@@ -58,35 +58,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # --- interpret -------------------------------------------------------------------------------
 
 def random_inputs(module: Module, seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs for every parameter: normal floats, small non-negative integers, random bools."""
+    """Seeded inputs for every parameter (see :func:`nxsat.cli.common.random_array`)."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for i, p in enumerate(module.entry.params):
-        t = p.type
-        if not isinstance(t, TensorType):
+        if not isinstance(p.type, TensorType):
             raise error("NCC_EINP001", f"parameter {p.name} is a tuple; give its values with --inputs", p.loc)
-        if t.dtype.is_float:
-            out[f"in{i}"] = dt.cast(rng.standard_normal(t.shape), t.dtype)
-        elif t.dtype.is_pred:
-            out[f"in{i}"] = rng.random(t.shape) < 0.5
-        else:
-            out[f"in{i}"] = rng.integers(0, 8, t.shape).astype(t.dtype.np)
+        out[f"in{i}"] = random_array(rng, p.type.shape, p.type.dtype)
     return out
-
-
-def _summary(name: str, a: np.ndarray) -> str:
-    dtype = dt.from_numpy(a.dtype).name if a.dtype in (x.np for x in dt.ALL) else str(a.dtype)
-    t = f"{dtype}[{','.join(map(str, a.shape))}]"
-    if a.size == 0:
-        return f"  {name:<6} {t} (empty)"
-    if a.dtype.kind in "fc" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np):
-        f = a.astype(np.float64)
-        finite = np.isfinite(f)
-        stats = (f"min {np.min(f[finite]):.6g} max {np.max(f[finite]):.6g} mean {np.mean(f[finite]):.6g}"
-                 if finite.any() else "no finite values")
-        bad = f.size - int(finite.sum())
-        return f"  {name:<6} {t:<24} {stats}" + (f"  ({bad} non-finite)" if bad else "")
-    return f"  {name:<6} {t:<24} min {a.min()} max {a.max()}"
 
 
 def cmd_interpret(args: argparse.Namespace) -> int:
@@ -108,7 +87,7 @@ def cmd_interpret(args: argparse.Namespace) -> int:
         write_npz(args.output, outputs_dict(outputs))
     print(f"{module.name}: {len(outputs)} output(s)" + (f" written to {args.output}" if args.output else ""))
     for i, o in enumerate(outputs):
-        print(_summary(f"out{i}", o))
+        print(array_summary(f"out{i}", o))
     return 0
 
 
