@@ -1,1 +1,66 @@
-"""nxsat stage."""
+"""Equality saturation: IR graphs into an egglog e-graph, declarative rules, bounded saturation,
+extraction back to IR, rule checking and equivalence checking.
+
+Where things are: the term language (terms.py), rule files and configuration (catalog.py,
+config.toml, prelude.egg, analysis.egg, sets/*.egg), the engine (egraph.py), the saturation loop
+and its report (saturate.py), constant folding (fold.py), extraction (extract.py), the rule
+checker (checker.py, with random instances from instances.py) and equivalence checking
+(equiv.py). docs/rules.md is the guide.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nxsat.ir import Module
+
+if TYPE_CHECKING:
+    from nxsat.rules.catalog import Catalog
+    from nxsat.rules.saturate import Report
+
+
+@dataclass
+class Optimized:
+    module: Module
+    report: Report
+
+
+def optimize(module: Module, model_type: str | None = None, level: int = 2, allow_approximate: bool = False,
+             canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = ()) -> Optimized:
+    """Load ``module`` (canonicalized unless ``canonical``), saturate with the model type's rules at
+    ``level`` (plus the sets ``extra_sets`` of ``cat``), and extract the smallest equivalent program."""
+    from nxsat.rules.catalog import catalog
+    from nxsat.rules.egraph import EGraph
+    from nxsat.rules.extract import extract
+    from nxsat.rules.saturate import Budget, saturate
+
+    if not canonical:
+        from nxsat.passes import canonicalize
+
+        module = canonicalize(module)
+    cat = cat or catalog()
+    rules = cat.select(model_type, level, allow_approximate)
+    for r in cat.set_rules(extra_sets):
+        if r not in rules and (allow_approximate or r.tag != "approximate"):
+            rules.append(r)
+    eg = EGraph(rules, cat)
+    t0 = time.perf_counter()
+    loaded = eg.load(module)
+    load_seconds = time.perf_counter() - t0
+    initial = eg.sizes()
+    lv = cat.level(level)
+    budget = Budget.for_level(lv, initial.nodes, cat.config.match_limit, cat.config.ban_length,
+                              fold_max_elements=cat.config.fold_max_elements,
+                              fold_max_input_elements=cat.config.fold_max_input_elements)
+    report = saturate(eg, budget, initial=initial)
+    report.load_seconds = load_seconds
+    report.cse_merged = loaded.cse_merged
+    report.level = level
+    report.sets = tuple(dict.fromkeys((*cat.sets_for(model_type), *extra_sets)))
+    return Optimized(extract(eg, loaded), report)
+
+
+__all__ = ["Optimized", "optimize"]

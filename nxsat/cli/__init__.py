@@ -15,7 +15,7 @@ from nxsat import __version__
 from nxsat.diagnostics import NxsatError
 
 # Modules that contribute subcommands, in the order `nxsat --help` lists them.
-COMMAND_MODULES = ("nxsat.cli.model", "nxsat.cli.device")
+COMMAND_MODULES = ("nxsat.cli.model", "nxsat.cli.device", "nxsat.cli.rules")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,467 @@
+"""Random instances of a rule's left-hand side, for the rule checker.
+
+A pattern (egglog terms over the term language, with variables) becomes an IR graph: variables of
+sort T become parameters or constants, attribute variables get values, all at random but biased
+toward what guards look for: identity and inverse permutations, the shape a reshape came from,
+slices inside a pad or a concatenate, splat constants 0, 1, -1, 2, 0.5. Ill-typed draws raise
+Reject (the checker draws again); patterns it cannot build raise Untestable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.builder import infer_type
+from nxsat.diagnostics import NxsatError
+from nxsat.ir import Node, TensorType, TupleType
+from nxsat.rules import terms
+from nxsat.rules.catalog import Rule
+from nxsat.rules.egraph import splat_array
+from nxsat.rules.sexp import Atom, SExp, SList
+
+SHAPES: tuple[tuple[int, ...], ...] = ((), (3,), (2, 3), (3, 2), (2, 2), (2, 3, 4), (4, 1, 3), (1, 3), (3, 3))
+DTYPES = (dt.F32, dt.F32, dt.S32, dt.BF16, dt.PRED, dt.F16, dt.U8)
+SPLATS = (0, 1, -1, 2, 0.5)
+CONVERT_TYPES = (dt.F32, dt.BF16, dt.F16, dt.F64, dt.S32, dt.S8, dt.U8, dt.PRED, dt.S64)
+
+
+class Reject(Exception):
+    """This random instance is not well-typed; try another."""
+
+
+class Untestable(Exception):
+    """The pattern uses something the generator cannot instantiate (an opaque operator, ...)."""
+
+
+
+@dataclass
+class _Env:
+    rng: np.random.Generator
+    base: TensorType
+    params: list[Node]
+    nodes: list[Node]
+    t_vars: dict[str, Node] = field(default_factory=dict)
+    list_vars: dict[str, list[Node]] = field(default_factory=dict)
+    attr_vars: dict[str, Any] = field(default_factory=dict)
+    bindings: dict[str, SExp] = field(default_factory=dict)  # var -> pattern it stands for
+
+
+def _is_var(x: SExp) -> bool:
+    return isinstance(x, Atom) and x.kind == "sym" and not x.text.startswith(":")
+
+
+def _is_pattern(x: SExp) -> bool:
+    return isinstance(x, SList) and x.head is not None and (x.head in terms.BY_CTOR or x.head in ("TCons", "TNil"))
+
+
+def _literal(x: SExp, sort: str) -> tuple[bool, Any]:
+    """(True, value) when ``x`` is a literal of ``sort`` the generator can read."""
+    if isinstance(x, Atom) and x.kind in ("int", "str"):
+        return True, x.value
+    if isinstance(x, SList) and x.head in ("vec-of", "vec-empty") and \
+            all(isinstance(i, Atom) and i.kind == "int" for i in x.items[1:]):
+        return True, tuple(int(i.value) for i in x.items[1:])  # type: ignore[union-attr]
+    if isinstance(x, SList) and x.head in ("+", "-") and len(x.items) == 3:
+        ok_a, a = _literal(x.items[1], sort)
+        ok_b, b = _literal(x.items[2], sort)
+        if ok_a and ok_b and isinstance(a, int) and isinstance(b, int):
+            return True, a + b if x.head == "+" else a - b
+    return False, None
+
+
+def _leaf(env: _Env, t: TensorType) -> Node:
+    """A parameter, or (sometimes) a constant, of type t."""
+    rng = env.rng
+    if t.dtype.storage and rng.random() < 0.3:
+        if rng.random() < 0.7:
+            v = SPLATS[rng.integers(len(SPLATS))]
+            if t.dtype.is_pred:
+                v = int(v == 1)
+            elif not t.dtype.is_float:
+                v = int(v) if float(v).is_integer() else 1
+                if t.dtype.kind == "uint" and v < 0:
+                    v = 1
+            value = splat_array(str(v), t.dtype, t.shape)
+        else:
+            value = random_array(rng, t)
+        n = Node("constant", (), {"value": value, "type": t}, t)
+    else:
+        n = Node("parameter", (), {"index": len(env.params), "type": t}, t, f"p{len(env.params)}")
+        env.params.append(n)
+    env.nodes.append(n)
+    return n
+
+
+def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0) -> np.ndarray:
+    d = t.dtype
+    if d.is_pred:
+        return rng.random(t.shape) < 0.5
+    if d.is_int:
+        lo, hi = (0, 8) if d.kind == "uint" else (-4, 6)
+        return rng.integers(lo, hi, t.shape).astype(d.np)
+    return dt.cast(rng.standard_normal(t.shape) * (1.0 + 2 * salt), d)
+
+
+def _random_type(env: _Env) -> TensorType:
+    rng = env.rng
+    if rng.random() < 0.6:
+        return env.base
+    shape = SHAPES[rng.integers(len(SHAPES))]
+    return TensorType(env.base.dtype if rng.random() < 0.7 else DTYPES[rng.integers(len(DTYPES))], shape)
+
+
+def _perm(rng: np.random.Generator, n: int) -> tuple[int, ...]:
+    return tuple(int(i) for i in rng.permutation(n))
+
+
+def _inverse(p: Sequence[int]) -> tuple[int, ...]:
+    out = [0] * len(p)
+    for i, j in enumerate(p):
+        out[j] = i
+    return tuple(out)
+
+
+def _factor_shapes(size: int) -> list[tuple[int, ...]]:
+    divs = [d for d in range(1, size + 1) if size % d == 0]
+    out = [(size,)]
+    out += [(d, size // d) for d in divs]
+    out += [(a, b, size // (a * b)) for a in divs for b in divs if size % (a * b) == 0]
+    return out
+
+
+# Planners: given the node being built (its operands so far, what the pattern fixed), choose types
+# of operands the pattern leaves free and values of attribute slots. Keys are slot names.
+Plan = dict[str, Any]
+
+
+def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env) -> Plan:
+    rng = env.rng
+    known = [o.type for o in ops if o is not None and isinstance(o.type, TensorType)]
+    first = known[0] if known else (want or _random_type(env))
+    plan: Plan = {"types": [first] * len(ops)}
+    x = ops[0] if ops else None
+    xt = x.type if x is not None and isinstance(x.type, TensorType) else first
+    if ctor == "Select":
+        a = ops[1].type if ops[1] is not None else ops[2].type if ops[2] is not None else first
+        plan["types"] = [TensorType(dt.PRED, a.shape if rng.random() < 0.7 else ()), a, a]
+    elif ctor == "Pad":
+        plan["types"] = [xt, TensorType(xt.dtype, ())]
+        r = xt.rank
+        if rng.random() < 0.5 and r:
+            d = int(rng.integers(r))
+            lo, hi = [0] * r, [0] * r
+            lo[d], hi[d] = int(rng.integers(-1, 3)), int(rng.integers(-1, 3))
+            plan.update(lo=tuple(lo), hi=tuple(hi), interior=(0,) * r)
+        else:
+            plan.update(lo=tuple(int(v) for v in rng.integers(-1, 3, r)),
+                        hi=tuple(int(v) for v in rng.integers(-1, 3, r)),
+                        interior=tuple(int(v) for v in rng.integers(0, 2, r)) if rng.random() < 0.3 else (0,) * r)
+    elif ctor == "Transpose":
+        r = xt.rank
+        if x is not None and x.op == "transpose" and rng.random() < 0.4:
+            plan["dimensions"] = _inverse(x.attrs["dimensions"])
+        elif rng.random() < 0.25:
+            plan["dimensions"] = tuple(range(r))
+        else:
+            plan["dimensions"] = _perm(rng, r)
+    elif ctor in ("Reshape", "Bitcast"):
+        if x is not None and x.op in ("reshape", "bitcast") and rng.random() < 0.4:
+            plan["shape"] = x.operands[0].shape
+        elif rng.random() < 0.25:
+            plan["shape"] = xt.shape
+        else:
+            cands = _factor_shapes(xt.size) if xt.size else [xt.shape]
+            plan["shape"] = cands[int(rng.integers(len(cands)))]
+    elif ctor == "Broadcast":
+        r = xt.rank
+        if rng.random() < 0.25:
+            plan.update(shape=xt.shape, dimensions=tuple(range(r)))
+        else:
+            extra = int(rng.integers(0, 3))
+            out_rank = r + extra
+            dims = sorted(int(i) for i in rng.choice(out_rank, r, replace=False)) if r else []
+            if rng.random() < 0.3:
+                dims = [int(i) for i in rng.permutation(dims)] if dims else dims
+            shape = [int(rng.integers(1, 4)) for _ in range(out_rank)]
+            for i, d in enumerate(dims):
+                shape[d] = xt.shape[i] if xt.shape[i] != 1 or rng.random() < 0.5 else shape[d]
+            plan.update(shape=tuple(shape), dimensions=tuple(dims))
+    elif ctor == "Slice":
+        plan.update(_slice_plan(x, xt, rng))
+    elif ctor == "Concatenate":
+        plan["dimension"] = int(rng.integers(xt.rank)) if xt.rank else 0
+    elif ctor in ("Convert", "BitcastConvert"):
+        plan["dtype"] = xt.dtype.name if rng.random() < 0.2 else CONVERT_TYPES[rng.integers(len(CONVERT_TYPES))].name
+    elif ctor == "Dot":
+        plan.update(_dot_plan(ops, first, env))
+    elif ctor == "Compare":
+        plan.update(direction=("EQ", "NE", "LT", "LE", "GT", "GE")[int(rng.integers(6))], type="")
+    elif ctor == "Reverse":
+        plan["dimensions"] = tuple(i for i in range(xt.rank) if rng.random() < 0.5)
+    elif ctor == "ReducePrecision":
+        plan.update(exponent_bits=8, mantissa_bits=7)
+    elif ctor == "Iota":
+        t = want or _random_type(env)
+        if not t.rank:
+            t = TensorType(t.dtype, (3,))
+        plan.update(dtype=t.dtype.name, shape=t.shape, iota_dimension=int(rng.integers(t.rank)))
+    elif ctor == "Fill":
+        t = want or _random_type(env)
+        v = SPLATS[int(rng.integers(len(SPLATS)))]
+        plan.update(value=str(v), dtype=t.dtype.name, shape=t.shape)
+    elif ctor == "DynamicSlice":
+        plan["sizes"] = tuple(int(rng.integers(0, n + 1)) for n in xt.shape)
+    elif ctor == "GetTupleElement":
+        n = len(x.type.elements) if x is not None and isinstance(x.type, TupleType) else 1
+        plan["index"] = int(rng.integers(n))
+    return plan
+
+
+def _slice_plan(x: Node | None, xt: TensorType, rng: np.random.Generator) -> Plan:
+    r = xt.rank
+    full = (tuple([0] * r), xt.shape, tuple([1] * r))
+    u = rng.random()
+    if x is not None and x.op == "pad" and r:
+        pad = x.attrs["padding"]
+        inner = x.operands[0].shape
+        if u < 0.35:
+            return dict(zip(("starts", "limits", "strides"),
+                            (tuple(p.lo for p in pad), tuple(p.lo + n for p, n in zip(pad, inner)), (1,) * r)))
+        if u < 0.7:
+            d = int(rng.integers(r))
+            starts, limits, strides = list(full[0]), list(full[1]), list(full[2])
+            lo = max(pad[d].lo, 0)
+            hi = min(pad[d].lo + inner[d], xt.shape[d])
+            if hi > lo:
+                a = int(rng.integers(lo, hi))
+                b = int(rng.integers(a + 1, hi + 1))
+                starts[d], limits[d] = a, b
+                return {"starts": tuple(starts), "limits": tuple(limits), "strides": tuple(strides)}
+    if x is not None and x.op == "concatenate" and r and u < 0.7:
+        d = x.attrs["dimension"]
+        first = x.operands[0].shape[d]
+        starts, limits = list(full[0]), list(full[1])
+        if rng.random() < 0.5 and first:
+            a = int(rng.integers(0, first))
+            starts[d], limits[d] = a, int(rng.integers(a + 1, first + 1))
+        elif xt.shape[d] > first:
+            a = int(rng.integers(first, xt.shape[d]))
+            starts[d], limits[d] = a, int(rng.integers(a + 1, xt.shape[d] + 1))
+        return {"starts": tuple(starts), "limits": tuple(limits), "strides": (1,) * r}
+    if u < 0.25:
+        return dict(zip(("starts", "limits", "strides"), full))
+    starts, limits, strides = [], [], []
+    for n in xt.shape:
+        a = int(rng.integers(0, n)) if n else 0
+        b = int(rng.integers(a + 1, n + 1)) if n else 0
+        starts.append(a)
+        limits.append(b)
+        strides.append(int(rng.integers(1, 3)))
+    return {"starts": tuple(starts), "limits": tuple(limits), "strides": tuple(strides)}
+
+
+def _dot_plan(ops: list[Node | None], first: TensorType, env: _Env) -> Plan:
+    """Dimension numbers (and, when one operand is free, its type) for a valid dot."""
+    rng = env.rng
+    lhs = ops[0].type if ops[0] is not None else None
+    rhs = ops[1].type if ops[1] is not None else None
+    if lhs is None and rhs is None:
+        lhs = first
+    if lhs is not None and rhs is not None:
+        pairs = [(i, j) for i in range(lhs.rank) for j in range(rhs.rank) if lhs.shape[i] == rhs.shape[j]]
+        rng.shuffle(pairs)
+        used_l, used_r, chosen = set(), set(), []
+        for i, j in pairs:
+            if i not in used_l and j not in used_r and rng.random() < 0.6:
+                chosen.append((i, j))
+                used_l.add(i)
+                used_r.add(j)
+        nb = int(rng.integers(0, len(chosen) + 1)) if chosen else 0
+        batch, contract = chosen[:nb], chosen[nb:]
+        return {"types": [lhs, rhs], "lhs_contracting": tuple(i for i, _ in contract),
+                "rhs_contracting": tuple(j for _, j in contract), "lhs_batch": tuple(i for i, _ in batch),
+                "rhs_batch": tuple(j for _, j in batch), "dtype": "", "lhs_precision": "", "rhs_precision": ""}
+    known = lhs if lhs is not None else rhs
+    assert known is not None
+    dims = list(range(known.rank))
+    rng.shuffle(dims)
+    nb = int(rng.integers(0, len(dims) + 1))
+    nc = int(rng.integers(0, len(dims) - nb + 1))
+    kb, kc = dims[:nb], dims[nb:nb + nc]
+    free = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(0, 3)))]
+    other_shape = [known.shape[d] for d in kb] + [known.shape[d] for d in kc] + free
+    order = list(range(len(other_shape)))
+    if rng.random() < 0.5:
+        rng.shuffle(order)
+    pos = {k: order.index(k) for k in range(len(other_shape))}
+    other = TensorType(known.dtype, tuple(other_shape[order[i]] for i in range(len(order))))
+    ob = tuple(pos[k] for k in range(nb))
+    oc = tuple(pos[nb + k] for k in range(nc))
+    if lhs is not None:
+        return {"types": [lhs, other], "lhs_contracting": tuple(kc), "rhs_contracting": oc, "lhs_batch": tuple(kb),
+                "rhs_batch": ob, "dtype": "", "lhs_precision": "", "rhs_precision": ""}
+    return {"types": [other, rhs], "lhs_contracting": oc, "rhs_contracting": tuple(kc), "lhs_batch": ob,
+            "rhs_batch": tuple(kb), "dtype": "", "lhs_precision": "", "rhs_precision": ""}
+
+
+def _gen(p: SExp, env: _Env, want: TensorType | None) -> Node:
+    """Instantiate a T-sorted pattern (or variable)."""
+    if _is_var(p):
+        name = p.text  # type: ignore[union-attr]
+        if name in env.t_vars:
+            return env.t_vars[name]
+        if name in env.bindings:
+            node = _gen(env.bindings[name], env, want)
+        else:
+            node = _leaf(env, want or _random_type(env))
+        env.t_vars[name] = node
+        return node
+    if not _is_pattern(p):
+        raise Untestable(f"cannot instantiate {p}")
+    assert isinstance(p, SList)
+    ctor = p.head
+    assert ctor is not None
+    if ctor in ("Opaque", "Constant", "Parameter"):
+        raise Untestable(f"patterns over {ctor} are not generated")
+    sorts = terms.ctor_sorts(ctor)
+    args = list(p.items[1:])
+    if len(args) != len(sorts):
+        raise Untestable(f"{ctor} takes {len(sorts)} arguments")
+    term = terms.BY_CTOR[ctor]
+    t_pos = [i for i, s in enumerate(sorts) if s == terms.T]
+    l_pos = [i for i, s in enumerate(sorts) if s == terms.TLIST]
+    # Operands the pattern determines (sub-patterns, bound variables) first.
+    ops: list[Node | None] = [None] * len(t_pos)
+    for k, i in enumerate(t_pos):
+        a = args[i]
+        if _is_pattern(a) or (_is_var(a) and (a.text in env.t_vars or a.text in env.bindings)):  # type: ignore
+            ops[k] = _gen(a, env, None)
+    items: list[Node] | None = None
+    if l_pos:
+        items = _gen_list(args[l_pos[0]], env, next((o.type for o in ops if o is not None), None))
+    plan_ops = ops if ctor != "Concatenate" else ([items[0]] if items else [None])
+    plan = _plan(ctor, list(plan_ops), want, env)
+    types = plan.get("types", [])
+    for k, i in enumerate(t_pos):
+        if ops[k] is None:
+            t = types[k] if k < len(types) and isinstance(types[k], TensorType) else (want or _random_type(env))
+            ops[k] = _gen(args[i], env, t)
+    slots: list[Any] = []
+    slot_names = term.slot_names
+    slot_sorts = [s for s in sorts if s not in (terms.T, terms.TLIST)]
+    slot_args = [a for a, s in zip(args, sorts) if s not in (terms.T, terms.TLIST)]
+    for name, sort, a in zip(slot_names, slot_sorts, slot_args):
+        ok, value = _literal(a, sort)
+        if not ok:
+            if _is_var(a) and a.text in env.attr_vars:  # type: ignore[union-attr]
+                value = env.attr_vars[a.text]  # type: ignore[union-attr]
+            elif name in plan:
+                value = plan[name]
+            else:
+                raise Untestable(f"no value for {ctor} {name}")
+            if _is_var(a):
+                env.attr_vars[a.text] = value  # type: ignore[union-attr]
+        slots.append(value)
+    operands: list[Node] = [o for o in ops if o is not None]
+    if items is not None:
+        operands += items
+    if ctor == "Fill":
+        v, d, shape = slots
+        try:
+            value = splat_array(str(v), dt.by_name(d), shape)
+        except (KeyError, ValueError):
+            raise Reject() from None
+        t = TensorType(dt.by_name(d), tuple(shape))
+        node = Node("constant", (), {"value": value, "type": t}, t)
+        env.nodes.append(node)
+        return node
+    try:
+        attrs = term.decode(tuple(slots))
+        t = infer_type(term.op, operands, attrs)
+    except (NxsatError, KeyError, ValueError, TypeError, IndexError):
+        raise Reject() from None
+    node = Node(term.op, operands, attrs, t)
+    env.nodes.append(node)
+    return node
+
+
+def _gen_list(p: SExp, env: _Env, hint: TensorType | None) -> list[Node]:
+    if _is_var(p):
+        name = p.text  # type: ignore[union-attr]
+        if name in env.list_vars:
+            return env.list_vars[name]
+        if name in env.bindings:
+            out = _gen_list(env.bindings[name], env, hint)
+        else:
+            t = hint or _random_type(env)
+            out = [_leaf(env, t) for _ in range(int(env.rng.integers(1, 4)))]
+        env.list_vars[name] = out
+        return out
+    if isinstance(p, SList) and p.head == "TNil":
+        return []
+    if isinstance(p, SList) and p.head == "TCons" and len(p.items) == 3:
+        head = _gen(p.items[1], env, hint)
+        hint = hint or (head.type if isinstance(head.type, TensorType) else None)
+        if hint is not None and env.rng.random() < 0.5 and hint.rank:  # vary one dimension: concat-friendly
+            d = int(env.rng.integers(hint.rank))
+            shape = list(hint.shape)
+            shape[d] = int(env.rng.integers(1, 4))
+            hint = TensorType(hint.dtype, tuple(shape))
+        return [head, *_gen_list(p.items[2], env, hint)]
+    raise Untestable(f"cannot instantiate the list {p}")
+
+
+def rule_patterns(rule: Rule) -> tuple[list[SExp], dict[str, SExp]]:
+    """The left-hand side patterns of a rule and the variables its facts bind to patterns."""
+    bindings: dict[str, SExp] = {}
+    for f in rule.facts:
+        if isinstance(f, SList) and f.head == "=" and len(f.items) == 3:
+            a, b = f.items[1], f.items[2]
+            if _is_var(a) and _is_pattern(b):
+                bindings.setdefault(a.text, b)  # type: ignore[union-attr]
+            elif _is_var(b) and _is_pattern(a):
+                bindings.setdefault(b.text, a)  # type: ignore[union-attr]
+    roots: list[SExp] = []
+    if rule.lhs is not None:
+        roots.append(rule.lhs)
+    else:
+        used: set[str] = set()
+        for pat in bindings.values():
+            used |= _vars(pat)
+        roots += [pat for var, pat in bindings.items() if var not in used]
+        roots += [f for f in rule.facts if _is_pattern(f)]
+    return roots, bindings
+
+
+def _vars(x: SExp) -> set[str]:
+    if _is_var(x):
+        return {x.text}  # type: ignore[union-attr]
+    if isinstance(x, SList):
+        out: set[str] = set()
+        for i in x.items[1:]:
+            out |= _vars(i)
+        return out
+    return set()
+
+
+def instantiate(rule: Rule, rng: np.random.Generator, pattern: tuple[list[SExp], dict[str, SExp]] | None = None,
+                ) -> tuple[list[Node], list[Node], list[Node]]:
+    """One random instance: (roots, parameters, nodes). Reject when ill-typed, Untestable when impossible."""
+    roots, bindings = pattern or rule_patterns(rule)
+    if not roots:
+        raise Untestable("the rule has no operator pattern to instantiate")
+    shape = SHAPES[int(rng.integers(len(SHAPES)))]
+    env = _Env(rng, TensorType(DTYPES[int(rng.integers(len(DTYPES)))], shape), [], [], bindings=dict(bindings))
+    out = [_gen(r, env, None) for r in roots]
+    return out, env.params, env.nodes
+
+
+# --- checking ------------------------------------------------------------------------------------------
+
+
+__all__ = ["Reject", "Untestable", "instantiate", "random_array", "rule_patterns"]

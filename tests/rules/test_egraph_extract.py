@@ -1,0 +1,64 @@
+"""Extraction: the smallest DAG (shared subterms count once), back to IR that runs."""
+
+from __future__ import annotations
+
+from nxsat.rules.egraph import ENode, View
+from nxsat.rules.extract import choose
+
+
+def _view(spec: list[list[tuple[str, tuple[int, ...], tuple]]]) -> View:
+    v = View()
+    for c, nodes in enumerate(spec):
+        v.class_nodes.append([])
+        v.class_is_list.append(False)
+        for ctor, kids, slots in nodes:
+            v.class_nodes[c].append(len(v.nodes))
+            v.node_class.append(c)
+            v.nodes.append(ENode(ctor, kids, slots))
+    return v
+
+
+def _dag_vs_tree_egraph() -> tuple[View, int, int]:
+    """Class C holds N1 = add(abs(T), exp(T)) with T a chain of 5 negates (shared), and N2 = tanh of a
+    chain of 8 square roots. Tree size: N1 15, N2 10. DAG size: N1 9, N2 10."""
+    spec: list[list] = [[("Parameter", (), (0,))]]
+    for _ in range(5):
+        spec.append([("Negate", (len(spec) - 1,), ())])
+    t = len(spec) - 1
+    spec.append([("Abs", (t,), ())])
+    spec.append([("Exponential", (t,), ())])
+    s1, s2 = t + 1, t + 2
+    prev = 0
+    for _ in range(8):
+        spec.append([("Sqrt", (prev,), ())])
+        prev = len(spec) - 1
+    spec.append([("Add", (s1, s2), ()), ("Tanh", (prev,), ())])
+    view = _view(spec)
+    c = len(spec) - 1
+    n1, n2 = view.class_nodes[c]
+    return view, n1, n2
+
+
+def _tree_cost(view: View, c: int, memo: dict[int, int]) -> int:
+    if c not in memo:
+        memo[c] = min(1 + sum(_tree_cost(view, k, memo) for k in view.nodes[i].children) for i in view.class_nodes[c])
+    return memo[c]
+
+
+def test_shared_subterms_count_once():
+    view, n1, n2 = _dag_vs_tree_egraph()
+    c = view.node_class[n1]
+    tree = {i: 1 + sum(_tree_cost(view, k, {}) for k in view.nodes[i].children) for i in (n1, n2)}
+    assert tree[n2] < tree[n1]  # a tree extractor would pick the chain of square roots
+    best = choose(view)
+    assert best[c] == n1  # the DAG of N1 is smaller: T counts once
+
+
+def test_ties_prefer_the_loaded_node_and_cycles_are_skipped():
+    # class 1 = {neg(neg(x)) written as Negate(2), x itself (Parameter)}; class 2 = Negate(1): a cycle.
+    view = _view([[("Parameter", (), (0,))], [("Negate", (2,), ()), ("Copy", (0,), ())], [("Negate", (1,), ())]])
+    best = choose(view)
+    assert view.nodes[best[1]].ctor == "Copy" and view.nodes[best[2]].ctor == "Negate"
+    view = _view([[("Parameter", (), (0,))], [("Abs", (0,), ()), ("Sign", (0,), ())]])
+    assert view.nodes[choose(view)[1]].ctor == "Abs"
+    assert view.nodes[choose(view, frozenset({2}))[1]].ctor == "Sign"

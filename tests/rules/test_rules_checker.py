@@ -1,0 +1,102 @@
+"""The rule checker: every shipped rule passes; planted unsound rules are caught with a
+counterexample; approximate rules are held to their bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nxsat.rules.catalog import build_catalog, catalog
+from nxsat.rules.checker import agree, check_rule, check_rules
+
+PLANTED = """
+(rewrite (Subtract x y) (Subtract y x)
+  :name planted-subtract-swap :tag exact :doc "swaps the operands of subtract")
+(rewrite (Transpose (Transpose x p) q) x
+  :name planted-transpose-cancel :tag exact :doc "cancels two transposes without checking p and q")
+(rewrite (Abs (Negate x)) (Abs x)
+  :name planted-abs-negate :tag exact :doc "forgets that unsigned negation wraps")
+(rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
+  :name planted-bf16-round-trip :tag approximate :bound 0.01 :doc "rounding to bf16 and back is close")
+(rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
+  :name planted-bf16-too-tight :tag approximate :bound 0.00001 :doc "claims more precision than bf16 has")
+"""
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return build_catalog(extra_files=[("planted", "planted.egg", PLANTED)])
+
+
+def test_every_shipped_rule_is_sound_and_tested():
+    cat = catalog()
+    results = check_rules(cat.rules, cat)
+    bad = [r.format() for r in results if r.status not in ("sound", "built-in")]
+    assert not bad, "\n".join(bad)
+    assert sum(r.status == "sound" for r in results) == sum(not r.builtin for r in cat.rules)
+    for r in results:
+        if r.status == "sound":
+            assert r.fired >= 1 and r.tried >= r.fired
+
+
+@pytest.mark.parametrize("name", ["planted-subtract-swap", "planted-transpose-cancel", "planted-abs-negate"])
+def test_planted_unsound_rules_are_caught_with_a_counterexample(planted, name):
+    (rule,) = planted.find([name])
+    r = check_rule(rule, planted)
+    assert r.status == "unsound", r.format()
+    cx = r.counterexample
+    assert cx is not None and cx.instance and cx.rhs and cx.why
+    text = r.format()
+    assert "instance:" in text and "left-hand side gives" in text and "right-hand side gives" in text
+    if name == "planted-subtract-swap":
+        assert "subtract(" in cx.instance and "Subtract" in cx.rhs
+        (x, y) = cx.inputs.values()
+        np.testing.assert_array_equal(np.asarray(cx.expected, np.float64),
+                                      (np.asarray(x, np.float64) - np.asarray(y, np.float64)).astype(
+                                          np.asarray(cx.expected).dtype).astype(np.float64))
+        assert agree(cx.expected, cx.got, None, 1.0) is not None
+    if name == "planted-transpose-cancel":
+        assert cx.instance.count("transpose(") == 2
+
+
+def test_the_same_seed_gives_the_same_counterexample(planted):
+    (rule,) = planted.find(["planted-subtract-swap"])
+    a, b = check_rule(rule, planted, seed=5), check_rule(rule, planted, seed=5)
+    assert a.format() == b.format()
+
+
+def test_approximate_rules_are_held_to_their_bound(planted):
+    ok, tight = planted.find(["planted-bf16-round-trip", "planted-bf16-too-tight"])
+    assert check_rule(ok, planted).status == "sound"
+    r = check_rule(tight, planted)
+    assert r.status == "unsound" and "values differ" in r.counterexample.why
+
+
+def test_a_rule_whose_guard_is_never_true_is_untested():
+    cat = build_catalog(extra_files=[("never", "never.egg", """
+(rewrite (Negate x) x :when ((= (dtype x) "no-such-type"))
+  :name never-fires :tag exact :doc "its guard is never true")
+""")])
+    (rule,) = cat.find(["never-fires"])
+    r = check_rule(rule, cat, max_batches=2)
+    assert r.status == "untested" and r.fired == 0 and "did not fire" in r.message
+
+
+def test_a_rule_egglog_rejects_is_an_error_at_its_line():
+    cat = build_catalog(extra_files=[("bad", "bad.egg", """
+
+(rewrite (Negate x y) x :name bad-arity :tag exact :doc "Negate takes one operand")
+""")])
+    (rule,) = cat.find(["bad-arity"])
+    r = check_rule(rule, cat)
+    assert r.status == "error" and "bad-arity" in r.message
+
+
+def test_agree_tolerates_rounding_only_for_floats():
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    assert agree(a, a + np.float32(1e-7), None, 3.0) is None
+    assert agree(a, a + np.float32(1e-3), None, 3.0) is not None
+    assert agree(np.array([1, 2], np.int32), np.array([1, 3], np.int32), None, 0.0) is not None
+    assert agree(np.array([np.nan]), np.array([np.nan]), None, 0.0) is None
+    assert agree(np.array([np.nan]), np.array([0.0]), None, 0.0) is not None
+    assert agree(a, a.astype(np.float64), None, 1.0) is not None  # the element type changed

@@ -1,0 +1,66 @@
+"""nxsat rules list | check | stats | terms."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import DATA
+from nxsat.cli import main
+
+
+def test_list(capsys):
+    assert main(["rules", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "transpose-transpose" in out and "generic" in out and "exact" in out
+    assert main(["rules", "list", "--model-type", "transformer", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"name", "set", "tag", "description"} <= set(rows[0])
+    assert any(r["name"] == "constant-fold" and r["where"] == "built in" for r in rows)
+    assert main(["rules", "list", "--model-type", "no-such-type"]) == 1
+    assert "NCC_ERUL003" in capsys.readouterr().err
+
+
+def test_check_named_rules(capsys):
+    assert main(["rules", "check", "negate-negate", "slice-pad-inverse"]) == 0
+    out = capsys.readouterr().out
+    assert "negate-negate" in out and "sound" in out and "2 rule(s): 2 sound" in out
+    assert main(["rules", "check", "negate-negat"]) == 1
+    assert "did you mean negate-negate" in capsys.readouterr().err
+
+
+def test_check_a_file_with_an_unsound_rule(tmp_path, capsys):
+    f = tmp_path / "mine.egg"
+    f.write_text('(rewrite (Subtract x y) (Subtract y x) :name my-swap :tag exact :doc "wrong")\n'
+                 '(rewrite (Negate (Negate x)) x :name my-double-negate :tag exact :doc "right")\n')
+    assert main(["rules", "check", "--file", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "my-swap" in out and "unsound" in out and "left-hand side gives" in out
+    assert "my-double-negate" in out and "1 sound, 1 unsound" in out
+
+
+def test_check_reports_file_and_line_of_a_syntax_error(tmp_path, capsys):
+    f = tmp_path / "broken.egg"
+    f.write_text("; a comment\n(rewrite (Negate (Negate x)) x\n")
+    assert main(["rules", "check", "--file", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert f"{f}:2:1: error NCC_ERUL001" in err
+
+
+def test_stats(capsys):
+    assert main(["rules", "stats", str(DATA / "jax" / "mlp.hlo"), "-O1"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped:" in out and "e-nodes" in out and "transpose-transpose" in out and "extracted" in out
+    assert main(["rules", "stats", str(DATA / "jax" / "mlp.hlo"), "-O2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["level"] == 2 and data["iterations"] and data["stop_reason"]
+    with pytest.raises(SystemExit) as info:
+        main(["rules", "stats", str(DATA / "jax" / "mlp.hlo"), "-O5"])
+    assert info.value.code == 2 and "NCC_EARG002" in capsys.readouterr().err
+
+
+def test_terms(capsys):
+    assert main(["rules", "terms"]) == 0
+    out = capsys.readouterr().out
+    assert "(Transpose T IVec:dimensions)" in out and "(Opaque String:op i64:key TList:operands)" in out
