@@ -29,9 +29,11 @@ class Optimized:
 
 
 def optimize(module: Module, model_type: str | None = None, level: int = 2, allow_approximate: bool = False,
-             canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = ()) -> Optimized:
+             canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = (),
+             time_rules: bool = False) -> Optimized:
     """Load ``module`` (canonicalized unless ``canonical``), saturate with the model type's rules at
-    ``level`` (plus the sets ``extra_sets`` of ``cat``), and extract the smallest equivalent program."""
+    ``level`` (plus the sets ``extra_sets`` of ``cat``), and extract the smallest equivalent program.
+    ``time_rules`` measures each rule's time (each rule runs as its own step: slower)."""
     from nxsat.rules.catalog import catalog
     from nxsat.rules.egraph import EGraph
     from nxsat.rules.extract import extract
@@ -54,7 +56,8 @@ def optimize(module: Module, model_type: str | None = None, level: int = 2, allo
     lv = cat.level(level)
     budget = Budget.for_level(lv, initial.nodes, cat.config.match_limit, cat.config.ban_length,
                               fold_max_elements=cat.config.fold_max_elements,
-                              fold_max_input_elements=cat.config.fold_max_input_elements)
+                              fold_max_input_elements=cat.config.fold_max_input_elements,
+                              time_rules=time_rules)
     report = saturate(eg, budget, initial=initial)
     report.load_seconds = load_seconds
     report.cse_merged = loaded.cse_merged

@@ -109,7 +109,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         cat = _catalog(args.file)
         extra = tuple(dict.fromkeys(rule_file_set(f) for f in args.file))
     result = optimize(module, args.model_type, args.O, allow_approximate=args.allow_approximate, cat=cat,
-                      extra_sets=extra)
+                      extra_sets=extra, time_rules=True)
     n_out = len(result.module.entry.post_order())
     print_warnings(module)
     if args.json:

@@ -90,6 +90,18 @@ def test_report_has_per_iteration_sizes_matches_and_per_rule_time():
     data = json.loads(json.dumps(r.to_json()))
     assert data["stop_reason"] == r.stop_reason and len(data["iterations"]) == len(r.iterations)
     assert data["rules"]["transpose-transpose"]["matches"] == r.matches["transpose-transpose"]
+    assert not r.timed and data["rules"]["transpose-transpose"]["seconds"] is None
+
+
+def test_rules_stats_measures_time_per_rule():
+    # egglog 13.2 reports zero seconds per rule; with time_rules each rule is timed as its own step.
+    o = optimize(load(DATA / "jax" / "transformer_layer.hlo"), level=2, time_rules=True)
+    r = o.report
+    assert r.timed
+    fired = [name for name, m in r.matches.items() if m and name != "constant-fold"]
+    assert fired and all(r.seconds_per_rule[name] > 0 for name in fired)
+    assert sum(r.seconds_per_rule.values()) <= r.seconds
+    assert " ms " not in r.format() or "(time per rule is measured" not in r.format()
 
 
 def test_levels_give_growing_budgets_on_a_model():
