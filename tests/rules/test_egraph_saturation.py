@@ -101,7 +101,7 @@ def test_rules_stats_measures_time_per_rule():
     fired = [name for name, m in r.matches.items() if m and name != "constant-fold"]
     assert fired and all(r.seconds_per_rule[name] > 0 for name in fired)
     assert sum(r.seconds_per_rule.values()) <= r.seconds
-    assert " ms " not in r.format() or "(time per rule is measured" not in r.format()
+    assert "(time per rule is measured" not in r.format()
 
 
 def test_levels_give_growing_budgets_on_a_model():
