@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import numpy as np
 
 from nxsat import dtypes as dt
@@ -30,3 +33,15 @@ def array_summary(name: str, a: np.ndarray) -> str:
         bad = f.size - int(finite.sum())
         return f"  {name:<6} {t:<24} {stats}" + (f"  ({bad} non-finite)" if bad else "")
     return f"  {name:<6} {t:<24} min {a.min()} max {a.max()}"
+
+
+def input_arrays(path: str | None, seed: int, make_random: Callable[[int], dict[str, np.ndarray]]
+                 ) -> tuple[dict[str, np.ndarray], str]:
+    """The arrays of ``--inputs``, or seeded random ones (said on stderr); and where they came from."""
+    from nxsat.io import read_npz
+
+    if path:
+        return read_npz(path), path
+    source = f"random inputs (seed {seed})"
+    print(f"no --inputs: running on {source}", file=sys.stderr)
+    return make_random(seed), source

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nxsat.cli.common import array_summary, random_array
+from nxsat.cli.common import array_summary, input_arrays, random_array
 from nxsat.diagnostics import Warnings
 
 
@@ -26,17 +26,11 @@ def _random_inputs(model: Any, seed: int) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from nxsat.io import atomic_write, outputs_dict, read_npz, write_npz
+    from nxsat.io import atomic_write, outputs_dict, write_npz
     from nxsat.sim import load_file
 
     model = load_file(args.model, args.target, args.lnc)
-    if args.inputs:
-        arrays = read_npz(args.inputs)
-        source = args.inputs
-    else:
-        arrays = _random_inputs(model, args.seed)
-        source = f"random inputs (seed {args.seed})"
-        print(f"no --inputs: running on {source}", file=sys.stderr)
+    arrays, source = input_arrays(args.inputs, args.seed, lambda seed: _random_inputs(model, seed))
     warnings = Warnings()
     outputs = model.run(arrays, source, warnings)
     warnings.print(sys.stderr)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from nxsat.cli.common import array_summary, random_array
+from nxsat.cli.common import array_summary, input_arrays, random_array
 from nxsat.diagnostics import error
 from nxsat.ir import Module, TensorType
 
@@ -70,16 +70,10 @@ def random_inputs(module: Module, seed: int) -> dict[str, np.ndarray]:
 
 def cmd_interpret(args: argparse.Namespace) -> int:
     from nxsat.interpreter import run_module
-    from nxsat.io import match_inputs, outputs_dict, read_npz, write_npz
+    from nxsat.io import match_inputs, outputs_dict, write_npz
 
     module = load_model(args)
-    if args.inputs:
-        arrays = read_npz(args.inputs)
-        source = args.inputs
-    else:
-        arrays = random_inputs(module, args.seed)
-        source = f"random inputs (seed {args.seed})"
-        print(f"no --inputs: running on {source}", file=sys.stderr)
+    arrays, source = input_arrays(args.inputs, args.seed, lambda seed: random_inputs(module, seed))
     inputs = match_inputs(module, arrays, source=source)
     outputs = run_module(module, inputs)
     print_warnings(module)
