@@ -10,6 +10,7 @@ gives the same program and printing it again gives the same text.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -34,6 +35,8 @@ from nxsat.sim.program import (
 
 MAX_LINE = 100_000
 MAX_LINES = 4_000_000
+MAX_NAME = 256
+MAX_INT_DIGITS = 18  # every size, offset and count fits; Python refuses int() of > 4300 digits
 RESERVED = frozenset({"true", "false", "none", "inf", "nan", "sem", "T"} | set(TENSOR_KINDS))
 
 _TOKEN = re.compile(r"""
@@ -49,6 +52,8 @@ _tok = tuple.__new__
 
 
 class Tok(NamedTuple):
+    """One token: its kind (num, name, ge, punct), text and 1-based column."""
+
     kind: str
     text: str
     col: int
@@ -105,21 +110,25 @@ class _Line:
     def expect(self, text: str) -> Tok:
         t = self.peek()
         if t is None or t.text != text:
-            raise self.fail(f"expected {text!r}" + (f", found {t.text!r}" if t else " at end of line"))
+            raise self.fail(f"expected {text!r}" + (f", found {t.text[:40]!r}" if t else " at end of line"))
         self.i += 1
         return t
 
     def name(self, what: str = "a name") -> str:
         t = self.peek()
         if t is None or t.kind != "name":
-            raise self.fail(f"expected {what}" + (f", found {t.text!r}" if t else ""))
+            raise self.fail(f"expected {what}" + (f", found {t.text[:40]!r}" if t else ""))
+        if len(t.text) > MAX_NAME:
+            raise self.fail(f"name {t.text[:20]}... is longer than {MAX_NAME} characters")
         self.i += 1
         return t.text
 
     def int(self, what: str = "an integer") -> int:
         t = self.peek()
         if t is None or t.kind != "num" or not re.fullmatch(r"[+-]?\d+", t.text):
-            raise self.fail(f"expected {what}" + (f", found {t.text!r}" if t else ""))
+            raise self.fail(f"expected {what}" + (f", found {t.text[:40]!r}" if t else ""))
+        if len(t.text.lstrip("+-")) > MAX_INT_DIGITS:
+            raise self.fail(f"integer {t.text[:20]}... is too large (at most {MAX_INT_DIGITS} digits)")
         self.i += 1
         return int(t.text)
 
@@ -128,7 +137,7 @@ class _Line:
 
     def end(self) -> None:
         if not self.done():
-            raise self.fail(f"unexpected {self.toks[self.i].text!r}")
+            raise self.fail(f"unexpected {self.toks[self.i].text[:40]!r}")
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -199,9 +208,10 @@ def _directive(ln: _Line, prog: Program, seen_isa: bool) -> bool:
         if seen_isa:
             raise ln.fail("duplicate .isa")
         t = ln.next()
-        m = re.fullmatch(r"(\d+)\.(\d+)", t.text)
+        m = re.fullmatch(r"(\d{1,9})\.(\d{1,9})", t.text)
         if not m:
-            raise ln.fail(f"expected MAJOR.MINOR after .isa, found {t.text!r}")
+            raise error("NCC_EASM001", f"expected MAJOR.MINOR after .isa, found {t.text[:40]!r}",
+                        Loc(ln.source, ln.line, t.col))
         major, minor = int(m.group(1)), int(m.group(2))
         if major != ISA_VERSION[0]:
             raise error("NCC_EASM002", f"device program ISA {major}.{minor} is not supported by this nxsat "
@@ -355,7 +365,7 @@ def _sem_ref(ln: _Line, prog: Program) -> str:
 def _float(ln: _Line) -> float:
     t = ln.next()
     if t.kind != "num":
-        raise error("NCC_EASM004", f"expected a number, found {t.text!r}", Loc(ln.source, ln.line, t.col))
+        raise error("NCC_EASM004", f"expected a number, found {t.text[:40]!r}", Loc(ln.source, ln.line, t.col))
     return float(np.float32(float(t.text)))  # immediates are fp32 on the device
 
 
@@ -568,14 +578,22 @@ def format_program(prog: Program, bank_bytes: int = 2048) -> str:
     return "\n".join(out) + "\n"
 
 
+def _same_value(v: Any, default: Any) -> bool:
+    """Is an attribute at its default? Floats compare by sign too: -0.0 is not the default 0.0."""
+    if isinstance(v, float) and isinstance(default, float):
+        return v == default and math.copysign(1.0, v) == math.copysign(1.0, default)
+    return bool(v == default) and type(v) is type(default)
+
+
 def format_instr(ins: Instr, prog: Program) -> str:
+    """The canonical text of one instruction (also the trace's label for it)."""
     op = OPS[ins.opcode]
     args = [fmt_access(a, prog.tensors[a.tensor].shape) for a in ins.operands]
     for a in op.attrs:
         v = ins.attrs.get(a.name, a.default)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and a.kind in ("float", "scalar"):
             v = float(np.float32(v))  # immediates are fp32: compare and print as the device holds them
-        if v is None or (v == a.default and not isinstance(v, Access) and a.default is not None):
+        if v is None or (a.default is not None and not isinstance(v, Access) and _same_value(v, a.default)):
             continue
         args.append(f"{a.name}={_fmt_attr(a, v, prog)}")
     args += [f"wait={w.sem}>={w.value}" for w in ins.waits]

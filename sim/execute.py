@@ -34,6 +34,8 @@ def max_host_bytes() -> int:
 
 @dataclass
 class RankState:
+    """The memory of one rank: HBM tensors by name, SBUF and PSUM as byte arrays, cached typed views."""
+
     hbm: dict[str, np.ndarray]
     sbuf: np.ndarray
     psum: np.ndarray

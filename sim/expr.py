@@ -18,8 +18,8 @@ from nxsat.diagnostics import error
 FUNCTIONS: dict[str, Callable[..., float]] = {
     "max": max,
     "min": min,
-    "ceil": math.ceil,
-    "floor": math.floor,
+    "ceil": lambda x: float(math.ceil(x)),
+    "floor": lambda x: float(math.floor(x)),
     "log2": math.log2,
 }
 
@@ -65,7 +65,12 @@ class Formula:
             if isinstance(node, ast.Call):
                 names.discard(node.func.id)  # type: ignore[union-attr]
         self.names = frozenset(names)
-        # Every node has been checked above: the compiled code can only do arithmetic.
+        # Every node has been checked above: the compiled code can only do arithmetic. All of it is
+        # in floats (constants here, variables and ceil/floor when called), so that a huge power
+        # overflows at once instead of growing an integer without bound.
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant):
+                node.value = float(node.value)
         self._code = compile(tree, f"<{where}>", "eval")
 
     def __call__(self, variables: Mapping[str, float]) -> float:
@@ -73,7 +78,7 @@ class Formula:
         if missing:
             raise error("NCC_ETGT001", f"formula {self.text!r} uses unknown variable(s) "
                         + ", ".join(sorted(missing)))
-        scope = {**FUNCTIONS, **{k: variables[k] for k in self.names}}
+        scope = {**FUNCTIONS, **{k: float(variables[k]) for k in self.names}}
         try:
             value = eval(self._code, {"__builtins__": {}}, scope)  # noqa: S307 - checked AST, see class doc
         except (ZeroDivisionError, OverflowError, ValueError, TypeError) as exc:

@@ -133,6 +133,8 @@ class Transfer:
 
 @dataclass(frozen=True)
 class Operand:
+    """An operand slot of an opcode: its name, the memories it may be in, whether it is written."""
+
     name: str
     memories: frozenset[str]
     write: bool = False
@@ -222,6 +224,11 @@ class Op:
     def data_reads(self, c: LInstr) -> list[RAccess]:
         """Reads that must wait for an earlier instruction of the same engine to write them."""
         return c.reads
+
+    def cost_key(self, c: LInstr) -> str:
+        """The name the target's cost formulas know this instruction by (``costs.KEY@ENGINE`` or
+        ``costs.KEY``, falling back to the opcode's): a variant with its own documented cost has one."""
+        return self.name
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
         raise NotImplementedError
@@ -315,7 +322,7 @@ class Matmul(Op):
         m = nm.to_f32(x.read(mv)).reshape(k, -1)
         if self.precision(c) == "tf32":
             s, m = dt.round_tf32(s), dt.round_tf32(m)
-        r = np.matmul(s.T, m, dtype=np.float32)
+        r = np.matmul(np.ascontiguousarray(s.T), m)  # fp32; a contiguous operand takes BLAS's fast path
         if not c.attrs["start"]:
             r = nm.to_f32(x.read(dst)).reshape(r.shape) + r
         x.write(dst, r.reshape(dst.shape))
@@ -367,13 +374,18 @@ class Transpose(Op):
 
 # ScalarE ---------------------------------------------------------------------------------------
 
+# The activation functions VectorE also runs (NKI's VectorE reciprocal, at a documented 8x ScalarE's cost).
+DVE_FUNCTIONS = ("identity", "relu", "abs", "square", "sign", "reciprocal")
+
+
 class Activation(Op):
     name = "activation"
     engines = ("act", "dve")
     operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
     attrs = (Attr("func", "enum", "identity", tuple(nm.ACTIVATIONS)), Attr("scale", "scalar", 1.0),
              Attr("bias", "scalar", 0.0), Attr("accum", "out", None))
-    doc = "dst = func(scale * src + bias) in fp32; accum (optional) = sum of dst's values per partition"
+    doc = ("dst = func(scale * src + bias) in fp32; accum (optional) = per-partition sum of those fp32 "
+           "results (before their cast to dst's type)")
 
     def check(self, c: LInstr, target: Any) -> None:
         dst, src = c.ops
@@ -386,7 +398,7 @@ class Activation(Op):
             _need_per_partition(acc, dst, "accum")
             if not acc.dtype.is_float:
                 raise CheckFail("accum must be a float tile")
-        if c.stream == "dve" and c.attrs["func"] not in ("identity", "relu", "abs", "square", "sign"):
+        if c.stream == "dve" and c.attrs["func"] not in DVE_FUNCTIONS:
             raise CheckFail(f"VectorE has no {c.attrs['func']} function; run it on act")
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
@@ -404,6 +416,9 @@ class Activation(Op):
         v = super().cost_vars(c, target)
         v["accum"] = 1 if c.attrs["accum"] is not None else 0
         return v
+
+    def cost_key(self, c: LInstr) -> str:
+        return "reciprocal" if c.attrs["func"] == "reciprocal" else self.name
 
 
 # VectorE / GpSimd elementwise -------------------------------------------------------------------

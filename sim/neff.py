@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import struct
+import tokenize
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -53,15 +55,38 @@ def npy_bytes(a: np.ndarray, dtype: dt.DType) -> bytes:
 
 
 def npy_array(data: bytes, dtype: dt.DType, shape: tuple[int, ...], what: str) -> np.ndarray:
-    """Parse one constant member and check it is exactly what the manifest says."""
-    try:
-        a = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise error("NCC_ENEF002", f"{what} is not a readable .npy array ({exc})") from None
+    """Parse one constant member and check it is exactly what the manifest says.
+
+    The header is read and checked against the manifest before any array is allocated (a header
+    may claim any shape), and the member must be the canonical bytes nxsat writes, so that
+    disassembling and assembling again gives the same NEFF.
+    """
     stored = np.dtype(_BITS.get(dtype.name, dtype.np))
-    if a.dtype != stored or tuple(a.shape) != tuple(shape):
-        raise error("NCC_ENEF003", f"{what} holds {a.dtype}{list(a.shape)}, the manifest says "
-                    f"{dtype.name}{list(shape)}")
+    f = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            hshape, fortran, hdtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            hshape, fortran, hdtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError, OSError, EOFError,
+            tokenize.TokenError) as exc:  # numpy parses the header with tokenize and ast.literal_eval
+        raise error("NCC_ENEF002", f"{what} is not a readable .npy array ({str(exc)[:200]})") from None
+    if hdtype != stored or tuple(hshape) != tuple(shape) or fortran:
+        raise error("NCC_ENEF003", f"{what} holds {hdtype}{list(hshape)}"
+                    + (" (Fortran order)" if fortran else "")
+                    + f", the manifest says {dtype.name}{list(shape)}")
+    count = math.prod(shape)
+    start = f.tell()
+    if len(data) - start != count * stored.itemsize:
+        raise error("NCC_ENEF002", f"{what} holds {len(data) - start} data bytes, its header says "
+                    f"{count * stored.itemsize}")
+    a = np.frombuffer(data, dtype=stored, count=count, offset=start).reshape(shape).copy()
+    if npy_bytes(a, dtype) != data:
+        raise error("NCC_ENEF003", f"{what} is not in the canonical form nxsat writes",
+                    hint="the NEFF was edited; recompile")
     return a.view(dtype.np) if dtype.name in _BITS else a
 
 
@@ -134,7 +159,7 @@ def unpack(data: bytes, source: str = "<neff>") -> Container:
                     "corrupted", hint="recompile the model; never edit a NEFF by hand")
     try:
         manifest = json.loads(mbytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSON syntax, huge ints
         raise error("NCC_ENEF003", f"{source}: malformed NEFF manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != "nxsat-neff":
         raise error("NCC_ENEF003", f"{source}: malformed NEFF manifest (not an nxsat-neff manifest)")

@@ -26,16 +26,13 @@ FP8_MAX = {"f8e4m3fn": float(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max),
            "f8e5m2": float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)}
 
 
-def is_float(t: dt.DType) -> bool:
-    return t.kind == "float"
-
-
 def to_f32(x: np.ndarray) -> np.ndarray:
     """An engine's input cast: every storage type widens to fp32 (exactly, except 32-bit ints)."""
     return np.asarray(x).astype(F32, copy=False)
 
 
 def to_int(x: np.ndarray) -> np.ndarray:
+    """An integer-only instruction's input: exact in 64 bits."""
     return np.asarray(x).astype(np.int64, copy=False)
 
 
@@ -159,4 +156,5 @@ def compute_domain(*types: dt.DType) -> str:
 
 
 def load(x: np.ndarray, domain: str) -> np.ndarray:
+    """An operand widened to its instruction's compute domain (``int``: int64, ``f32``: fp32)."""
     return to_int(x) if domain == "int" else to_f32(x)

@@ -23,11 +23,6 @@ TENSOR_KINDS = HBM_KINDS + ONCHIP_KINDS
 
 # Streams in their fixed order: compute engines, the collective engine, then the DMA queues.
 ENGINE_STREAMS = ("pe", "act", "dve", "pool", "cc")
-MAX_QUEUES = 64
-
-
-def queue_name(i: int) -> str:
-    return f"q{i}"
 
 
 def stream_kind(stream: str) -> str:
@@ -40,6 +35,7 @@ def stream_kind(stream: str) -> str:
 
 
 def stream_order(stream: str) -> tuple[int, int]:
+    """Sort key of the fixed stream order (engines, then queues by number): ties and tracks follow it."""
     if stream in ENGINE_STREAMS:
         return (0, ENGINE_STREAMS.index(stream))
     return (1, int(stream[1:]))
@@ -118,12 +114,16 @@ class Access:
 
 @dataclass(frozen=True)
 class Wait:
+    """``wait=SEM>=VALUE``: the instruction starts once the semaphore has counted to ``value``."""
+
     sem: str
     value: int
 
 
 @dataclass
 class Instr:
+    """One instruction as written: stream, opcode, operands, attributes, waits, signals, source line."""
+
     stream: str
     opcode: str
     operands: tuple[Access, ...]
@@ -216,6 +216,7 @@ class AP:
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of a shape."""
     out = []
     acc = 1
     for s in reversed(shape):
@@ -345,6 +346,7 @@ def _broadcast(dims: list[tuple[int, int]], part: tuple[int, int] | None, arg: t
 
 
 def is_broadcast(acc: Access) -> bool:
+    """Does the access repeat elements (a stride-0 view)? Such an access may be read, never written."""
     return any(op == "broadcast" for op, _ in acc.views)
 
 

@@ -165,4 +165,4 @@ def chrome_trace(lk: Linked, tl: Timeline) -> str:
                    "dur": round((sl.end - sl.start) / 1000, 6), "args": args})
     doc = {"traceEvents": ev, "displayTimeUnit": "ns",
            "otherData": {"target": t.name, "latency_us": round(tl.latency / 1000, 6), "source": prog.source}}
-    return json.dumps(doc, separators=(",", ":"))
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False)  # strict JSON: trace viewers reject NaN

@@ -176,6 +176,7 @@ class Model:
 
 
 def max_neff_bytes() -> int:
+    """The largest NEFF the runtime reads (NXSAT_MAX_NEFF_BYTES, default 16 GiB)."""
     try:
         return int(os.environ.get("NXSAT_MAX_NEFF_BYTES", DEFAULT_MAX_NEFF_BYTES))
     except ValueError:
@@ -183,6 +184,7 @@ def max_neff_bytes() -> int:
 
 
 def read_file(path: str | os.PathLike) -> bytes:
+    """A NEFF's bytes, refusing a missing, unreadable or oversized file with a coded error."""
     p = Path(path)
     try:
         size = p.stat().st_size
@@ -262,6 +264,7 @@ def load(data: bytes, source: str = "<neff>", target: str | None = None, lnc: in
 
 
 def load_file(path: str | os.PathLike, target: str | None = None, lnc: int | None = None) -> Model:
+    """:func:`load` of a file (the commands' entry point)."""
     return load(read_file(path), str(path), target, lnc)
 
 

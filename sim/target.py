@@ -33,11 +33,14 @@ class Engine:
     clock_ghz: float
 
     def ns(self, cycles: float) -> float:
+        """Nanoseconds of ``cycles`` of this engine's clock."""
         return cycles / self.clock_ghz
 
 
 @dataclass(frozen=True)
 class Assumption:
+    """A number or rule the documents do not give: its spec key, value, reason and the file saying so."""
+
     key: str
     value: Any
     why: str
@@ -78,6 +81,11 @@ class Target:
         return int(self.spec["psum"]["banks"])
 
     @property
+    def psum_dtypes(self) -> tuple[str, ...]:
+        """Element types a PSUM tile may have."""
+        return tuple(self.spec["psum"]["dtypes"])
+
+    @property
     def psum_bank_bytes(self) -> int:
         return self.psum_bytes // self.psum_banks
 
@@ -98,6 +106,11 @@ class Target:
     @property
     def dma(self) -> dict[str, Any]:
         return self.spec["dma"]
+
+    @property
+    def dma_practical_engine_gbps(self) -> float:
+        """The documented practical rate of one DMA engine: the per-core figure over the engines."""
+        return float(self.spec["dma"]["practical_core_gbps"]) / int(self.spec["dma"]["engines"])
 
     @property
     def dma_queues(self) -> int:
@@ -125,6 +138,7 @@ class Target:
         return None if f is None else float(f)
 
     def supports_matmul_dtype(self, dtype_name: str) -> bool:
+        """Can TensorE of this target multiply this precision (``tf32``: fp32 operands rounded)?"""
         if dtype_name == "tf32":
             return bool(self.spec["numerics"].get("tf32")) and self.matmul_dtype_factor("tf32") is not None
         return dtype_name in self.spec["numerics"]["matmul_dtypes"] and self.matmul_dtype_factor(dtype_name) is not None
@@ -142,6 +156,7 @@ class Target:
         return self.costs.get(f"{opcode}@{engine}") or self.costs.get(opcode)
 
     def fp8_saturates(self, dtype_name: str) -> bool:
+        """Does an engine's cast to this fp8 type saturate (else it overflows to infinity)?"""
         return bool(self.spec["numerics"].get("fp8_saturate", {}).get(dtype_name, False))
 
     def summary(self) -> dict[str, Any]:
@@ -276,11 +291,11 @@ def _resolve(name: str, depth: int = 0) -> tuple[dict[str, Any], dict[str, Assum
 _REQUIRED = {
     "chip": ("cores", "hbm_bytes", "hbm_gbps"),
     "sbuf": ("partitions", "bytes_per_partition"),
-    "psum": ("partitions", "bytes_per_partition", "banks"),
+    "psum": ("partitions", "bytes_per_partition", "banks", "dtypes"),
     "matmul": ("rows", "cols", "max_moving", "first_latency_cycles", "dtype_cycle_factor"),
-    "dma": ("engines", "engine_gbps", "fixed_latency_ns", "partitions_per_engine", "queues",
+    "dma": ("engines", "engine_gbps", "practical_core_gbps", "fixed_latency_ns", "partitions_per_engine", "queues",
             "descriptor_overhead_ns", "hbm_hbm_engines_per_bytes"),
-    "latency": ("access_cycles", "dependent_stall_cycles", "semaphore_ns"),
+    "latency": ("access_cycles", "dependent_stall_cycles", "dependent_stall_engines", "semaphore_ns"),
     "sync": ("semaphores",),
     "collectives": ("fixed_ns", "hop_ns", "link_gbps_per_rank"),
     "numerics": ("matmul_dtypes",),
@@ -297,6 +312,7 @@ POLICIES = {
     ("numerics", "float_to_int"): ("truncate-saturate",),
     ("numerics", "stochastic_rounding"): (False,),
     ("dma", "queue_pipelined"): (True, False),
+    ("collectives", "separate_from_dma"): (True,),
 }
 
 

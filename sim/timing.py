@@ -107,7 +107,8 @@ class _Costs:
 
     def busy_ns(self, c: LInstr) -> float:
         kind = stream_kind(c.stream)
-        f = self.t.cost(c.op.name, kind)
+        key = c.op.cost_key(c)
+        f = self.t.cost(key, kind) or (self.t.cost(c.op.name, kind) if key != c.op.name else None)
         if f is None:
             raise error("NCC_ETGT001", f"target {self.t.name} has no cost for {c.op.name} on {kind}",
                         hint=f"add costs.{c.op.name} or costs.{c.op.name}@{kind} to the target spec")
@@ -133,6 +134,7 @@ def simulate(lk: Linked) -> Timeline:
     dma = t.dma
     lat_cycles = t.spec["latency"]["access_cycles"]
     stall_cycles = t.spec["latency"]["dependent_stall_cycles"]
+    stall_engines = frozenset(t.spec["latency"]["dependent_stall_engines"])
     sem_ns = float(t.spec["latency"]["semaphore_ns"])
     first_mm = t.matmul["first_latency_cycles"]
     pipelined = bool(dma.get("queue_pipelined", True))
@@ -212,7 +214,8 @@ def simulate(lk: Linked) -> Timeline:
         st.last_end = now + b
         for mem in used:
             port_busy[(st.kind, mem)] = max(port_busy[(st.kind, mem)], now + b)
-        st.recent = [(rt, p) for rt, p in st.recent if rt > now][-3:] + [(now + b + eng.ns(stall_cycles), c)]
+        if st.kind in stall_engines:
+            st.recent = [(rt, p) for rt, p in st.recent if rt > now][-3:] + [(now + b + eng.ns(stall_cycles), c)]
         slices.append(Slice(st.name, now, now + b, i))
         busy[st.name] += b
         st.head += 1

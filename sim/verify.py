@@ -2,16 +2,17 @@
 
 ``link`` places on-chip tensors, resolves every access, checks every instruction's operands, then
 analyses synchronisation: it replays the streams in zero time (a wait proceeds once enough signals
-have happened) to find deadlocks and an execution order, and computes which instructions are
-*guaranteed* to happen before which (vector clocks over semaphore counts). With that it refuses a
-read that no write is guaranteed to precede ("read before any write") and two conflicting accesses
-on different streams that no semaphore orders (a race). A program that passes is deterministic:
-the functional result does not depend on timing.
+have happened) to find deadlocks and an execution order, and computes exactly which instructions
+are *guaranteed* to happen before which (per stream, the same replay with that stream held back).
+With that it refuses a read that no write is guaranteed to precede ("read before any write"), two
+conflicting accesses on different streams that no semaphore orders (a race), and misused PSUM
+accumulation groups. A program that passes is deterministic: the functional result does not
+depend on timing.
 """
 
 from __future__ import annotations
 
-import bisect
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -39,7 +40,6 @@ from nxsat.sim.target import Target
 MAX_INSTRUCTIONS = 2_000_000
 MAX_COVERAGE_ELEMS = 1 << 26
 ALIGN = 64
-PSUM_DTYPES = ("f32", "bf16", "f16", "s32")
 
 
 @dataclass
@@ -90,6 +90,7 @@ def link(prog: Program, target: Target) -> Linked:
     vc = _clocks(prog, streams, by_stream, sid, pos, order)
     linked = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, vc)
     _dataflow(linked)
+    _accumulation(linked)
     _coverage(linked)
     return linked
 
@@ -149,8 +150,9 @@ def _place(prog: Program, target: Target) -> dict[str, Tensor]:
                         f"exceed the {target.partitions} partitions", loc,
                         "a tile has at most 128 partitions; split it")
         if t.kind == "psum":
-            if t.dtype.name not in PSUM_DTYPES:
-                raise error("NCC_EASM004", f"{t.name}: PSUM holds {', '.join(PSUM_DTYPES)}, not {t.dtype.name}", loc)
+            if t.dtype.name not in target.psum_dtypes:
+                raise error("NCC_EASM004", f"{t.name}: PSUM holds {', '.join(target.psum_dtypes)}, not "
+                            f"{t.dtype.name}", loc)
             if t.bank is not None:
                 if not 0 <= t.bank < target.psum_banks:
                     raise error("NCC_EASM006", f"{t.name}: bank {t.bank} does not exist ({target.psum_banks} "
@@ -342,41 +344,65 @@ def _replay(prog: Program, by_stream: dict[str, list[int]], streams: list[str]) 
 
 def _clocks(prog: Program, streams: list[str], by_stream: dict[str, list[int]], sid: list[int], pos: list[int],
             order: list[int]) -> np.ndarray:
-    """vc[i, j] = how many instructions of stream j are guaranteed complete before i starts.
+    """vc[i, k] = how many instructions of stream k are guaranteed to complete before i starts.
 
-    A wait ``s >= v`` is met after v signals of s. If at most T signals of s can have happened
-    (all of them, less those the waiting stream sends from this instruction on), n_j of them on
-    stream j, then at least v - (T - n_j) of stream j's signals must have happened: the
-    (v - T + n_j)-th signalling instruction of stream j (and all it waited for) precedes the wait.
+    Exact, by the same argument as the deadlock check: instruction j must complete before i starts
+    exactly when the zero-time replay with j's stream stopped at j never reaches i (had some
+    schedule started i first, everything that completed before it would be a run of that stopped
+    replay). Stopping stream k at 0, 1, 2, ... instructions and resuming the same replay each time
+    (counters only grow) gives every instruction the position of k it first became reachable at:
+    one pass over the program per stream that signals anything.
     """
     n = len(prog.instrs)
     vc = np.zeros((n, len(streams)), dtype=np.int64)
-    signallers: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for s in streams:
-        for i in by_stream[s]:
-            for sem in prog.instrs[i].signals:
-                signallers[sem][sid[i]].append(i)
-    totals = {sem: sum(len(v) for v in d.values()) for sem, d in signallers.items()}
-    cur = np.zeros((len(streams), len(streams)), dtype=np.int64)
-    for i in order:
-        j = sid[i]
-        v = cur[j].copy()
-        v[j] = pos[i]
-        for w in prog.instrs[i].waits:
-            # Signals this stream has yet to send (from i on) cannot have happened.
-            own = signallers[w.sem].get(j, [])
-            t = totals.get(w.sem, 0) - (len(own) - bisect.bisect_left(own, i))
-            for k, lst in signallers[w.sem].items():
-                if k == j:
-                    continue
-                need = w.value - (t - len(lst))
-                if need >= 1:
-                    src = lst[need - 1]
-                    np.maximum(v, vc[src], out=v)
-                    v[k] = max(v[k], pos[src] + 1)
-        vc[i] = v
-        cur[j] = v
+    idx = np.arange(n)
+    sids = np.asarray(sid, dtype=np.int64)
+    vc[idx, sids] = pos
+    lists = [by_stream[s] for s in streams]
+    for k, lst in enumerate(lists):
+        if not any(prog.instrs[i].signals for i in lst):
+            continue  # nothing can wait for this stream
+        col = np.asarray(_first_reachable(prog, lists, k), dtype=np.int64)
+        other = sids != k
+        vc[other, k] = col[other]
     return vc
+
+
+def _first_reachable(prog: Program, lists: list[list[int]], k: int) -> list[int]:
+    """For every instruction: how many instructions of stream ``k`` must complete before it can start
+    (the replay with stream k let run ``limit`` instructions, for limit = 0, 1, ...)."""
+    need = [0] * len(prog.instrs)
+    count: dict[str, int] = defaultdict(int)
+    head = [0] * len(lists)
+    waiters: dict[str, list[tuple[int, int]]] = defaultdict(list)  # sem -> heap of (value, stream)
+    work = list(range(len(lists)))
+    limit = [0]  # stream k may run its first limit[0] instructions
+
+    def advance(s: int) -> None:
+        lst = lists[s]
+        while head[s] < len(lst):
+            if s == k and head[s] >= limit[0]:
+                return
+            i = lst[head[s]]
+            ins = prog.instrs[i]
+            for w in ins.waits:
+                if count[w.sem] < w.value:
+                    heapq.heappush(waiters[w.sem], (w.value, s))
+                    return
+            need[i] = limit[0]
+            for sem in ins.signals:
+                count[sem] += 1
+                h = waiters.get(sem)
+                while h and h[0][0] <= count[sem]:
+                    work.append(heapq.heappop(h)[1])
+            head[s] += 1
+
+    for p in range(len(lists[k]) + 1):
+        limit[0] = p
+        work.append(k)
+        while work:
+            advance(work.pop())
+    return need
 
 
 # --- dataflow: read before write, races ------------------------------------------------------------
@@ -389,6 +415,9 @@ class _Entry:
     stream: int
     write: bool
     instr: int
+    lo: int  # the 1-D interval the access may touch: bytes of a partition row on chip, elements in HBM
+    hi: int
+    seq: int  # creation order: candidates are checked in it, so the first conflict reported is stable
 
 
 def _phys(ra: RAccess) -> tuple[int, int, int, int] | None:
@@ -397,6 +426,64 @@ def _phys(ra: RAccess) -> tuple[int, int, int, int] | None:
     p0, pn = ra.abs_partitions()
     lo, hi = ra.byte_range()
     return (p0, p0 + pn, lo, hi)
+
+
+def _interval(ra: RAccess) -> tuple[int, int]:
+    """A 1-D interval every element of the access lies in (two accesses that share an element
+    share a point of it): row bytes on chip (shared by aliasing tensors), flat elements in HBM."""
+    return ra.byte_range() if ra.tensor.onchip else ra.ap.span()
+
+
+class _Store:
+    """The latest accesses to one storage (a tensor, or on-chip tensors sharing memory), one per
+    (tensor, box, stream), found by the interval they touch: a check looks only at the entries in
+    the buckets its interval covers, so a program of many small accesses stays linear rather than
+    quadratic. Entries covering many buckets sit in a list every query sees."""
+
+    BUCKETS = 512
+    WIDE = 8
+
+    def __init__(self, extent: int) -> None:
+        self.shift = max(0, (max(1, extent) - 1).bit_length() - self.BUCKETS.bit_length() + 1)
+        self.buckets: dict[int, dict[tuple, _Entry]] = defaultdict(dict)
+        self.wide: dict[tuple, _Entry] = {}
+        self.entries: dict[tuple, _Entry] = {}
+
+    def _span(self, lo: int, hi: int) -> tuple[int, int]:
+        return lo >> self.shift, (max(lo + 1, hi) - 1) >> self.shift
+
+    def add(self, key: tuple, e: _Entry) -> None:
+        self.entries[key] = e
+        b0, b1 = self._span(e.lo, e.hi)
+        if b1 - b0 >= self.WIDE:
+            self.wide[key] = e
+        else:
+            for b in range(b0, b1 + 1):
+                self.buckets[b][key] = e
+
+    def remove(self, key: tuple) -> None:
+        e = self.entries.pop(key)
+        b0, b1 = self._span(e.lo, e.hi)
+        if b1 - b0 >= self.WIDE:
+            del self.wide[key]
+        else:
+            for b in range(b0, b1 + 1):
+                del self.buckets[b][key]
+
+    def near(self, lo: int, hi: int) -> list[tuple[tuple, _Entry]]:
+        """Entries whose interval may meet [lo, hi), in creation order."""
+        b0, b1 = self._span(lo, hi)
+        found: dict[tuple, _Entry] = dict(self.wide)
+        if b1 - b0 + 1 >= len(self.buckets):
+            for b, d in self.buckets.items():
+                if b0 <= b <= b1:
+                    found.update(d)
+        else:
+            for b in range(b0, b1 + 1):
+                d = self.buckets.get(b)
+                if d:
+                    found.update(d)
+        return sorted(((k, e) for k, e in found.items() if e.lo < hi and lo < e.hi), key=lambda ke: ke[1].seq)
 
 
 def _alias_groups(prog: Program) -> dict[str, str]:
@@ -438,16 +525,33 @@ def _contains(outer: tuple[tuple[int, int, int], ...], inner: tuple[tuple[int, i
 
 def _dataflow(lk: Linked) -> None:
     prog = lk.program
+    target = lk.target
     group = _alias_groups(prog)
+
+    def extent(key: str) -> int:
+        t = prog.tensors[key]
+        if t.kind == "sbuf":
+            return target.sbuf_bytes
+        if t.kind == "psum":
+            return target.psum_bytes
+        return t.size
+
     # Per storage: the latest access of each (tensor, box, stream), writes and reads apart.
-    writes: dict[str, list[_Entry]] = defaultdict(list)
-    reads: dict[str, list[_Entry]] = defaultdict(list)
-    # Changes to each storage's lists, in all and per stream: a later instruction of a stream that
+    writes: dict[str, _Store] = {}
+    reads: dict[str, _Store] = {}
+    seq = 0
+    # Changes to each storage's entries, in all and per stream: a later instruction of a stream that
     # repeats an access already checked, with no other stream's change since, needs no new check
     # (what preceded the earlier one precedes it too).
     total: dict[str, int] = defaultdict(int)
     by_stream: dict[tuple[str, int], int] = defaultdict(int)
     checked: dict[tuple[str, str, tuple, int, bool], int] = {}
+
+    def store(table: dict[str, _Store], key: str) -> _Store:
+        st = table.get(key)
+        if st is None:
+            st = table[key] = _Store(extent(key))
+        return st
 
     def foreign(key: str, s: int) -> int:
         return total[key] - by_stream[(key, s)]
@@ -464,7 +568,7 @@ def _dataflow(lk: Linked) -> None:
             if checked.get(memo) == foreign(key, s):
                 continue
             found = False
-            for e in writes[key]:
+            for _, e in store(writes, key).near(*_interval(ra)):
                 if not _overlap(e, ra):
                     continue
                 if e.stream == s or lk.hb(e.instr, i):
@@ -484,7 +588,9 @@ def _dataflow(lk: Linked) -> None:
             memo = (key, ra.name, ra.box, s, True)
             if checked.get(memo) == foreign(key, s):
                 continue
-            for e in (*writes[key], *reads[key]):
+            iv = _interval(ra)
+            near = store(writes, key).near(*iv) + store(reads, key).near(*iv)
+            for _, e in sorted(near, key=lambda ke: ke[1].seq):
                 if e.stream == s or not _overlap(e, ra) or lk.hb(e.instr, i):
                     continue
                 w = lk.instrs[e.instr]
@@ -500,19 +606,84 @@ def _dataflow(lk: Linked) -> None:
                 key = group[ra.name]
                 total[key] += 1
                 by_stream[(key, s)] += 1
+                iv = _interval(ra)
                 if is_write:
                     # A write that covers an earlier access ordered before it makes that entry redundant:
                     # whatever conflicts with the old access conflicts with this write too.
-                    for lst in (writes[key], reads[key]):
-                        lst[:] = [e for e in lst if not (e.tensor == ra.name and _contains(ra.box, e.box)
-                                                         and (e.stream == s or lk.hb(e.instr, i)))]
-                lst = writes[key] if is_write else reads[key]
-                for e in lst:
-                    if e.stream == s and e.box == ra.box and e.tensor == ra.name:
-                        e.instr = i
-                        break
+                    for table in (writes, reads):
+                        st = store(table, key)
+                        for k, e in st.near(*iv):
+                            if (e.tensor == ra.name and _contains(ra.box, e.box)
+                                    and (e.stream == s or lk.hb(e.instr, i))):
+                                st.remove(k)
+                st = store(writes if is_write else reads, key)
+                ekey = (ra.name, ra.box, s)
+                old = st.entries.get(ekey)
+                if old is not None:
+                    old.instr = i
                 else:
-                    lst.append(_Entry(ra.name, ra.box, _phys(ra), s, is_write, i))
+                    st.add(ekey, _Entry(ra.name, ra.box, _phys(ra), s, is_write, i, iv[0], iv[1], seq))
+                    seq += 1
+
+
+def _accumulation(lk: Linked) -> None:
+    """PSUM accumulation groups: a matmul with ``start=true`` opens a group on its output region, the
+    matmuls with ``start=false`` after it on TensorE add to exactly that region, and one with
+    ``stop=true`` closes it. A PSUM bank holds one open group (8 banks: 8 groups in flight), nothing
+    but the group's own matmuls may touch its region while it is open (its partial sums are not a
+    result), and every group is closed. Run after the race check, so the zero-time order agrees
+    with every schedule for the accesses compared here."""
+    prog = lk.program
+    bank_bytes = lk.target.psum_bank_bytes
+    open_by_bank: dict[int, tuple[tuple[int, int, int, int], int]] = {}  # bank -> (region, opening instr)
+
+    def describe(i: int) -> str:
+        return f"the accumulation group opened at line {lk.instrs[i].line}"
+
+    for i in lk.order:
+        c = lk.instrs[i]
+        loc = _loc(prog, c.line)
+        if c.op.name == "matmul":
+            region = _phys(c.ops[0])
+            assert region is not None
+            bank = region[2] // bank_bytes  # the matmul check keeps an output inside one bank
+            cur = open_by_bank.get(bank)
+            if c.attrs["start"]:
+                if cur is not None:
+                    raise error("NCC_EASM006", f"matmul starts an accumulation group in PSUM bank {bank}, which "
+                                f"still holds {describe(cur[1])} (no stop=true yet)", loc,
+                                "end that group with stop=true, or accumulate in another bank (one open group "
+                                "per bank)")
+                cur = (region, i)
+                open_by_bank[bank] = cur
+            elif cur is None:
+                raise error("NCC_EASM006", f"matmul accumulates (start=false) into {c.ops[0].name} but no "
+                            f"accumulation group is open in PSUM bank {bank}", loc,
+                            "the first matmul of a group has start=true")
+            elif cur[0] != region:
+                raise error("NCC_EASM006", f"matmul accumulates into {c.ops[0].name} at partitions "
+                            f"{region[0]}..{region[1] - 1}, bytes {region[2]}..{region[3]}, but {describe(cur[1])} "
+                            f"covers partitions {cur[0][0]}..{cur[0][1] - 1}, bytes {cur[0][2]}..{cur[0][3]}: "
+                            "the matmuls of a group all write the same PSUM region", loc)
+            if c.attrs["stop"]:
+                del open_by_bank[bank]
+            continue
+        if not open_by_bank:
+            continue
+        for ra in (*c.reads, *c.writes):
+            p = _phys(ra)
+            if p is None or ra.memory != "psum":
+                continue
+            for region, first in open_by_bank.values():
+                if p[0] < region[1] and region[0] < p[1] and p[2] < region[3] and region[2] < p[3]:
+                    what = "writes" if any(ra is w for w in c.writes) else "reads"
+                    raise error("NCC_EASM007", f"{c.stream} {c.op.name} {what} {ra.name} while {describe(first)} "
+                                "is still accumulating there (partial sums)", loc,
+                                "wait for a semaphore the group's stop=true matmul signals")
+    if open_by_bank:
+        first = min(i for _, i in open_by_bank.values())
+        raise error("NCC_EASM006", "accumulation group never ends: no matmul with stop=true closes it",
+                    _loc(prog, lk.instrs[first].line), "give the group's last matmul stop=true")
 
 
 def _coverage(lk: Linked) -> None:
@@ -533,12 +704,8 @@ def _coverage(lk: Linked) -> None:
                         "the host reads every element of an output")
 
 
-def per_rank_bytes(prog: Program) -> int:
-    """Host memory one rank of the functional executor needs for HBM tensors."""
-    return sum(t.nbytes for t in prog.tensors.values() if not t.onchip)
-
-
 def flops_total(lk: Linked) -> dict[str, float]:
+    """TensorE FLOPs of the program by precision (what MFU and the compute roofline count)."""
     out: dict[str, float] = defaultdict(float)
     for c in lk.instrs:
         f = c.op.flops(c)

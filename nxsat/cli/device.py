@@ -26,6 +26,7 @@ def _random_inputs(model: Any, seed: int) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``nxsat run``: outputs from the functional model, latency from the timing model."""
     from nxsat.io import atomic_write, outputs_dict, write_npz
     from nxsat.sim import load_file
 
@@ -48,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    """``nxsat profile``: the timing report (text or JSON) and optionally the Perfetto trace."""
     from nxsat.io import atomic_write
     from nxsat.sim import load_file
     from nxsat.sim.report import format_summary
@@ -66,6 +68,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_assemble(args: argparse.Namespace) -> int:
+    """``nxsat assemble``: check a device program and write its NEFF."""
     from nxsat.io import atomic_write, read_npz, read_text
     from nxsat.sim import assemble
 
@@ -78,6 +81,7 @@ def cmd_assemble(args: argparse.Namespace) -> int:
 
 
 def cmd_disassemble(args: argparse.Namespace) -> int:
+    """``nxsat disassemble``: the canonical program text (and constants) of a NEFF."""
     from nxsat.io import atomic_write, write_npz
     from nxsat.sim import load_file
 
@@ -92,6 +96,7 @@ def cmd_disassemble(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    """Add the device commands to the CLI's subparsers."""
     p = sub.add_parser("run", help="simulate a NEFF: outputs and latency",
                        description="Load and validate a NEFF, run it on the device model (numerics of the "
                        "device) and report its latency from the timing model. Inputs are read from an .npz "

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from nxsim_progs import EXAMPLES
 
+from nxsat import dtypes as dt
 from nxsat import sim
 from nxsat.diagnostics import NxsatError
 from nxsat.sim import neff
@@ -180,22 +181,77 @@ def test_refusal_codes_are_distinct() -> None:
     assert codes == {"NCC_ENEF001", "NCC_ENEF002", "NCC_ENEF003", "NCC_ENEF004", "NCC_ENEF005", "NCC_ENEF006"}
 
 
-def test_pickled_constant_cannot_load() -> None:
+def _repack(data: bytes, replace: dict[str, bytes]) -> bytes:
+    """The NEFF with some members replaced and every checksum fixed, as a deliberate editor would."""
+    c = neff.unpack(data)
+    man = dict(c.manifest)
+    members = [(e["name"], replace.get(e["name"], c.members[e["name"]])) for e in man.pop("members")]
+    return neff.pack(man, members)
+
+
+def test_pickled_constant_cannot_load(monkeypatch) -> None:
     """A member holding a pickled object array is refused, never unpickled."""
     import io
     import pickle
 
+    def never(*a: object, **k: object) -> None:
+        raise AssertionError("the loader unpickled something")
+
     data = _sample()
-    c = neff.unpack(data)
-    man = dict(c.manifest)
-    members = [(e["name"], c.members[e["name"]]) for e in man.pop("members")]
+    for shape in ((1,), (1, 768)):
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, np.full(shape, None, dtype=object), allow_pickle=True)
+        evil = buf.getvalue()
+        assert pickle.PROTO in evil or b"\x80" in evil
+        monkeypatch.setattr(pickle, "load", never)
+        monkeypatch.setattr(pickle, "loads", never)
+        e = _code(_repack(data, {"const/gamma.npy": evil}))
+        assert e.code == "NCC_ENEF003" and "object" in e.message
+
+
+def test_constant_header_is_checked_before_any_allocation() -> None:
+    """A constant whose .npy header claims a huge shape is refused from the header (no allocation)."""
+    import io
+
     buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.array([object()], dtype=object), allow_pickle=True)
-    evil = buf.getvalue()
-    assert pickle.PROTO in evil or b"\x80" in evil
-    members = [(n, evil if n == "const/gamma.npy" else b) for n, b in members]
-    e = _code(neff.pack(man, members))
-    assert e.code == "NCC_ENEF002" and "not a readable .npy" in e.message
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
+    e = _code(_repack(_sample(), {"const/gamma.npy": buf.getvalue()}))
+    assert e.code == "NCC_ENEF003" and "float32[1000000000000]" in e.message
+
+
+def test_constant_members_must_be_canonical() -> None:
+    """Same values in another .npy layout (version 2.0, Fortran order, short data) are refused, so a
+    NEFF that loads always disassembles and reassembles to its own bytes."""
+    import io
+
+    gamma = LN_CONSTS["gamma"]
+    cases = {}
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, gamma, version=(2, 0))
+    cases["version 2.0"] = buf.getvalue()
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, gamma, version=(1, 0))
+    cases["fortran"] = buf.getvalue().replace(b"'fortran_order': False", b"'fortran_order': True ")
+    cases["short"] = neff.npy_bytes(gamma, dt.F32)[:-4]
+    cases["not npy"] = b"\x93NUMPY\x03\x00garbage"
+    good = neff.npy_bytes(gamma, dt.F32)
+    cases["unterminated header string"] = good.replace(b"'shape': (", b"'shape", 1)  # numpy: tokenize error
+    for what, blob in cases.items():
+        e = _code(_repack(_sample(), {"const/gamma.npy": blob}))
+        assert e.code in ("NCC_ENEF002", "NCC_ENEF003"), (what, str(e))
+
+
+def test_deeply_nested_or_huge_manifest_values_are_coded() -> None:
+    """JSON nesting past Python's recursion limit and integers past its digit limit: coded errors."""
+    for body in (b"[" * 100_000 + b"]" * 100_000, b'{"format":"nxsat-neff","x":' + b"9" * 5000 + b"}"):
+        mbytes = body
+        data_start = -(-(neff.HEADER_SIZE + len(mbytes)) // neff.ALIGN) * neff.ALIGN
+        sha = hashlib.sha256(mbytes).digest()
+        zero = neff.HEADER.pack(neff.MAGIC, 1, 0, 0, data_start, len(mbytes), sha)
+        blob = neff.HEADER.pack(neff.MAGIC, 1, 0, zlib.crc32(zero), data_start, len(mbytes), sha) + mbytes
+        blob += bytes(data_start - len(blob))
+        e = _code(blob)
+        assert e.code == "NCC_ENEF003", str(e)
 
 
 def test_tampered_program_with_fixed_checksums_is_checked_like_source() -> None:

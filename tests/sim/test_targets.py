@@ -48,6 +48,40 @@ def test_published_numbers() -> None:
         assert t.peak_flops("bf16") * t.chip_cores == pytest.approx(chip, rel=tol)
     # 16 DMA engines at the documented 27.2 GB/s can saturate the core's HBM share.
     assert trn1.dma["engines"] * trn1.dma["engine_gbps"] >= trn1.hbm_bw
+    # The documented per-core DMA figures, read as 16 engines at the practical per-engine rate.
+    assert trn1.dma["practical_core_gbps"] == 272 and trn1.dma_practical_engine_gbps == 17
+    assert trn2.dma["practical_core_gbps"] == 368 and trn2.dma_practical_engine_gbps == 23
+
+
+# Where the published per-chip peaks and the model's derived ones part by more than 5%: the
+# documents disagree, and the target spec says so in the assumption that decides.
+DISAGREE = {("trn2", "bf16"): (0.07, "engines.pe"), ("trn2", "tf32"): (0.07, "engines.pe"),
+            ("trn2", "fp8"): (0.07, "engines.pe"), ("trn2", "fp32"): (0.16, "matmul.dtype_cycle_factor")}
+
+
+@pytest.mark.parametrize("name", ["inf1", "inf2", "trn1", "trn1n", "trn2"])
+def test_every_published_peak_agrees_or_the_disagreement_is_named(name: str) -> None:
+    t = load_target(name)
+    dtypes = {"bf16": "bf16", "fp16": "f16", "fp8": "f8e4m3fn", "tf32": "tf32", "fp32": "f32"}
+    checked = 0
+    for key, value in t.spec["published"].items():
+        prec = key.split("_")[0]
+        model = t.peak_flops(dtypes[prec]) * t.chip_cores / 1000  # TFLOPS per chip
+        tol, why_key = DISAGREE.get((name, prec), (0.05, ""))
+        assert model == pytest.approx(value, rel=tol), (name, key, model)
+        if abs(model / value - 1) > 0.05:
+            named = " ".join(a.why for a in t.assumptions if a.key == why_key) + " ".join(t.sources)
+            assert str(value) in named or "disagree" in named, (name, key)
+        checked += 1
+    assert checked >= 1
+
+
+def test_psum_types_come_from_the_spec() -> None:
+    t = load_target("trn1")
+    assert "f32" in t.psum_dtypes and "f8e4m3fn" not in t.psum_dtypes
+    with pytest.raises(NxsatError) as e:
+        build(".isa 1.0\n.target trn1\npsum p: f8e4m3fn[128, 4]\n")
+    assert e.value.code == "NCC_EASM004" and "PSUM holds" in e.value.message
 
 
 def test_logical_core_configs() -> None:
@@ -141,3 +175,41 @@ def test_unknown_stream_kind_and_queue_limit_are_the_targets() -> None:
     t = load_target("trn1")
     assert t.dma_queues == 16
     assert re.fullmatch(r"\d+", str(t.max_semaphores))
+
+
+def test_formulas_are_bounded() -> None:
+    """Arithmetic is in floats: a huge power overflows into a coded error instead of running forever."""
+    import time
+
+    t0 = time.perf_counter()
+    for text, names in (("9 ** 9 ** 9", {}), ("ceil(N) ** ceil(N) ** ceil(N)", {"N": 1e6}), ("N // 0", {"N": 1})):
+        with pytest.raises(NxsatError) as e:
+            Formula(text)(names)
+        assert e.value.code == "NCC_ETGT001"
+    assert time.perf_counter() - t0 < 1.0
+    assert Formula("max(MIN_II, 13 * N / 3)")({"MIN_II": 64, "N": 3}) == 64.0
+
+
+@pytest.mark.parametrize("name", ["neuroncore-v3", "inf1"])
+def test_facts_of_another_core_are_restated(name: str) -> None:
+    """A core file extending another core's (v3 and v1 take v2's) must restate every inherited number
+    as its own fact or name it as an assumption: another generation's facts are not facts here."""
+    from nxsat.sim.target import _read
+
+    child = _read(name)
+    parent = _read(child["extends"])
+    assert child.get("core") and child["core"] != parent.get("core")
+
+    def leaves(tree: object, prefix: str = "") -> set[str]:
+        if not isinstance(tree, dict):
+            return {prefix}
+        out: set[str] = set()
+        for k, v in tree.items():
+            out |= leaves(v, f"{prefix}.{k}" if prefix else k)
+        return out
+
+    own = leaves(child.get("facts", {}))
+    assumed = set(child.get("assumptions", {}))
+    missing = [p for p in sorted(leaves(parent["facts"]))
+               if p not in own and not any(p == a or p.startswith(a + ".") for a in assumed)]
+    assert not missing, f"{name} inherits {child['extends']}'s facts without restating them: {missing}"

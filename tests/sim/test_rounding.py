@@ -1,0 +1,246 @@
+"""Where the device rounds, bit for bit (hypothesis): each engine computes in fp32 and rounds once, on
+writing, to the destination type; TensorE products are exact and PSUM accumulates in fp32.
+
+The references here do not use the executor's cast: bf16 and tf32 round by integer arithmetic on
+the fp32 bits, fp16 by numpy's IEEE conversion, and fp8 by a search of the 256 codes of the type
+(nearest, ties to the even code; e4m3 saturating at +-448, e5m2 overflowing to infinity).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nxsim_progs import build
+
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+N = 32
+F32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+FINITE = st.floats(-1e30, 1e30, width=32)
+ROWS = st.lists(F32, min_size=N, max_size=N)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    out = rounded.view(ml_dtypes.bfloat16)
+    return np.where(np.isnan(x), np.float32(np.nan), out.astype(np.float32)).astype(ml_dtypes.bfloat16)
+
+
+def _fp8_table(np_type: type) -> tuple[np.ndarray, np.ndarray]:
+    codes = np.arange(256, dtype=np.uint8)
+    vals = codes.view(np_type).astype(np.float64)
+    ok = np.isfinite(vals)
+    return codes[ok], vals[ok]
+
+
+def _fp8(x: np.ndarray, name: str) -> np.ndarray:
+    np_type = ml_dtypes.float8_e4m3fn if name == "f8e4m3fn" else ml_dtypes.float8_e5m2
+    codes, vals = _fp8_table(np_type)
+    top = float(vals.max())
+    x = np.asarray(x, np.float64)
+    out = np.empty(x.shape, np.uint8)
+    nan_code = np.array([np.nan], np.float32).astype(np_type).view(np.uint8)[0]
+    for k, v in np.ndenumerate(x):
+        if np.isnan(v):
+            out[k] = nan_code
+            continue
+        if name == "f8e4m3fn":
+            v = min(max(v, -top), top)  # saturate (infinities too)
+        else:
+            # e5m2: past max + half an ulp (a tie goes to the even code, infinity's side) is infinity
+            ulp = top - float(np.sort(vals)[-2])
+            if abs(v) >= top + ulp / 2:
+                out[k] = np.array([np.copysign(np.inf, v)], np.float32).astype(np_type).view(np.uint8)[0]
+                continue
+        d = np.abs(vals - v)
+        best = np.flatnonzero(d == d.min())
+        if len(best) > 1:  # a tie: the even code (+0 and -0 tie only at zero: keep the sign)
+            even = [b for b in best if codes[b] % 2 == 0]
+            best = [b for b in (even or best) if np.signbit(vals[b]) == np.signbit(v)] or even or list(best)
+        out[k] = codes[best[0]]
+    return out.view(np_type)
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """10 explicit mantissa bits and fp32's exponent range: subnormals are spaced 2^-136."""
+    x = np.asarray(x, np.float64)
+    m, e = np.frexp(x)
+    normal = np.ldexp(np.round(m * 2.0**11) / 2.0**11, e)  # np.round: half to even
+    sub = np.round(x / 2.0**-136) * 2.0**-136
+    with np.errstate(over="ignore"):
+        return np.where(np.abs(x) < 2.0**-126, sub, normal).astype(np.float32)
+
+
+def cast(x: np.ndarray, name: str) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    if name == "f32":
+        return x
+    if name == "bf16":
+        return _bf16(x)
+    if name == "f16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
+    return _fp8(x, name)
+
+
+def same_bits(actual: np.ndarray, ref: np.ndarray) -> None:
+    a = np.asarray(actual)
+    r = np.asarray(ref)
+    assert a.dtype == r.dtype and a.shape == r.shape
+    an = np.isnan(a.astype(np.float32))
+    rn = np.isnan(r.astype(np.float32))
+    assert (an == rn).all()
+    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+    bad = (a.view(width) != r.view(width)) & ~an
+    assert not bad.any(), (a[bad][:4], r[bad][:4], np.flatnonzero(bad)[:4])
+
+
+def test_reference_casts_agree_with_the_documented_corner_cases() -> None:
+    """The references themselves: e4m3 saturates, e5m2 overflows, ties go to even."""
+    x = np.array([448, 464, 480, 1e6, -np.inf, 57344, 61439, 61440, 1.0 + 2.0**-4], np.float32)
+    e4 = _fp8(x, "f8e4m3fn").astype(np.float32)
+    assert list(e4[:5]) == [448, 448, 448, 448, -448]
+    e5 = _fp8(x, "f8e5m2").astype(np.float32)
+    assert e5[5] == 57344 and e5[6] == 57344 and np.isinf(e5[7])
+    assert e4[8] == 1.0  # 1 + 2^-4 lies halfway between 1 and 1.125: the even code
+    assert _bf16(np.array([1.0 + 2.0**-8], np.float32)).astype(np.float32)[0] == 1.0
+    assert _tf32(np.array([1.0 + 2.0**-11], np.float32))[0] == 1.0
+    assert _tf32(np.array([2.0**-149, 3 * 2.0**-137], np.float32)).tolist() == [0.0, 2 * 2.0**-136]
+
+
+ENGINES = """
+.isa 1.0
+.target trn1
+input   x: f32[1, {n}]
+input   w: f32[1, {n}]
+output  y: {dt}[1, {n}]
+output  z: {dt}[1, {n}]
+output  e: {dt}[1, {n}]
+output  c: {dt}[1, {n}]
+output  s: {dt}[1, 1]
+sbuf    xs: f32[1, {n}]
+sbuf    ws: f32[1, {n}]
+sbuf    ys: {dt}[1, {n}]
+sbuf    zs: {dt}[1, {n}]
+sbuf    es: {dt}[1, {n}]
+sbuf    cs: {dt}[1, {n}]
+sbuf    ss: {dt}[1, 1]
+sem     ld
+sem     done
+q0    dma            xs, x, signal=ld
+q1    dma            ws, w, signal=ld
+dve   tensor_scalar  ys, xs, op0=mul, scalar0={s0}, op1=add, scalar1={s1}, wait=ld>=2, signal=done
+pool  tensor_tensor  zs, xs, ws, op=mul, wait=ld>=2, signal=done
+act   activation     es, xs, func=exp, scale={scale}, bias={bias}, accum=ss, wait=ld>=2, signal=done
+act   tensor_copy    cs, xs, signal=done
+q2    dma            y, ys, wait=done>=4
+q2    dma            z, zs
+q2    dma            e, es
+q2    dma            c, cs
+q2    dma            s, ss
+"""
+
+
+@SETTINGS
+@given(dtype=st.sampled_from(["f32", "bf16", "f16", "f8e4m3fn", "f8e5m2"]), x=ROWS, w=ROWS,
+       s0=F32, s1=F32, scale=st.floats(-4, 4, width=32), bias=st.floats(-8, 8, width=32))
+def test_engines_compute_in_fp32_and_round_once(dtype: str, x: list[float], w: list[float], s0: float,
+                                                 s1: float, scale: float, bias: float) -> None:
+    m = build(ENGINES.format(n=N, dt=dtype, s0=repr(s0), s1=repr(s1), scale=repr(scale), bias=repr(bias)))
+    xa = np.array([x], np.float32)
+    wa = np.array([w], np.float32)
+    y, z, e, c, s = m.run({"x": xa, "w": wa})
+    f = np.float32
+    with np.errstate(all="ignore"):
+        ts = (xa * f(s0)) + f(s1)  # two fp32 roundings, none to the output type in between
+        t = xa * f(scale) + f(bias)
+        ex = np.exp(t.astype(np.float64)).astype(np.float32)
+        acc = np.add.reduce(ex, axis=1, keepdims=True, dtype=np.float32)
+        prod = xa * wa
+    same_bits(y, cast(ts, dtype))
+    same_bits(z, cast(prod, dtype))
+    same_bits(e, cast(ex, dtype))
+    same_bits(c, cast(xa, dtype))
+    # The accumulated sum is of the fp32 results (before their rounding to the output type).
+    np.testing.assert_allclose(s.astype(np.float64), cast(acc, dtype).astype(np.float64), rtol=2.0**-20,
+                               equal_nan=True)
+
+
+PSUM = """
+.isa 1.0
+.target trn1
+input   a: {dt}[2, {n}]
+input   b: {dt}[2, {n}]
+output  lo: {out}[1, {n}]
+output  hi: f32[1, {n}]
+sbuf    as: {dt}[1, 2, {n}]
+sbuf    bs: {dt}[1, 2, {n}]
+sbuf    los: {out}[1, {n}]
+sbuf    his: f32[1, {n}]
+psum    acc: f32[{n}, {n}]
+sem     ld
+sem     mm
+sem     ev
+q0    dma          as, a.reshape(1, 2, {n}), signal=ld
+q1    dma          bs, b.reshape(1, 2, {n}), signal=ld
+pe    matmul       acc, as[:, 0, :], bs[:, 0, :], start=true{prec}, wait=ld>=2
+pe    matmul       acc, as[:, 1, :], bs[:, 1, :], stop=true{prec}, signal=mm
+act   tensor_copy  los, acc[0:1, :], wait=mm>=1, signal=ev
+act   tensor_copy  his, acc[0:1, :], signal=ev
+q2    dma          lo, los, wait=ev>=2
+q2    dma          hi, his
+"""
+
+
+@SETTINGS
+@given(dtype=st.sampled_from(["bf16", "f16", "f8e4m3fn", "f8e5m2", "tf32"]),
+       out=st.sampled_from(["bf16", "f16", "f8e4m3fn"]),
+       a=st.lists(st.floats(-1e4, 1e4, width=32), min_size=2 * N, max_size=2 * N),
+       b=st.lists(st.floats(-1e4, 1e4, width=32), min_size=2 * N, max_size=2 * N))
+def test_psum_accumulates_exact_products_in_fp32(dtype: str, out: str, a: list[float], b: list[float]) -> None:
+    """K = 1 per matmul: each product is exact (operands of at most 11 significant bits), the two
+    accumulate with one fp32 rounding in PSUM, and evacuation rounds once to the output type."""
+    storage = "f32" if dtype == "tf32" else dtype
+    prec = ", precision=tf32" if dtype == "tf32" else ""
+    m = build(PSUM.format(n=N, dt=storage, out=out, prec=prec))
+    av = np.array(a, np.float32).reshape(2, N)
+    bv = np.array(b, np.float32).reshape(2, N)
+    if dtype == "tf32":
+        ar, br = _tf32(av), _tf32(bv)
+        feed_a, feed_b = av, bv  # the device rounds the fp32 operands itself
+    else:
+        ar, br = cast(av, dtype).astype(np.float32), cast(bv, dtype).astype(np.float32)
+        feed_a, feed_b = cast(av, dtype), cast(bv, dtype)
+    lo, hi = m.run({"a": feed_a, "b": feed_b})
+    # acc[0, j] = a[0, 0] * b[0, j] + a[1, 0] * b[1, j]: exact products, one fp32 addition.
+    with np.errstate(all="ignore"):
+        p0 = (ar[0, 0].astype(np.float64) * br[0].astype(np.float64)).astype(np.float32)
+        p1 = (ar[1, 0].astype(np.float64) * br[1].astype(np.float64)).astype(np.float32)
+        ref = (p0 + p1).reshape(1, N)
+    # The sign of a zero sum is not modeled (the array's accumulator start is not published): +0 == -0.
+    same_bits(hi + np.float32(0), ref + np.float32(0))
+    same_bits(lo.astype(np.float32) + np.float32(0), cast(ref, out).astype(np.float32) + np.float32(0))
+
+
+def test_tensor_reduce_of_bf16_accumulates_in_fp32() -> None:
+    """256 copies of 1 and one 2^-8 sum to 256 + 2^-8 in fp32 (a bf16 accumulator would stop at
+    256, where 1 is half an ulp); the single rounding to bf16 then gives 256."""
+    text = """
+.isa 1.0
+.target trn1
+input   x: bf16[1, 257]
+output  y: f32[1, 1]
+sbuf    xs: bf16[1, 257]
+sbuf    ys: f32[1, 1]
+sem     s
+q0    dma            xs, x, signal=s
+dve   tensor_reduce  ys, xs, op=add, wait=s>=1, signal=s
+q0    dma            y, ys, wait=s>=2
+"""
+    x = np.ones((1, 257), np.float32)
+    x[0, 0] = 2.0**-8
+    (y,) = build(text).run({"x": x.astype(ml_dtypes.bfloat16)})
+    assert y[0, 0] == np.float32(256 + 2.0**-8)
