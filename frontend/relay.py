@@ -5,8 +5,11 @@ becomes an IR computation (``@main`` the entry, the others reached through ``cal
 operator call is lowered by :mod:`relay_lower`'s table into registry operators through a
 :class:`~nxsat.builder.Builder` (so each node is type-checked where it is built and carries its
 ``file:line:col``), and each binding's type is checked against what the text declares: parameter
-types, ``let`` annotations, return types and the printer's ``/* ty=... */`` comments.
+types, ``let`` annotations, return types and the printer's ``/* ty=... */`` comments (after
+bindings, calls, tuples, projections, literals, parameters and constants).
 
+A text that is one expression, as TVM prints a function (``fn (...) {...}``) or an expression
+(``free_var %x: T;`` lines, then the body), becomes @main with those parameters or free variables.
 Closures (``fn``) bound to a name and called are inlined at each call; ``if`` is if-converted
 (both branches computed, the result selected). ``match``, ADTs and references are refused with
 NCC_EUOC002. Relay tuples are kept as Python tuples while lowering, so ``%3.0`` costs nothing.
@@ -46,7 +49,7 @@ __all__ = ["parse_relay", "supported_operators"]
 
 # Limits that keep hostile or broken input from exhausting the host.
 MAX_DEPTH = 100  # nesting of expressions, types and attribute lists
-MAX_NODES = 2_000_000  # IR nodes per module (closure inlining could otherwise explode)
+MAX_NODES = 1_000_000  # IR nodes per module (closure inlining could otherwise explode)
 MAX_DIM = 2**31 - 1
 
 _INFIX = {
@@ -66,6 +69,8 @@ _METADATA = re.compile(r"^[ \t]*#\[metadata\][ \t]*$", re.MULTILINE)
 _NUMBER = re.compile(r"(-?(?:inf|[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?))(?:([fi])([0-9]*))?")
 _FLOATS = {16: dt.F16, 32: dt.F32, 64: dt.F64}
 _INTS = {8: dt.S8, 16: dt.S16, 32: dt.S32, 64: dt.S64}
+# Expressions TVM's printer follows with `/* ty=T */` (calls, constants, tuples, projections).
+_ANNOTATED = frozenset({"call", "binop", "tuple", "proj", "meta", "number", "boolean"})
 _UNSUPPORTED_CONSTRUCTS = {
     "match_expr": "match expressions (algebraic data types)",
     "typedef": "type definitions (algebraic data types)",
@@ -116,7 +121,47 @@ def _split_metadata(text: str) -> tuple[str, str | None, int]:
     return text[: m.start()], text[m.end() :], text.count("\n", 0, m.start()) + 1
 
 
+_OUTSIDE_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"?|/\*|//[^\n]*')
+_INSIDE_COMMENT = re.compile(r"/\*|\*/")
+
+
+def _blank_comments(text: str, filename: str) -> str:
+    """``text`` with every comment replaced by spaces (newlines kept, so positions stay): ``//``
+    to the end of the line, ``/* */`` nested as TVM's tokenizer nests them. Strings are skipped;
+    one regex search per string or comment delimiter, so linear in the text."""
+    if "/" not in text:
+        return text
+    out: list[str] = []
+    done = pos = 0
+    while (m := _OUTSIDE_COMMENT.search(text, pos)) is not None:
+        pos = m.end()
+        token = m.group()
+        if token.startswith('"'):
+            continue
+        start = m.start()
+        if token == "/*":
+            depth = 1
+            while depth:
+                inner = _INSIDE_COMMENT.search(text, pos)
+                if inner is None:
+                    line = text.count("\n", 0, start) + 1
+                    raise error(
+                        "NCC_EPRS001",
+                        "unterminated /* comment",
+                        Loc(filename, line, start - (text.rfind("\n", 0, start) + 1) + 1),
+                        "close it with */ (comments nest: each /* needs its own */)",
+                    )
+                depth += 1 if inner.group() == "/*" else -1
+                pos = inner.end()
+        out.append(text[done:start])
+        out.append(re.sub(r"[^\n]", " ", text[start:pos]))
+        done = pos
+    out.append(text[done:])
+    return "".join(out)
+
+
 def _parse(text: str, filename: str) -> Tree:
+    text = _blank_comments(text, filename)
     try:
         return _parser().parse(text, start="start")
     except lark.exceptions.UnexpectedCharacters as exc:
@@ -229,6 +274,8 @@ def _number(tok: Token, loc: Loc) -> tuple[int | float | bool, dt.DType]:
         raise error("NCC_EPRS003", f"malformed number {str(tok)!r}", loc)
     body, kind, bits = m.group(1), m.group(2), m.group(3)
     is_float_text = "inf" in body or "." in body or "e" in body or "E" in body
+    if bits and len(bits) > 3:
+        raise error("NCC_EPRS003", f"{str(tok)[:40]!r}: the width must be 8, 16, 32 or 64", loc)
     if kind == "f" or (kind is None and is_float_text):
         d = _FLOATS.get(int(bits) if bits else 32)
         if d is None:
@@ -236,6 +283,8 @@ def _number(tok: Token, loc: Loc) -> tuple[int | float | bool, dt.DType]:
         return float(body), d
     if is_float_text:
         raise error("NCC_EPRS003", f"{str(tok)!r}: an integer suffix on a fractional number", loc)
+    if len(body) > 21:  # longer than any int64: do not convert it
+        raise error("NCC_EPRS003", f"integer {body[:24]}... does not fit int64", loc)
     value = int(body)
     if kind == "i":
         d = _INTS.get(int(bits) if bits else 32)
@@ -261,6 +310,8 @@ class _Lowerer:
         self.building: list[str] = []
         self.nodes = 0
         self.warned_annotation = False
+        self.annotation_types: dict[str, Type | None] = {}
+        self.params: dict[int, tuple[str, Type | None]] = {}  # id of a param's tree (kept alive by self.tree)
         self.warnings: list[tuple[str, str, Loc | None]] = []
 
     def loc(self, item: Tree | Token | None) -> Loc:
@@ -277,6 +328,8 @@ class _Lowerer:
             if isinstance(item, Token) and item.type == "VERSION":
                 version = item
                 continue
+            if self.tree.data == "expr_module":
+                continue
             if item.data == "typedef":
                 raise self.unsupported(item)
             name_tok = item.children[0]
@@ -292,7 +345,9 @@ class _Lowerer:
                 self.warnings.append(
                     ("NCC_WPRS001", f"Relay text version {v.group(1)}; nxsat reads 0.0.5", self.loc(version))
                 )
-        if "@main" not in self.globals:
+        if self.tree.data == "expr_module":
+            self.comps["@main"] = self._expression_program()
+        elif "@main" not in self.globals:
             raise error(
                 "NCC_EPRS004",
                 "no @main function" if self.globals else "no function definitions",
@@ -361,15 +416,28 @@ class _Lowerer:
             )
         self.building.append(name)
         try:
-            comp = self._lower_function(name, self.globals[name])
+            tree = self.globals[name]
+            comp = self._lower_function(name, tree.children[1:], self.loc(tree))
         finally:
             self.building.pop()
         self.comps[name] = comp
         return comp
 
-    def _lower_function(self, name: str, tree: Tree) -> Computation:
-        loc = self.loc(tree)
-        kids = [c for c in tree.children[1:] if c is not None]
+    def _expression_program(self) -> Computation:
+        """@main of a text that is one expression, as TVM prints a function (``fn (...) {...}``:
+        its parameters are main's) or an expression (``free_var %x: T;`` lines: they are)."""
+        *free, seq = [c for c in self.tree.children if isinstance(c, Tree)]
+        stmts = seq.children
+        if not free and len(stmts) == 1 and isinstance(stmts[0], Tree) and stmts[0].data == "fn_expr":
+            fn = stmts[0]
+            return self._lower_function("@main", fn.children, self.loc(fn))
+        params = Tree("params", free, meta=free[0].meta) if free else None
+        return self._lower_function("@main", [params, Tree("block", [seq], meta=seq.meta)], self.loc(seq))
+
+    def _lower_function(self, name: str, children: list[Any], loc: Loc) -> Computation:
+        """One computation from a function's parts: type parameters, parameters (and function
+        attributes), return type, body block."""
+        kids = [c for c in children if c is not None]
         if any(isinstance(c, Tree) and c.data == "type_params" for c in kids):
             raise error("NCC_EUOC002", f"unsupported Relay construct: generic function {name}", loc)
         builder = Builder(name.lstrip("@"), loc)
@@ -386,7 +454,9 @@ class _Lowerer:
                     if ptype is None:
                         raise error(
                             "NCC_EVRF064",
-                            f"parameter {pname} of {name} needs a type",
+                            f"free variable {pname} needs a type"
+                            if p.data == "free_var"
+                            else f"parameter {pname} of {name} needs a type",
                             self.loc(p),
                             "write %x: Tensor[(...), dtype]",
                         )
@@ -413,13 +483,41 @@ class _Lowerer:
         return self.loc(seq.children[-1])
 
     def _function_attr(self, attr: Tree) -> None:
-        # Function attributes (Primitive=1, Compiler="...") describe TVM's partitioning; the graph
-        # is the same without them. Their values must still be well formed.
-        self.attr_value(attr.children[1], 0)
+        # Function attributes (Primitive=1, Compiler="...", virtual_device=meta[VirtualDevice][0])
+        # describe TVM's partitioning and device placement; the graph is the same without them.
+        # Their values must still be well formed (a metadata reference is left unread).
+        value = attr.children[1]
+        if not (isinstance(value, Tree) and value.data == "meta"):
+            self.attr_value(value, 0)
 
     def _param(self, p: Tree, depth: int) -> tuple[str, Type | None]:
+        """A parameter's name and type: the declared one, else the printer's ``/* ty=T */``
+        (worked out once per parameter: an inlined closure's are read at every call)."""
+        key = id(p)
+        if key not in self.params:
+            self.params[key] = self._read_param(p, depth)
+        return self.params[key]
+
+    def _read_param(self, p: Tree, depth: int) -> tuple[str, Type | None]:
         name = str(p.children[0])
-        ty = self.type(p.children[1], depth) if len(p.children) > 1 and p.children[1] is not None else None
+        rest = [c for c in p.children[1:] if c is not None]
+        for c in rest:
+            if isinstance(c, Tree) and c.data == "device_attrs":  # device placement: same graph
+                for a in c.children:
+                    if a is not None:
+                        self._function_attr(a)
+        kinds = [c for c in rest if not (isinstance(c, Tree) and c.data == "device_attrs")]
+        ty = self.type(kinds[0], depth) if kinds else None
+        noted = self._annotation(p)
+        if ty is None:
+            return name, noted
+        if noted is not None and noted != ty:
+            raise error(
+                "NCC_EVRF064",
+                f"{name} is declared {relay_type_str(ty)} but the text annotates it /* ty={relay_type_str(noted)} */",
+                self.loc(p),
+                "the annotation is what TVM inferred; the text may have been edited",
+            )
         return name, ty
 
     def _materialize(self, v: Any, frame: _Frame, loc: Loc) -> Node:
@@ -430,7 +528,18 @@ class _Lowerer:
             parts = [self._materialize(e, frame, loc) for e in v]
             self._count(1, loc)
             return frame.builder.op("tuple", parts, loc=loc)
-        raise error(
+        raise self._not_a_value(v, loc)
+
+    def _not_a_value(self, v: Any, loc: Loc) -> NxsatError:
+        """The error for a closure, operator or global function where a tensor is needed."""
+        if isinstance(v, _OpRef):
+            return error(
+                "NCC_EUOC002",
+                f"unsupported Relay construct: the operator {v.name} used as a value",
+                loc,
+                f"call it: {v.name}(...)",
+            )
+        return error(
             "NCC_EUOC002",
             f"unsupported Relay construct: a {self._kind(v)} used as a value",
             loc,
@@ -459,7 +568,7 @@ class _Lowerer:
                     )
                 self.binding(st, scope, bound, frame, depth)
             else:
-                value = self.expr(st, scope, frame, depth + 1)
+                value = self.expr(st, scope, frame, depth + 1, check=not last)
                 if last:
                     self._check_annotation(st, value)
                     return value
@@ -475,7 +584,7 @@ class _Lowerer:
                 raise error("NCC_EPRS002", f"{name} is bound twice", self.loc(st), "use a new name, or let to shadow")
             bound.add(name)
         before = len(frame.builder.nodes)
-        value = self.expr(expr, env, frame, depth + 1)
+        value = self.expr(expr, env, frame, depth + 1, check=False)
         if isinstance(value, Node) and value in frame.builder.nodes[before:]:
             value.name = name.lstrip("%")
         if ty_tree is not None:
@@ -499,42 +608,71 @@ class _Lowerer:
             )
         return value_type(value)
 
+    def _annotation(self, item: Tree | Token) -> Type | None:
+        """The type in the printer's ``/* ty=T */`` right after ``item``, if there is one."""
+        end = item.end_pos if isinstance(item, Token) else (None if item.meta.empty else item.meta.end_pos)
+        if end is None:
+            return None
+        m = _ANNOTATION.match(self.text, end)
+        return None if m is None else self._annotation_type(m.group(1), self.loc(item))
+
     def _check_annotation(self, item: Tree, value: Any) -> None:
         """Check the printer's ``/* ty=T */`` right after ``item`` against the inferred type."""
-        if item.meta.empty or isinstance(value, _Closure | _OpRef | _GlobalRef):
+        if isinstance(value, _Closure | _OpRef | _GlobalRef):
             return
-        m = _ANNOTATION.match(self.text, item.meta.end_pos)
-        if m is None:
-            return
-        want = self._annotation_type(m.group(1), self.loc(item))
+        want = self._annotation(item)
         if want is None:
             return
         got = value_type(value)
-        if not _type_matches(got, want):
+        if _type_matches(got, want):
+            return
+        if item.data == "meta" and isinstance(value, Node):
             raise error(
-                "NCC_EVRF064",
-                f"value is {relay_type_str(got)} but the text annotates it /* ty={relay_type_str(want)} */",
+                "NCC_ERLY003",
+                f"{value.name.replace('meta_constant_', 'meta[relay.Constant][')}] from {self.constants.name} "
+                f"is {relay_type_str(got)} but the text annotates it /* ty={relay_type_str(want)} */",
                 self.loc(item),
-                "the annotation is what TVM inferred; the text may have been edited",
+                "the constants file does not belong to this model, or is in another order",
             )
+        raise error(
+            "NCC_EVRF064",
+            f"value is {relay_type_str(got)} but the text annotates it /* ty={relay_type_str(want)} */",
+            self.loc(item),
+            "the annotation is what TVM inferred; the text may have been edited",
+        )
 
     def _annotation_type(self, body: str, loc: Loc) -> Type | None:
+        """The type an annotation names (parsed once per distinct spelling: a printed model
+        repeats a few types thousands of times)."""
         text = _type_prefix(body)
         if text is None:
             return None
+        if text in self.annotation_types:
+            return self.annotation_types[text]
         try:
-            tree = _parser().parse(text, start="type")
-            return self.type(tree, 0)
+            ty = self.type(_parser().parse(text, start="type"), 0)
         except (lark.exceptions.LarkError, NxsatError):
+            ty = None
+        if len(self.annotation_types) < 100_000:
+            self.annotation_types[text] = ty
+        if ty is None:
             if not self.warned_annotation:
                 self.warned_annotation = True
                 self.warnings.append(
                     ("NCC_WPRS001", f"type annotation /* ty={text[:60]} */ not understood; not checked", loc)
                 )
-            return None
+        return ty
 
     # --- expressions ---------------------------------------------------------------------------
-    def expr(self, t: Tree | Token, env: dict[str, Any], frame: _Frame, depth: int) -> Any:
+    def expr(self, t: Tree | Token, env: dict[str, Any], frame: _Frame, depth: int, check: bool = True) -> Any:
+        """The value of an expression, checked against the printer's ``/* ty=T */`` after it
+        (unless the caller checks it with its own location: bindings and block results)."""
+        value = self._expr(t, env, frame, depth)
+        if check and isinstance(t, Tree) and t.data in _ANNOTATED:
+            self._check_annotation(t, value)
+        return value
+
+    def _expr(self, t: Tree | Token, env: dict[str, Any], frame: _Frame, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise error(
                 "NCC_EPRS001",
@@ -564,11 +702,16 @@ class _Lowerer:
         if kind == "unit":
             return ()
         if kind == "tuple":
-            return tuple(self.expr(c, env, frame, depth + 1) for c in t.children if c is not None)
+            fields = [(c, self.expr(c, env, frame, depth + 1)) for c in t.children if c is not None]
+            for c, v in fields:
+                if isinstance(v, _Closure | _OpRef | _GlobalRef):
+                    raise self._not_a_value(v, self.loc(c))
+            return tuple(v for _, v in fields)
         if kind == "proj":
             proj = t.children[1]
             value = self.expr(t.children[0], env, frame, depth + 1)
-            return self.project(value, int(str(proj)[1:]), self.loc(proj), frame)
+            index, _ = _number(Token("NUMBER", str(proj)[1:]), self.loc(proj))
+            return self.project(value, index, self.loc(proj), frame)
         if kind == "call":
             return self.call(t, env, frame, depth)
         if kind == "binop":
@@ -578,6 +721,8 @@ class _Lowerer:
             return self.apply_op(_INFIX[str(op_tok)], [a, b], {}, {}, self.loc(op_tok), frame)
         if kind == "block":
             return self.block(t, env, frame, depth + 1)
+        if kind == "paren_seq":  # `(let %x = ...; %x)`: the printer's form of a let used as a value
+            return self.block(Tree("block", [Tree("seq", t.children, meta=t.meta)], meta=t.meta), env, frame, depth + 1)
         if kind == "fn_expr":
             return _Closure(t, env, self.loc(t))
         if kind == "if_expr":

@@ -62,10 +62,17 @@ class RelayConstants:
         else:
             path = Path(source)
             self.name = str(path)
-            if path.suffix.lower() == ".json":
+            suffix = path.suffix.lower()
+            if suffix == ".json":
                 self._specs = self._read_spec(path)
-            else:
+            elif suffix == ".npz":
                 self._arrays = self._from_mapping(read_npz(path), self.name)
+            else:
+                raise error(
+                    "NCC_ERLY001",
+                    f"{path}: constants are read from an .npz or a .json spec, not {suffix or 'a file without suffix'}",
+                    hint=HINT,
+                )
         self._check_budget()
 
     @property
@@ -107,6 +114,8 @@ class RelayConstants:
             spec = json.loads(read_text(path))
         except json.JSONDecodeError as exc:
             raise error("NCC_ERLY001", f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+            raise error("NCC_ERLY001", f"{path}: unreadable JSON ({str(exc)[:80]})") from None
         if not isinstance(spec, list):
             raise error("NCC_ERLY001", f"{path}: expected a JSON list of [shape, dtype] entries")
         out: dict[int, TensorType] = {}
@@ -174,6 +183,8 @@ class RelayConstants:
         return a
 
     def _generate(self, index: int, t: TensorType) -> np.ndarray:
+        """Seeded values for one constant (in place where possible: a large constant costs its
+        float64 draw and its result, nothing more)."""
         rng = np.random.default_rng([self.seed & 0xFFFFFFFF, index])
         d = t.dtype
         if d.is_float:
@@ -182,8 +193,10 @@ class RelayConstants:
                 # Weights: zero-mean with variance 1/fan_in (LeCun uniform), so a deep network's
                 # activations neither overflow nor vanish.
                 fan_in = max(1, math.prod(t.shape) // t.shape[0])
-                u = (2.0 * u - 1.0) * math.sqrt(3.0 / fan_in)
+                u *= 2.0
+                u -= 1.0
+                u *= math.sqrt(3.0 / fan_in)
             return dt.cast(u, d)
         if d.is_pred:
-            return rng.random(t.shape) < 0.5
-        return rng.integers(0, 10, size=t.shape).astype(d.np)
+            return rng.integers(0, 2, size=t.shape, dtype=np.uint8).astype(bool)
+        return rng.integers(0, 10, size=t.shape, dtype=d.np)

@@ -40,10 +40,13 @@ def value_type(v: Value) -> Type:
 
 
 def relay_type_str(t: Type) -> str:
-    """A type spelled the way Relay prints it (``Tensor[(1, 3), float32]``), for messages."""
+    """A type spelled the way Relay prints it (``Tensor[(1, 3), float32]``, a scalar ``float32``),
+    for messages."""
     if isinstance(t, TupleType):
         inner = ", ".join(relay_type_str(e) for e in t.elements)
         return f"({inner},)" if len(t.elements) == 1 else f"({inner})"
+    if not t.shape:
+        return t.dtype.relay
     dims = ", ".join(map(str, t.shape))
     return f"Tensor[({dims}), {t.dtype.relay}]"
 
@@ -171,6 +174,16 @@ class Attrs:
                 f"{self.op}: attribute {key} needs {length} values, got {len(v)}",
                 self.locs.get(key, self.loc),
             )
+        return tuple(v)
+
+    def ints_or_none(self, key: str) -> tuple[int | None, ...]:
+        """A required list whose entries are integers or None (strided_slice's ``begin=[None, 1]``:
+        TVM's "from the start" / "to the end")."""
+        v = self._get(key, _REQUIRED)
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = [v]
+        if not isinstance(v, list) or not all(e is None or (isinstance(e, int) and not isinstance(e, bool)) for e in v):
+            raise self._bad(key, "a list of integers (or None)")
         return tuple(v)
 
     def opt_ints(self, key: str, length: int | None = None) -> tuple[int, ...] | None:

@@ -45,6 +45,8 @@ def read_metadata(text: str, loc: Loc) -> dict[int, np.ndarray]:
         graph = json.loads(text)
     except json.JSONDecodeError as exc:
         raise error("NCC_ERLY001", f"#[metadata] is not valid JSON ({exc.msg} at line {exc.lineno})", loc) from None
+    except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+        raise error("NCC_ERLY001", f"#[metadata] is unreadable JSON ({str(exc)[:80]})", loc) from None
     try:
         return _constants(graph, loc)
     except (AttributeError, KeyError, IndexError, TypeError, ValueError, struct.error, binascii.Error) as exc:

@@ -330,12 +330,8 @@ def _prelu(em: Emitter, call: Call) -> Value:
     return em.op("select", [pos, x, em.op("multiply", [x, em.along(alpha, x.shape, axis)])])
 
 
-@lowering(
-    "nn.softmax",
-    "nn.fast_softmax",
-    "nn.log_softmax",
-    notes="reduce max, exponential, reduce add, divide (log: subtract log)",
-)
+@lowering("nn.softmax", "nn.fast_softmax", notes="reduce max, subtract, exponential, reduce add, divide")
+@lowering("nn.log_softmax", notes="reduce max, subtract, exponential, reduce add, log, subtract")
 def _softmax(em: Emitter, call: Call) -> Value:
     (x,) = call.tensors(1)
     if not x.dtype.is_float:

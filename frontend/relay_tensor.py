@@ -58,7 +58,9 @@ def _bitwise_not(em: Emitter, call: Call) -> Value:
     return em.op("not", [x])
 
 
-@lowering("fast_exp", "fast_tanh", "fast_erf", notes="the exact exponential / tanh / erf")
+@lowering("fast_exp", notes="exponential (exact, not TVM's approximation)")
+@lowering("fast_tanh", notes="tanh (exact, not TVM's approximation)")
+@lowering("fast_erf", notes="erf (exact, not TVM's approximation)")
 def _fast(em: Emitter, call: Call) -> Value:
     # TVM's fast_* approximate their exact counterparts; nxsat computes the exact function.
     (x,) = call.tensors(1)
@@ -272,6 +274,8 @@ def infer_reshape(
     ishape = list(reversed(shape)) if reverse else list(shape)
     spec = list(reversed(newshape)) if reverse else list(newshape)
     out: list[int] = []
+    used_in: set[int] = set()  # input dimensions copied, merged or split into the output
+    used_out: set[int] = set()  # output dimensions that came from them
     src = 0
     infer = -1
     i = 0
@@ -293,6 +297,8 @@ def infer_reshape(
                 out.append(0)
             else:
                 need(1, "0")
+                used_in.add(src)
+                used_out.add(len(out))
                 out.append(ishape[src])
             src += 1
         elif v == -1:
@@ -302,10 +308,14 @@ def infer_reshape(
             out.append(1)
             src += 1
         elif v == -2:
+            used_in.update(range(src, len(ishape)))
+            used_out.update(range(len(out), len(out) + len(ishape) - src))
             out.extend(ishape[src:])
             src = len(ishape)
         elif v == -3:
             need(2, "-3")
+            used_in.update((src, src + 1))
+            used_out.add(len(out))
             out.append(ishape[src] * ishape[src + 1])
             src += 2
         elif v == -4:
@@ -321,6 +331,8 @@ def infer_reshape(
                 d2 = d0 // d1 if d1 > 0 else -1
             if d1 <= 0 or d2 <= 0 or d1 * d2 != d0:
                 raise em.fail("NCC_EVRF064", f"reshape: -4 cannot split {d0} into {spec[i + 1]} x {spec[i + 2]}")
+            used_in.add(src)
+            used_out.update((len(out), len(out) + 1))
             out.extend([d1, d2])
             src += 1
             i += 2
@@ -329,10 +341,13 @@ def infer_reshape(
         i += 1
     total = math.prod(shape)
     if infer >= 0:
-        rest = math.prod(n for j, n in enumerate(out) if j != infer)
-        if rest == 0 or total % rest:
+        # TVM's rule: the input dimensions nothing copied, divided by the output dimensions that
+        # did not come from the input (so zero-size dimensions that were copied do not matter).
+        free = math.prod(n for j, n in enumerate(ishape) if j not in used_in)
+        rest = math.prod(n for j, n in enumerate(out) if j not in used_out and j != infer)
+        if rest == 0 or free % rest:
             raise em.fail("NCC_EVRF064", f"reshape: cannot infer -1 to turn {list(shape)} into {list(newshape)}")
-        out[infer] = total // rest
+        out[infer] = free // rest
     if reverse:
         out.reverse()
     if math.prod(out) != total:
@@ -486,6 +501,9 @@ def _split(em: Emitter, call: Call) -> Value:
     return tuple(slice_dim(em, x, axis, a, b) for a, b in bounds)
 
 
+_MAX_INDEX = 2**63 - 1  # TVM's "to the end" for an absent begin/end
+
+
 def _canonical(index: int, extent: int, stride: int) -> int:
     """TVM's CanonicalizeIndex: negative counts from the end, then clamp to the valid range."""
     lo, hi = (-1, extent - 1) if stride < 0 else (0, extent)
@@ -496,40 +514,52 @@ def _canonical(index: int, extent: int, stride: int) -> int:
 
 @lowering("strided_slice", notes="slice (+ reverse for negative strides)")
 def _strided_slice(em: Emitter, call: Call) -> Value:
+    """TVM's rules: without ``axes``, strides are padded with 1 and begin/end with the whole
+    extent up to the rank (entries past the rank are ignored); with ``axes``, begin, end and
+    strides give one value per axis. ``None`` in begin/end means the whole extent (for a
+    negative stride TVM's end is then index 0, exclusive). ``slice_mode="size"`` reads end as a
+    size from the canonical begin (negative: to the end) and ignores strides."""
     (x,) = call.tensors(1)
     a = call.attrs
     rank = len(x.shape)
-    begin = a.ints("begin")
-    end = a.ints("end")
-    strides = a.opt_ints("strides") or (1,)
+    begin = a.ints_or_none("begin")
+    end = a.ints_or_none("end")
+    strides = a.opt_ints("strides")
     mode = a.str("slice_mode", "end")
     axes = a.opt_ints("axes")
     if mode not in ("end", "size"):
         raise em.fail("NCC_EPRS003", f"strided_slice: slice_mode must be end or size, got {mode!r}")
     if axes is None:
-        axes = tuple(range(min(len(begin), rank)))
-    axes = tuple(normalize_axis(ax, rank, em.loc) for ax in axes)
-    if len(set(axes)) != len(axes):
-        raise em.fail("NCC_EVRF064", f"strided_slice: repeated axis in {list(axes)}")
-    if len(begin) < len(axes) or len(end) < len(axes):
-        raise em.fail(
-            "NCC_EVRF064",
-            f"strided_slice: begin {list(begin)} and end {list(end)} need a value for each of the {len(axes)} axes",
-        )
-    if len(strides) == 1 and len(axes) > 1:
-        strides = strides * len(axes)  # one stride applies to every axis
+        axes = tuple(range(rank))
+        strides = tuple(strides or ()) + (1,) * rank
+        begin = begin + (None,) * rank
+        end = end + (None,) * rank
+    else:
+        axes = tuple(normalize_axis(ax, rank, em.loc) for ax in axes)
+        if len(set(axes)) != len(axes):
+            raise em.fail("NCC_EVRF064", f"strided_slice: repeated axis in {list(axes)}")
+        strides = (1,) * len(axes) if strides is None else strides
+        if not len(begin) == len(end) == len(strides) == len(axes):
+            raise em.fail(
+                "NCC_EVRF064",
+                f"strided_slice: begin {list(begin)}, end {list(end)} and strides {list(strides)} "
+                f"need one value for each of the {len(axes)} axes {list(axes)}",
+            )
     spec = [SliceDim(0, n, 1) for n in x.shape]
     flip = []
     for i, ax in enumerate(axes):
         n = x.shape[ax]
-        s = 1 if mode == "size" else (strides[i] if i < len(strides) else 1)
+        s = 1 if mode == "size" else strides[i]
         if s == 0:
             raise em.fail("NCC_EVRF064", "strided_slice: a stride of 0")
-        b = begin[i]
-        e = end[i]
-        if mode == "size":
-            e = (n if e < 0 else b + e) if b >= 0 else (n if e < 0 else b + n + e)
-        b, e = _canonical(b, n, s), _canonical(e, n, s)
+        b = _canonical((0 if s > 0 else _MAX_INDEX) if begin[i] is None else begin[i], n, s)
+        if end[i] is None:
+            e = _MAX_INDEX if s > 0 else 0
+        elif mode == "size":
+            e = _MAX_INDEX if end[i] < 0 else b + end[i]
+        else:
+            e = end[i]
+        e = _canonical(e, n, s)
         if (s > 0 and b > e) or (s < 0 and e > b):
             raise em.fail(
                 "NCC_EVRF064",
@@ -630,7 +660,8 @@ def reduce_axes(em: Emitter, call: Call, rank: int) -> tuple[int, ...]:
 _REDUCE_KIND = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "all": "and", "any": "or"}
 
 
-@lowering(*_REDUCE_KIND, "mean", notes="reduce (axis, keepdims, exclude); mean divides by the count")
+@lowering("mean", notes="reduce add, divide by the count (axis, keepdims, exclude)")
+@lowering(*_REDUCE_KIND, notes="reduce (axis, keepdims, exclude)")
 def _reduce(em: Emitter, call: Call) -> Value:
     (x,) = call.tensors(1)
     axes = reduce_axes(em, call, len(x.shape))

@@ -100,6 +100,8 @@ def test_misshapen_constant_names_itself(tmp_path):
         ('[[[2.5], "float32"]]', "NCC_ERLY003"),
         ('[[[2], "float31"]]', "NCC_ERLY003"),
         ('[[[100000, 100000, 100000], "float32"]]', "NCC_ERLY003"),
+        ("[[[" + "1" * 5000 + '], "float32"]]', "NCC_ERLY001"),
+        ("[" * 100_000 + "]" * 100_000, "NCC_ERLY001"),
     ],
 )
 def test_malformed_specs(tmp_path, content, code):
@@ -116,6 +118,9 @@ def test_malformed_npz(tmp_path, weights):
     assert pytest.raises(NxsatError, relay.load, PROGRAM, consts=path).value.code == "NCC_ERLY001"
     path.write_bytes(b"not a zip")
     assert pytest.raises(NxsatError, relay.load, PROGRAM, consts=path).value.code == "NCC_EFIL001"
+    np.save(tmp_path / "w.npy", weights[0])
+    e = pytest.raises(NxsatError, relay.load, PROGRAM, consts=tmp_path / "w.npy").value
+    assert e.code == "NCC_ERLY001" and ".npy" in e.message
     assert pytest.raises(NxsatError, relay.load, PROGRAM, consts=tmp_path / "nope.npz").value.code == "NCC_EFIL001"
 
 
@@ -145,6 +150,8 @@ def test_metadata_section_supplies_constants(weights):
         lambda s: s[: s.index("b64ndarrays")] + 'b64ndarrays": ["@@@"]}',
         lambda s: s.replace("P6G0lvBA", "QQG0lvBA"),
         lambda s: s + "garbage",
+        lambda s: s[: s.index("#[metadata]")] + "#[metadata]\n" + "[" * 100_000 + "]" * 100_000,
+        lambda s: s.replace('"root": 1', '"root": 1' + "0" * 5000),
     ],
 )
 def test_malformed_metadata(weights, mangle):

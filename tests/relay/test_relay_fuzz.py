@@ -17,12 +17,35 @@ from nxsat.diagnostics import CODES, NxsatError
 from nxsat.frontend.relay import parse_relay
 from nxsat.frontend.relay_lower import supported_operators
 
-MODELS = ["mnist", "batch_norm_extract", "gpt2_extract", "resnext50_32x4d"]
-TEXTS = {name: (DATA / f"{name}.relay").read_text() for name in MODELS}
+MODELS = ["mnist", "mnist.printed", "batch_norm_extract", "gpt2_extract", "resnext50_32x4d"]
+# The constructs beyond the corpus: a printed function with attributes, closures, if, tuples, a
+# let in parentheses, free variables, strided_slice/reshape/split/take special values.
+CONSTRUCTS = """#[version = "0.0.5"]
+free_var %x: Tensor[(1, 4), float32] /* ty=Tensor[(1, 4), float32] */;
+free_var %c: bool;
+%0 = fn (%p: Tensor[(1, 4), float32], Primitive=1) -> Tensor[(1, 4), float32] {
+  nn.softmax(%p, axis=-1) /* ty=Tensor[(1, 4), float32] */
+} /* ty=fn (Tensor[(1, 4), float32]) -> Tensor[(1, 4), float32] */;
+%1 = (
+  let %y: Tensor[(1, 4), float32] = add(%x, 1f /* ty=float32 */);
+  %0(%y)
+);
+%2 = strided_slice(%1, begin=[0, None], end=[1, 0], strides=[1, -1], axes=None) /* ty=Tensor[(1, 3), float32] */;
+%3 = reshape(%1, newshape=[-1, -4, 2, -1]) /* ty=Tensor[(1, 2, 2), float32] */;
+%4 = split(%1, indices_or_sections=[1, 3], axis=-1) /* ty=(Tensor[(1, 1), float32], Tensor[(1, 2), float32],
+  Tensor[(1, 1), float32]) */;
+%5 = if (%c) { (%1, %4.1) } else { (%x, %4.1) };
+(%5.0, %3, take(%1, 3, axis=1, mode="wrap"), meta[relay.Constant][0] /* ty=Tensor[(4), float32] */)
+"""
+SMALL = [*MODELS[:4], "constructs"]
+TEXTS = {name: (DATA / f"{name}.relay").read_text() for name in MODELS} | {"constructs": CONSTRUCTS}
 SPECS = {
-    name: DATA / (f"{name}.consts.tvm.json" if name == "batch_norm_extract" else f"{name}.consts.json")
+    name: DATA
+    / {"batch_norm_extract": "batch_norm_extract.consts.tvm.json", "mnist.printed": "mnist.consts.json"}.get(
+        name, f"{name}.consts.json"
+    )
     for name in MODELS
-}
+} | {"constructs": {0: np.ones(4, np.float32)}}
 OPS = supported_operators()
 MNIST_SHAPES = [(8, 1, 5, 5), (8, 1, 1), (16, 8, 5, 5), (16, 1, 1), (10, 256), (1, 10)]
 ALPHABET = "()[]{},;:=%@.-+*/<>!?_\"' \n\t0123456789abcdefxyzfi#"
@@ -55,6 +78,10 @@ WORDS = [
     ".0",
     "1e400f",
     "-inff",
+    "free_var %x: float32;",
+    "/* ty=Tensor[(1, 10), float16] */",
+    "/* ty=(float32, _) */",
+    "/* /* nested */",
 ]
 
 
@@ -124,7 +151,7 @@ def check(name: str, text: str) -> None:
 
 
 @settings(max_examples=300, deadline=10_000, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(MODELS[:3]), data=st.data())
+@given(name=st.sampled_from(SMALL), data=st.data())
 def test_mutated_small_models(name, data):
     text = TEXTS[name]
     for _ in range(data.draw(st.integers(1, 3))):
@@ -136,6 +163,11 @@ def test_mutated_small_models(name, data):
 @given(data=st.data())
 def test_mutated_resnext(data):
     check("resnext50_32x4d", mutate(TEXTS["resnext50_32x4d"], data))
+
+
+def test_constructs_text_loads():
+    """The fuzzing seed above is itself a valid program."""
+    parse_relay(CONSTRUCTS, "constructs.relay", SPECS["constructs"])
 
 
 @settings(max_examples=200, deadline=10_000, derandomize=True)

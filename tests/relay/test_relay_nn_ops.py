@@ -73,6 +73,24 @@ def test_depthwise_conv2d_channel_multiplier():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_depthwise_conv2d_nhwc_hwoi_with_multiplier():
+    """TensorFlow's depthwise form: NHWC data, HWOI weight [kh, kw, C, M] (O the channel, I the
+    multiplier), output channel c*M+m."""
+    rng = np.random.default_rng(1234)
+    x = rng.standard_normal((1, 5, 5, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 2)).astype(np.float32)
+    got = relay.op(
+        "nn.conv2d(%i0, %i1, padding=[1, 1, 1, 1], groups=3, channels=6, kernel_size=[3, 3], "
+        'data_layout="NHWC", kernel_layout="HWOI")',
+        x,
+        w,
+    )
+    w_grouped = w.transpose(2, 3, 0, 1).reshape(6, 1, 3, 3)  # [C, M, kh, kw] -> [C*M, 1, kh, kw]
+    want = ref_conv2d(x.transpose(0, 3, 1, 2), w_grouped, pad=(1, 1, 1, 1), groups=3).transpose(0, 2, 3, 1)
+    assert got.shape == (1, 5, 5, 6)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_nhwc_hwio():
     rng = np.random.default_rng(1234)
     x = rng.standard_normal((2, 8, 9, 3)).astype(np.float32)

@@ -3,13 +3,17 @@ and the coded diagnostics for everything else."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from relay_testkit import relay
+from relay_testkit import DATA, relay
 
 from nxsat import dtypes as dt
 from nxsat.diagnostics import NxsatError
 from nxsat.frontend import detect_framework, loads
+from nxsat.frontend import relay as relay_frontend
+from nxsat.interpreter import run_module
 from nxsat.ir import TensorType, TupleType
 
 HEAD = '#[version = "0.0.5"]\n'
@@ -44,6 +48,92 @@ def @main(%x: Tensor[(1, 4), float32] /* ty=Tensor[(1, 4), float32] */) -> Tenso
     np.testing.assert_array_equal(out, np.maximum(np.maximum(x * -2, 0) * 0.5, 0))
 
 
+def test_printer_output_of_a_module_matches_the_parser_input():
+    """mnist.printed.relay is mnist.relay as TVM's printer writes it: `/* ty=T span=... */` on
+    every parameter, call and constant. Same program, same result."""
+    spec = DATA / "mnist.consts.json"
+    printed = relay.load((DATA / "mnist.printed.relay").read_text(), consts=spec, seed=3)
+    plain = relay.load((DATA / "mnist.relay").read_text(), consts=spec, seed=3)
+    x = np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32)
+    np.testing.assert_array_equal(run_module(printed, [x])[0], run_module(plain, [x])[0])
+
+
+def test_annotations_are_checked_where_they_are_written(tmp_path):
+    """Every `/* ty= */` the printer writes is checked: after an argument, a constant (against the
+    constants file: NCC_ERLY003 at the constant) and a parameter."""
+    text = (DATA / "mnist.printed.relay").read_text()
+    spec = tmp_path / "c.json"
+    shapes = json.loads((DATA / "mnist.consts.json").read_text())
+    shapes[1][0] = [8]  # a vector where the text says (8, 1, 1)
+    spec.write_text(json.dumps(shapes))
+    e = error_of(text, consts=spec)
+    assert e.code == "NCC_ERLY003" and (e.loc.line, e.loc.column) == (5, 16)
+    assert "meta[relay.Constant][1] from" in e.message and "Tensor[(8), float32]" in e.message
+    assert "/* ty=Tensor[(8, 1, 1), float32] */" in e.message
+    wrong = text.replace("0f /* ty=float32 span=from_string:3:19", "0f /* ty=float16 span=from_string:3:19")
+    e = error_of(wrong, consts=DATA / "mnist.consts.json")
+    assert e.code == "NCC_EVRF064" and (e.loc.line, e.loc.column) == (3, 19)
+    assert "value is float32 but the text annotates it /* ty=float16 */" in e.message
+    wrong = text.replace("/* ty=Tensor[(1, 1, 28, 28), float32] span", "/* ty=Tensor[(1, 28, 28), float32] span")
+    e = error_of(wrong, consts=DATA / "mnist.consts.json")
+    assert e.code == "NCC_EVRF064" and (e.loc.line, e.loc.column) == (2, 11) and "%x is declared" in e.message
+    # A parameter without a declared type takes the printer's annotation.
+    m = relay.load(HEAD + "def @main(%x /* ty=Tensor[(2), float32] */) { %x }")
+    assert m.params[0].type == TensorType(dt.F32, (2,))
+
+
+def test_printed_function_and_expression_are_programs():
+    """`print(mod["main"])` writes `fn (...) {...}`; printing an expression writes its free
+    variables as `free_var %x: T;`. Either is a program: the parameters, or the free variables,
+    in order, are @main's."""
+    fn = (
+        HEAD
+        + """fn (%x: Tensor[(1, 4), float32] /* ty=Tensor[(1, 4), float32] */, %s: float32) -> Tensor[(1, 4), float32] {
+  %0 = multiply(%x, %s) /* ty=Tensor[(1, 4), float32] */;
+  nn.relu(%0) /* ty=Tensor[(1, 4), float32] */
+} /* ty=fn (Tensor[(1, 4), float32], float32) -> Tensor[(1, 4), float32] */
+"""
+    )
+    x = np.array([[-1, 2, -3, 4]], np.float32)
+    np.testing.assert_array_equal(relay.run(fn, x, np.float32(2))[0], np.maximum(x * 2, 0))
+    assert [p.name for p in relay.load(fn).params] == ["x", "s"]
+    expr = (
+        HEAD
+        + """free_var %x: Tensor[(1, 4), float32] /* ty=Tensor[(1, 4), float32] */;
+free_var %b: Tensor[(4), float32];
+%0 = add(%x, %b) /* ty=Tensor[(1, 4), float32] */;
+(%0, nn.relu(%0))
+"""
+    )
+    b = np.array([1, 1, 1, 1], np.float32)
+    s, r = relay.run(expr, x, b)
+    np.testing.assert_array_equal(s, x + b)
+    np.testing.assert_array_equal(r, np.maximum(x + b, 0))
+    assert loads(expr, "expr.txt").framework == "RELAY"
+    e = error_of(HEAD + "free_var %x;\n%x")
+    assert e.code == "NCC_EVRF064" and "%x" in e.message and e.loc.line == 2
+    assert error_of(HEAD + "free_var %x: float32;\nfree_var %x: float32;\n%x").code == "NCC_EPRS002"
+    assert error_of(HEAD + "def @main() { 1f }\nfree_var %x: float32;\n%x").code == "NCC_EPRS001"
+
+
+def test_comments_nest_as_in_tvm():
+    text = (
+        HEAD
+        + """def @main(%x: Tensor[(2), float32]) {
+  /* commented out, annotations and all:
+  %0 = add(%x, 1f /* ty=float32 */) /* ty=Tensor[(2), float32] */;
+  */
+  %0 = multiply(%x, 2f) // a "quoted */ line comment
+  ; %0 /* "a string /* in a comment" */ */
+}
+"""
+    )
+    x = np.array([1, 2], np.float32)
+    np.testing.assert_array_equal(relay.run(text, x)[0], x * 2)
+    e = error_of(HEAD + 'def @main() {\n  /* one /* two */\n  "/*" }')
+    assert e.code == "NCC_EPRS001" and "unterminated" in e.message and (e.loc.line, e.loc.column) == (3, 3)
+
+
 def test_let_tuples_projection_infix():
     text = (
         HEAD
@@ -60,6 +150,46 @@ def test_let_tuples_projection_infix():
     out, cmp = relay.run(text, a, b)
     np.testing.assert_allclose(out, (a + b * 2) / (a - b))
     np.testing.assert_array_equal(cmp, a < b)
+
+
+def test_device_placement_is_accepted_and_ignored():
+    """After device planning the printer writes each parameter's and function's virtual device
+    (with show_meta_data=True, as a metadata reference): the graph is the same."""
+    text = (
+        HEAD
+        + """def @main(%x {virtual_device=meta[VirtualDevice][0]}: Tensor[(2), float32] /* ty=Tensor[(2), float32] */,
+          %y {virtual_device=meta[VirtualDevice][0]}, virtual_device=meta[VirtualDevice][1]) {
+  add(%x, 1f)
+}
+"""
+    )
+    x = np.array([1, 2], np.float32)
+    np.testing.assert_array_equal(
+        relay.run(text.replace("%y {virtual_device=meta[VirtualDevice][0]}, ", ""), x)[0], x + 1
+    )
+    e = error_of(text)
+    assert e.code == "NCC_EVRF064" and "%y" in e.message  # %y has no type
+
+
+def test_let_in_parentheses():
+    """The printer wraps a let used as a value in parentheses: `%0 = (let %y = ...; %y);`."""
+    text = (
+        HEAD
+        + """def @main(%x: Tensor[(2), float32]) {
+  %0 = (
+    let %y: Tensor[(2), float32] = add(%x, 1f);
+    multiply(%y, %y)
+  );
+  (%0, (%x), (%1 = negative(%x); %1))
+}
+"""
+    )
+    x = np.array([1, 2], np.float32)
+    out, same, neg = relay.run(text, x)
+    np.testing.assert_array_equal(out, (x + 1) ** 2)
+    np.testing.assert_array_equal(same, x)
+    np.testing.assert_array_equal(neg, -x)
+    assert error_of(HEAD + "def @main(%x: float32) { (let %y = %x; %y); %y }").code == "NCC_EPRS002"
 
 
 def test_global_functions_become_calls():
@@ -138,7 +268,9 @@ def test_literals(literal, dtype, value):
     assert m.entry.root.attrs["value"] == np.asarray(value, dtype.np)
 
 
-@pytest.mark.parametrize("literal", ["1i7", "300i8", "1.5i32", "1f8", "99999999999999999999"])
+@pytest.mark.parametrize(
+    "literal", ["1i7", "300i8", "1.5i32", "1f8", "99999999999999999999", "1" * 5000, "1i" + "6" * 5000]
+)
 def test_bad_literals(literal):
     assert error_of(HEAD + f"def @main() {{ {literal} }}").code == "NCC_EPRS003"
 
@@ -230,6 +362,9 @@ def test_syntax_error_position():
         ("match (%x) { _ => %x }", "NCC_EUOC002", "match"),
         ("ref(%x)", "NCC_EUOC002", "references"),
         ("%f = fn (%y) { %y }; %f", "NCC_EUOC002", "closure"),
+        ("(%x, None)", "NCC_EUOC002", "operator None used as a value"),
+        ("if (True) { (%x, nn.relu) } else { (%x, %x) }", "NCC_EUOC002", "nn.relu"),
+        ("(fn (%y) { %y }, %x).1", "NCC_EUOC002", "closure"),
         ("%x.0", "NCC_EVRF064", "not a tuple"),
         ("(%x, %x).2", "NCC_EVRF064", "out of range"),
         ("add(%x)", "NCC_EVRF064", "2 arguments"),
@@ -286,6 +421,29 @@ def test_structure_errors():
     assert error_of(HEAD + "def @main(%x: Tensor[(2), float7]) { %x }").code == "NCC_ESPP004"
     assert error_of(HEAD + "def @main(%x: Tensor[(2), wibble]) { %x }").code == "NCC_EPRS003"
     assert error_of(HEAD + "def @main() { %0 = 1f; }").code == "NCC_EPRS001"
+
+
+def test_huge_numbers_are_diagnostics():
+    """Digit strings longer than Python converts (4300 digits) are coded errors, not crashes."""
+    digits = "1" * 5000
+    e = error_of(HEAD + f"def @main(%x: (float32, float32)) {{ %x.{digits} }}")
+    assert e.code == "NCC_EPRS003" and e.loc.line == 2
+    assert error_of(HEAD + f"def @main(%x: Tensor[({digits}), float32]) {{ %x }}").code == "NCC_EPRS003"
+    assert error_of(HEAD + f"def @main() {{ meta[relay.Constant][{digits}] }}").code == "NCC_EPRS003"
+    m = relay.load(HEAD + "def @main() { 3.14159265358979323846264338327950288419716939937510f }")
+    assert m.entry.root.attrs["value"] == np.float32(np.pi)
+
+
+def test_node_limit_stops_closure_inlining(monkeypatch):
+    """Closures calling closures inline exponentially; the node budget stops them (lowered here
+    so the test is fast: the real limit takes tens of seconds to reach)."""
+    monkeypatch.setattr(relay_frontend, "MAX_NODES", 5_000)
+    lines = [HEAD + "def @main(%x: Tensor[(2), float32]) {", "  %f0 = fn (%a: Tensor[(2), float32]) { add(%a, 1f) };"]
+    for i in range(1, 12):
+        lines.append(f"  %f{i} = fn (%a: Tensor[(2), float32]) {{ %0 = %f{i - 1}(%a); %f{i - 1}(%0) }};")
+    lines.append("  %f11(%x)\n}")
+    e = error_of("\n".join(lines))
+    assert e.code == "NCC_EVRF007" and "5000" in e.message
 
 
 def test_depth_limit_is_a_diagnostic():

@@ -3,6 +3,8 @@ against numpy computations written here, and Relay's own shape rules."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.special
@@ -190,6 +192,9 @@ def test_cast_clip():
         ((2, 12, 5), [0, -4, 3, -1, 5], (2, 3, 4, 5)),
         ((2, 12, 5), [0, -4, -1, 6, 0], (2, 2, 6, 5)),
         ((1, 2048, 1, 1), [0, -1], (1, 2048)),
+        ((2, 3, 4), [-1, 0, 2], (4, 3, 2)),
+        ((3, 0), [-1, 0], (3, 0)),
+        ((0, 3, 4), [0, -1], (0, 12)),
     ],
 )
 def test_reshape_special_values(shape, newshape, want):
@@ -265,7 +270,17 @@ def test_concatenate_stack_split():
         ("begin=[1], end=[100]", np.s_[1:100]),
         ('begin=[1, 2], end=[2, -1], slice_mode="size"', np.s_[1:3, 2:]),
         ("begin=[1], end=[3], axes=[1]", np.s_[:, 1:3]),
-        ("begin=[0, 0], end=[4, 5], strides=[2]", np.s_[0:4:2, 0:5:2]),
+        # Without axes TVM pads strides with 1 (not the first stride) and begin/end with the
+        # whole extent, up to the rank.
+        ("begin=[0, 0], end=[4, 5], strides=[2]", np.s_[0:4:2, 0:5]),
+        ("begin=[1], end=[3], strides=[1, 2]", np.s_[1:3, 0:6:2]),
+        ("begin=[0, 1], end=[2]", np.s_[0:2, 1:6]),
+        ("begin=[None, 1], end=[3, None]", np.s_[0:3, 1:6]),
+        # A negative stride with no end stops before index 0 (TVM's end 0, exclusive).
+        ("begin=[None], end=[None], strides=[-1]", np.s_[:0:-1]),
+        ('begin=[-3], end=[2], slice_mode="size"', np.s_[1:3]),
+        ("begin=[1, 0], end=[3, 4], strides=[1, 2], axes=[1, 0]", np.s_[0:4:2, 1:3]),
+        ("begin=[1i64, 1i64], end=[3i64, 4i64], strides=[1i64], axes=None", np.s_[1:3, 1:4]),
     ],
 )
 def test_strided_slice(args, index):
@@ -278,6 +293,22 @@ def test_strided_slice_rejects_backwards_range():
     with pytest.raises(NxsatError) as e:
         relay.op("strided_slice(%i0, begin=[3], end=[1])", np.zeros(5, np.float32))
     assert e.value.code == "NCC_EVRF064"
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        ("begin=[0, 0], end=[2, 2], strides=[1], axes=[0, 1]", "one value for each of the 2 axes"),
+        ("begin=[0], end=[2, 2], axes=[1]", "one value for each of the 1 axes"),
+        ("begin=[0], end=[2], strides=[0]", "stride of 0"),
+        ("begin=[0, 0], end=[2, 2], axes=[1, -1]", "repeated axis"),
+        ('begin=[0], end=["x"]', "list of integers (or None)"),
+    ],
+)
+def test_strided_slice_errors(args, words):
+    with pytest.raises(NxsatError, match=re.escape(words)) as e:
+        relay.op(f"strided_slice(%i0, {args})", np.zeros((4, 6), np.float32))
+    assert e.value.code in ("NCC_EVRF064", "NCC_EPRS003")
 
 
 def test_tile_repeat_reverse_broadcast_to():
