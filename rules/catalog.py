@@ -25,6 +25,7 @@ from pathlib import Path
 
 from nxsat.diagnostics import Loc, error
 from nxsat.io import read_text
+from nxsat.rules import terms
 from nxsat.rules.sexp import Atom, SExp, SList, is_sym, read, substitute, sym
 
 HERE = Path(__file__).parent
@@ -57,6 +58,7 @@ class Rule:
     bound: float | None = None  # approximate rules: the largest relative error allowed
     explosive: bool = False  # may grow the e-graph without end (associativity, commutativity)
     source: str = ""
+    rhs_nodes: int = 1  # most e-nodes one match can add (constructor calls on the right / in the actions)
 
     @property
     def ruleset(self) -> str:
@@ -270,7 +272,15 @@ def _compile_rule(form: SList, set_name: str, macros: dict) -> Rule:
         facts = a.items
         command = SList((sym("rule"), a, b, *tail), form.loc)
     return Rule(name, set_name, tag_x.text, doc_x.text.strip(), kind, form.loc, str(command), lhs, facts,
-                bound, ":explosive" in opts, str(form))
+                bound, ":explosive" in opts, str(form), max(1, _constructor_calls(b)))
+
+
+def _constructor_calls(x: SExp) -> int:
+    """How many term constructors (e-nodes) an expression builds: the saturation budget's unit."""
+    if isinstance(x, Atom):
+        return 0
+    own = 1 if x.head in terms.BY_CTOR or x.head in ("TCons", "TNil") else 0
+    return own + sum(_constructor_calls(i) for i in x.items)
 
 
 def parse_set(text: str, filename: str, set_name: str, macros: dict) -> tuple[list[Rule], list[str]]:
@@ -372,7 +382,9 @@ def parse_config(text: str, base: Path = HERE) -> Config:
 
 def build_catalog(config_text: str | None = None, extra_files: Iterable[tuple[str, str, str]] = (),
                   base: Path = HERE) -> Catalog:
-    """Read config, prelude, analysis and every set; ``extra_files`` = (set, filename, text) to add."""
+    """Read config, prelude, analysis and every set; ``extra_files`` = (set, filename, text) to add.
+    An extra file of a configured set replaces that set's file (an edited copy of a shipped set)."""
+    extra_files = list(extra_files)
     config = parse_config(config_text if config_text is not None else read_text(CONFIG), base)
     prelude, macros = parse_prelude(read_text(PRELUDE), _shown(PRELUDE))
     cat = Catalog(config, macros=macros, prelude=prelude)
@@ -386,7 +398,10 @@ def build_catalog(config_text: str | None = None, extra_files: Iterable[tuple[st
             seen[r.name] = r
             cat.rules.append(r)
 
+    replaced = {set_name for set_name, _f, _t in extra_files if set_name in config.sets}
     for name, spec in config.sets.items():
+        if name in replaced:
+            continue
         path = spec["file"]
         rules, decls = parse_set(read_text(path), _shown(path), name, macros)
         cat.prelude.extend(decls)
@@ -394,7 +409,9 @@ def build_catalog(config_text: str | None = None, extra_files: Iterable[tuple[st
     for name, spec in sorted(config.builtins.items()):
         add([Rule(name, spec["set"], EXACT, str(spec.get("doc", "")), BUILTIN)])
     for set_name, filename, text in extra_files:
-        if set_name not in config.sets:
+        if set_name in replaced:
+            config.sets[set_name] = {**config.sets[set_name], "file": Path(filename)}
+        else:
             config.sets[set_name] = {"file": Path(filename), "description": "(from --file)"}
         rules, decls = parse_set(text, filename, set_name, macros)
         cat.prelude.extend(decls)
@@ -417,7 +434,8 @@ def catalog() -> Catalog:
 
 
 def rule_file_set(path: str) -> str:
-    """The set a rule file given with --file belongs to: its file name without .egg."""
+    """The set a rule file given with --file belongs to: its file name without .egg (so a copy of
+    rules/sets/generic.egg named generic.egg stands in for the shipped generic set)."""
     stem = Path(path).stem
     return stem if NAME_RE.match(stem) else "file"
 

@@ -149,16 +149,17 @@ class _Instance:
     signature: str
 
 
-def _batch_module(instances: list[_Instance]) -> Module:
-    """All instances side by side in one module (parameters renumbered), roots in one tuple."""
+def _batch_module(instances: list[_Instance], first_param: int = 0) -> Module:
+    """All instances side by side in one module, roots in one tuple. Parameters are renumbered from
+    ``first_param``: batches loaded into one e-graph must not share a parameter (its e-node)."""
     params: list[Node] = []
     mapping: dict[int, Node] = {}
     roots: list[Node] = []
     for inst in instances:
         for node in inst.nodes:
             if node.op == "parameter":
-                new = Node("parameter", (), {"index": len(params), "type": node.type}, node.type,
-                           f"p{len(params)}")
+                k = first_param + len(params)
+                new = Node("parameter", (), {"index": k, "type": node.type}, node.type, f"p{k}")
                 params.append(new)
             else:
                 new = Node(node.op, [mapping[o.id] for o in node.operands], node.attrs, node.type, node.name)
@@ -290,20 +291,23 @@ def _attr_text(v: Any) -> str:
 
 
 def check_rule(rule: Rule, cat: Catalog | None = None, *, seed: int = 0, wanted: int = 4, batch: int = 48,
-               max_batches: int = 8, inputs: int = 2) -> RuleResult:
-    """Test one rule; see the module docstring."""
+               min_batches: int = 4, max_batches: int = 8, inputs: int = 2) -> RuleResult:
+    """Test one rule; see the module docstring. At least ``min_batches`` batches of ``batch`` random
+    instances run (a counterexample can be rare: a permutation pair that does not commute, a
+    broadcast that permutes a square operand), and more, up to ``max_batches``, until the rule has
+    fired in ``wanted`` instances."""
     cat = cat or catalog()
     if rule.builtin:
         return RuleResult(rule, "built-in", message="implemented in the engine; tested by tests/rules")
     rng = np.random.default_rng(seed)
     try:
         pattern = rule_patterns(rule)
-        EGraph([rule], cat)  # egglog parses and type-checks the rule
+        eg = EGraph([rule], cat)  # egglog parses and type-checks the rule
     except NxsatError as exc:
         return RuleResult(rule, "error", message=f"{exc.loc}: {exc.message}" if exc.loc else exc.message)
     result = RuleResult(rule, "untested")
     seen_types: set[str] = set()
-    for _ in range(max_batches):
+    for done in range(1, max(min_batches, max_batches) + 1):
         instances: list[_Instance] = []
         attempts = 0
         while len(instances) < batch and attempts < batch * 8:
@@ -319,12 +323,14 @@ def check_rule(rule: Rule, cat: Catalog | None = None, *, seed: int = 0, wanted:
         if not instances:
             continue
         result.tried += len(instances)
-        bad = _check_batch(rule, cat, instances, rng, inputs, result, seen_types)
+        # Every batch goes into the same e-graph (building one costs more than checking a batch);
+        # only the new batch's instances are judged.
+        bad = _check_batch(rule, eg, instances, rng, inputs, result, seen_types)
         if bad is not None:
             result.status = "unsound"
             result.counterexample, result.message = bad
             return result
-        if result.fired >= wanted and len(seen_types) >= min(2, wanted):
+        if done >= min_batches and result.fired >= wanted and len(seen_types) >= min(2, wanted):
             break
     result.types = sorted(seen_types)
     if result.fired:
@@ -334,18 +340,18 @@ def check_rule(rule: Rule, cat: Catalog | None = None, *, seed: int = 0, wanted:
     return result
 
 
-def _check_batch(rule: Rule, cat: Catalog, instances: list[_Instance], rng: np.random.Generator, n_inputs: int,
-                 result: RuleResult, seen_types: set[str]) -> tuple[Counterexample, str] | None:
-    module = _batch_module(instances)
-    eg = EGraph([rule], cat)
+def _check_batch(rule: Rule, eg: EGraph, instances: list[_Instance], rng: np.random.Generator, n_inputs: int,
+                 result: RuleResult, seen_types: set[str]) -> tuple[Counterexample | None, str] | None:
+    """None when every instance the rule fired on agrees; else (counterexample, what is wrong) (no
+    counterexample when egglog itself fails running the rule)."""
+    module = _batch_module(instances, first_param=len(eg.params))
     loaded = eg.load(module)
     eg.run_analysis()
     before = eg.view(analyses=False)
     try:
         eg.run_iteration([rule])
     except NxsatError as exc:
-        return Counterexample("(the whole batch)", "-", {}, "-", exc.message, "egglog failed"), \
-            f"running the rule fails: {exc.message}"
+        return None, f"running the rule fails: {exc.message}"
     view = eg.view(analyses=False)
     # Which instances did the rule touch? Those whose root class gained e-nodes or merged with
     # another loaded value.
@@ -368,8 +374,8 @@ def _check_batch(rule: Rule, cat: Catalog, instances: list[_Instance], rng: np.r
         return None
     names: dict[int, str] = {}
     for lid, c in sorted(view.handles.items()):
-        node = loaded.nodes[lid]
-        if node.op in ("parameter", "constant"):
+        node = loaded.nodes.get(lid)  # this batch's values (earlier batches share the e-graph)
+        if node is not None and node.op in ("parameter", "constant"):
             names.setdefault(c, _ir_text(node))
     originals = original_nodes(view, loaded)
     bound = rule.bound if rule.tag == APPROXIMATE else None

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
+import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,6 @@ from egglog import bindings as eb
 
 from nxsat import dtypes as dt
 from nxsat.diagnostics import NxsatError, error
-from nxsat.io import atomic_write
 from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
 from nxsat.rules import terms
 from nxsat.rules.catalog import Catalog, Rule, catalog
@@ -264,7 +266,8 @@ class EGraph:
     def _run(self, *commands: Any) -> list[Any]:
         """Run commands; egglog failures (errors and Rust panics) become internal errors."""
         try:
-            return self.eg.run_program(*commands)
+            with _rust_stderr():
+                return self.eg.run_program(*commands)
         except eb.EggSmolError as exc:
             raise error("NCC_IINT001", f"egglog: {exc}", hint="rerun with --debug and report it") from exc
         except BaseException as exc:
@@ -285,7 +288,8 @@ class EGraph:
         """Declare a rule in its own ruleset; NCC_ERUL002 at the rule when egglog rejects it."""
         text = f"(ruleset {rule.ruleset})\n{rule.egglog}"
         try:
-            self.eg.run_program(*self.eg.parse_program(text))
+            with _rust_stderr():
+                self.eg.run_program(*self.eg.parse_program(text))
         except eb.EggSmolError as exc:
             # egglog's positions refer to the compiled command, not the file: keep its words only.
             msg = re.sub(r"\bIn \d+:\d+(-\d+)?: ", "", " ".join(str(exc).split()))
@@ -374,15 +378,21 @@ class EGraph:
             else:
                 canon[i] = seen_terms[term_key] = i
         self._define_vecs()
-        with tempfile.TemporaryDirectory(prefix="nxsat-egraph-") as tmp:
-            commands = []
-            for name, lines in rows.items():
-                if not lines:
-                    continue
-                path = Path(tmp) / f"{name}.tsv"
-                atomic_write(path, "\n".join(lines) + "\n")
-                commands.append(eb.Input(SPAN, name, str(path)))
-            self._run(*commands)
+        try:
+            with tempfile.TemporaryDirectory(prefix="nxsat-egraph-") as tmp:
+                commands = []
+                for name, lines in rows.items():
+                    if not lines:
+                        continue
+                    path = Path(tmp) / f"{name}.tsv"
+                    # A scratch file in a private directory that only this call reads and then
+                    # deletes: a plain write (atomic_write's fsync costs more than a small load).
+                    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+                    commands.append(eb.Input(SPAN, name, str(path)))
+                self._run(*commands)
+        except OSError as exc:
+            raise error("NCC_EFIL001", f"cannot write the e-graph's load tables: {exc.strerror or exc}",
+                        hint="is the temporary directory (TMPDIR) writable and not full?") from None
         self._run(eb.RunSchedule(eb.Run(SPAN, eb.RunConfig("load"))))
         root = ids[comp.root.id]
         loaded = Loaded(module, ids, root, _output_ids(comp.root, ids), nodes, encodings, merged)
@@ -563,6 +573,34 @@ class EGraph:
         actions += [eb.ActionCommand(eb.Set(SPAN, "splat", [e], lit(s))) for e, s in splats]
         if actions:
             self._run(*actions)
+
+
+@contextmanager
+def _rust_stderr() -> Iterator[None]:
+    """Hold back what egglog's Rust code writes to the process's stderr while it runs: a panic
+    writes its message (and, with RUST_BACKTRACE set, a backtrace) there before Python sees the
+    PanicException, which the caller turns into one coded line. Anything written without a panic
+    is passed on."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (embedded use): leave it alone
+        yield
+        return
+    panicked = False
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException as exc:
+            panicked = type(exc).__name__ == "PanicException"
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not panicked and held.tell():
+                held.seek(0)
+                sys.stderr.write(held.read().decode(errors="replace"))
 
 
 def _output_ids(root: Node, ids: dict[int, int]) -> list[int]:

@@ -103,7 +103,7 @@ def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
     by_index = {int(p.attrs["index"]): p for p in params}
     built: dict[int, Node] = {}
     list_items: dict[int, list[int]] = {}
-    nodes_out: list[Node] = list(params)
+    open_: set[int] = set()  # classes whose operands are being built: meeting one again is a cycle
 
     def children_of(c: int) -> list[int]:
         if best[c] < 0:
@@ -118,11 +118,16 @@ def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
             continue
         kids = children_of(c)
         if not ready:
+            if c in open_:
+                raise error("NCC_IINT001", f"extraction: the chosen terms form a cycle through e-class {c}",
+                            hint="rerun with --debug and report it")
+            open_.add(c)
             stack.append((c, True))
             for k in reversed(kids):
                 if k not in built and k not in list_items:
                     stack.append((k, False))
             continue
+        open_.discard(c)
         i = best[c]
         node = view.nodes[i]
         if view.class_is_list[c]:
@@ -130,7 +135,6 @@ def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
             continue
         built[c] = _make(eg, node, [built[k] if not view.class_is_list[k] else None for k in node.children],
                          [list_items.get(k) for k in node.children], built, by_index, originals.get(i))
-        nodes_out.append(built[c])
     comp = Computation(src.entry.name, params, built[root], None, src.entry.loc)
     out = Module(src.name, comp, attrs=dict(src.attrs), source=src.source, framework=src.framework)
     out.warnings.extend(src.warnings)
@@ -179,7 +183,8 @@ def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int
         raise error("NCC_IINT001", f"extraction built an ill-typed {op}: {exc.message}",
                     hint="a rule is unsound; run nxsat rules check") from exc
     if original is not None and original.type != t:
-        raise error("NCC_IINT001", f"extraction: {op} has type {t}, the graph's node {original.name} {original.type}")
+        raise error("NCC_IINT001", f"extraction: {op} has type {t}, the graph's node {original.name} {original.type}",
+                    hint="a rule is unsound; run nxsat rules check")
     return Node(op, operands, attrs, t, name, loc)
 
 

@@ -31,19 +31,23 @@ NO_FOLD = frozenset({"while", "call", "conditional", "map", "fusion", "custom-ca
 CONST_CTORS = ("Constant", "Fill", "Iota")
 
 
-def _const_value(eg: EGraph, node: ENode) -> tuple[np.ndarray, TensorType] | None:
+def _const_type(eg: EGraph, node: ENode) -> TensorType | None:
+    """The type of a constant e-node whose value is known (without building the value)."""
     if node.ctor == "Constant":
         value, t = eg.constants[node.slots[0]]
-        if value is None or not isinstance(t, TensorType):
-            return None
-        return np.asarray(value), t
+        return t if value is not None and isinstance(t, TensorType) else None
     if node.ctor == "Fill":
         v, d, shape = node.slots
-        t = TensorType(dt.by_name(d), tuple(shape))
-        if t.size > (1 << 22):
-            return None
-        return splat_array(v, t.dtype, t.shape), t
+        return TensorType(dt.by_name(d), tuple(shape))
     return None
+
+
+def _const_value(eg: EGraph, node: ENode) -> np.ndarray:
+    """The value of a constant e-node (_const_type said it has one); a Fill is built only here."""
+    if node.ctor == "Constant":
+        return np.asarray(eg.constants[node.slots[0]][0])
+    v, d, shape = node.slots
+    return splat_array(v, dt.by_name(d), shape)
 
 
 def _expr(eg: EGraph, node: ENode) -> Any:
@@ -59,13 +63,14 @@ def fold(eg: EGraph, frozen: Any, max_elements: int, max_input_elements: int) ->
     Only the rows that matter are decoded: constants first, then lists of constants, then the
     nodes whose operands are all among them."""
     funcs = frozen.functions
-    const: dict[Any, ENode] = {}
+    const: dict[Any, tuple[ENode, TensorType]] = {}
     for name in ("Constant", "Fill"):
         fn = funcs.get(name)
         for row in fn.rows if fn is not None else ():
             node = ENode(name, (), eg.decode_slots(fn.input_sorts, row.inputs))
-            if row.output not in const and _const_value(eg, node) is not None:
-                const[row.output] = node
+            t = _const_type(eg, node)
+            if row.output not in const and t is not None:
+                const[row.output] = (node, t)
     if not const:
         return 0
     lists: dict[Any, list[Any]] = {}
@@ -83,7 +88,6 @@ def fold(eg: EGraph, frozen: Any, max_elements: int, max_input_elements: int) ->
             break
     folded: set[Any] = set()
     unions: list[tuple[Any, Any]] = []
-    splats: list[tuple[Any, str]] = []
     for name in sorted(terms.BY_CTOR):
         fn = funcs.get(name)
         if fn is None or name in ("Constant", "Fill", "Parameter"):
@@ -110,30 +114,29 @@ def fold(eg: EGraph, frozen: Any, max_elements: int, max_input_elements: int) ->
             if not ok:
                 continue
             node = ENode(name, (), eg.decode_slots(sorts, row.inputs))
-            result = _evaluate(eg, node, [_const_value(eg, const[k]) for k in operands], max_elements,
-                               max_input_elements)
+            result = _evaluate(eg, node, [const[k] for k in operands], max_elements, max_input_elements)
             if result is None:
                 continue
             value, t = result
-            target = call("Constant", lit(eg.constant_key(value, t)))
-            kids = [_expr(eg, const[v]) for v, sort in zip(row.inputs, sorts) if sort == terms.T]
+            u = uniform_value(value)
+            # One value everywhere: a Fill (extracted as a broadcast scalar), not a dense literal.
+            target = (call("Fill", lit(splat_text(u, t.dtype)), lit(t.dtype.name), vec_expr(t.shape))
+                      if u is not None else call("Constant", lit(eg.constant_key(value, t))))
+            kids = [_expr(eg, const[v][0]) for v, sort in zip(row.inputs, sorts) if sort == terms.T]
             if list_value is not None:
                 lst = call("TNil")
                 for k in reversed(lists[list_value]):
-                    lst = call("TCons", _expr(eg, const[k]), lst)
+                    lst = call("TCons", _expr(eg, const[k][0]), lst)
                 kids.append(lst)
             unions.append((eg.node_expr(node, kids), target))
-            u = uniform_value(value)
-            if u is not None:
-                splats.append((target, splat_text(u, t.dtype)))
             folded.add(row.output)
-    eg.union(unions, splats)
+    eg.union(unions)
     return len(unions)
 
 
-def _evaluate(eg: EGraph, node: ENode, values: list[tuple[np.ndarray, TensorType] | None], max_elements: int,
+def _evaluate(eg: EGraph, node: ENode, inputs: list[tuple[ENode, TensorType]], max_elements: int,
               max_input_elements: int) -> tuple[np.ndarray, TensorType] | None:
-    if any(v is None or v[1].size > max_input_elements for v in values):
+    if any(t.size > max_input_elements for _n, t in inputs):
         return None
     if node.ctor == "Opaque":
         op, key = node.slots
@@ -145,7 +148,7 @@ def _evaluate(eg: EGraph, node: ENode, values: list[tuple[np.ndarray, TensorType
     opdef = registry.get(op)
     if not op or op in NO_FOLD or opdef is None or opdef.impl is None or opdef.status == registry.UNSUPPORTED:
         return None
-    operands = [Node("constant", (), {"value": v, "type": t}, t) for v, t in values]  # type: ignore[misc]
+    operands = [Node("constant", (), {"value": _const_value(eg, n), "type": t}, t) for n, t in inputs]
     try:
         t = infer_type(op, operands, attrs)
     except NxsatError:

@@ -28,6 +28,7 @@ SHAPES: tuple[tuple[int, ...], ...] = ((), (3,), (2, 3), (3, 2), (2, 2), (2, 3, 
 DTYPES = (dt.F32, dt.F32, dt.S32, dt.BF16, dt.PRED, dt.F16, dt.U8)
 SPLATS = (0, 1, -1, 2, 0.5)
 CONVERT_TYPES = (dt.F32, dt.BF16, dt.F16, dt.F64, dt.S32, dt.S8, dt.U8, dt.PRED, dt.S64)
+MIXED_FLOATS = (dt.F16, dt.BF16, dt.F32)  # the other operand's type of a mixed-precision dot
 
 
 class Reject(Exception):
@@ -97,14 +98,30 @@ def _leaf(env: _Env, t: TensorType) -> Node:
     return n
 
 
+# Trial 1 and later sprinkle these among the values (a fifth of the elements): a rule that is only
+# right for ordinary numbers (x * 0 = 0 breaks on NaN and inf, x - x = 0 on inf, a narrowing integer
+# conversion on the extremes) meets them. Floats get no large finite values: exact rules are exact
+# over the reals, and reassociating sums of huge values may overflow differently.
+FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, 0.0, -0.0)
+SPECIAL_FRACTION = 0.2
+
+
 def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0) -> np.ndarray:
+    """Random values of type ``t``: small numbers for trial (``salt``) 0, wider ones and special
+    values (NaN, infinities, signed zeros, the integer type's extremes) for later trials."""
     d = t.dtype
     if d.is_pred:
         return rng.random(t.shape) < 0.5
+    special = np.asarray(rng.random(t.shape) < SPECIAL_FRACTION) if salt else np.zeros(t.shape, bool)
     if d.is_int:
         lo, hi = (0, 8) if d.kind == "uint" else (-4, 6)
-        return rng.integers(lo, hi, t.shape).astype(d.np)
-    return dt.cast(rng.standard_normal(t.shape) * (1.0 + 2 * salt), d)
+        info = np.iinfo(d.np)
+        extremes = np.array([info.min, info.max, info.min + 1, info.max - 1], d.np)
+        return np.where(special, extremes[rng.integers(len(extremes), size=t.shape)],
+                        rng.integers(lo, hi, t.shape)).astype(d.np)
+    v = np.where(special, np.array(FLOAT_SPECIALS)[rng.integers(len(FLOAT_SPECIALS), size=t.shape)],
+                 rng.standard_normal(t.shape) * (1.0 + 2 * salt))
+    return dt.cast(v, d)
 
 
 def _random_type(env: _Env) -> TensorType:
@@ -181,6 +198,12 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         r = xt.rank
         if rng.random() < 0.25:
             plan.update(shape=xt.shape, dimensions=tuple(range(r)))
+        elif rng.random() < 0.2 and r > 1:  # a broadcast that only permutes (same shape when x is square)
+            dims = _perm(rng, r)
+            shape = [0] * r
+            for i, d in enumerate(dims):
+                shape[d] = xt.shape[i]
+            plan.update(shape=tuple(shape), dimensions=dims)
         else:
             extra = int(rng.integers(0, 3))
             out_rank = r + extra
@@ -196,7 +219,7 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
     elif ctor == "Concatenate":
         plan["dimension"] = int(rng.integers(xt.rank)) if xt.rank else 0
     elif ctor in ("Convert", "BitcastConvert"):
-        plan["dtype"] = xt.dtype.name if rng.random() < 0.2 else CONVERT_TYPES[rng.integers(len(CONVERT_TYPES))].name
+        plan["dtype"] = _convert_type(ctor, x, xt.dtype, rng).name
     elif ctor == "Dot":
         plan.update(_dot_plan(ops, first, env))
     elif ctor == "Compare":
@@ -220,6 +243,36 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         n = len(x.type.elements) if x is not None and isinstance(x.type, TupleType) else 1
         plan["index"] = int(rng.integers(n))
     return plan
+
+
+def _family(d: dt.DType) -> str:
+    return "float" if d.is_float else "int" if d.is_int else "pred"
+
+
+def _convert_type(ctor: str, x: Node | None, src: dt.DType, rng: np.random.Generator) -> dt.DType:
+    """The target type of a conversion, biased toward what the guards of conversion chains are
+    about: conversions that lose something (f32 -> bf16, s32 -> s8), ones that keep every value but
+    change family (s32 -> f64), and, as the second of a chain, a round trip back to the first type
+    or a type the first one does not fit in (s32 -> f64 -> s8 saturates where s32 -> s8 wraps)."""
+    def pick(pool: Sequence[dt.DType]) -> dt.DType:
+        return pool[int(rng.integers(len(pool)))]
+
+    def lossy(a: dt.DType) -> list[dt.DType]:
+        out = [d for d in CONVERT_TYPES if not terms.lossless(a, d)]
+        return [d for d in out if _family(d) == _family(a)] or out
+
+    first = x.operands[0].type if x is not None and x.op == terms.BY_CTOR[ctor].op else None
+    if isinstance(first, TensorType) and rng.random() < 0.5:
+        return pick((rng.random() < 0.5 and lossy(first.dtype)) or [first.dtype])
+    u = rng.random()
+    if u < 0.15:
+        return src
+    if u < 0.5 and lossy(src):
+        return pick(lossy(src))
+    crossing = [d for d in CONVERT_TYPES if _family(d) != _family(src) and terms.lossless(src, d)]
+    if u < 0.7 and crossing:
+        return pick(crossing)
+    return pick(CONVERT_TYPES)
 
 
 def _slice_plan(x: Node | None, xt: TensorType, rng: np.random.Generator) -> Plan:
@@ -299,7 +352,10 @@ def _dot_plan(ops: list[Node | None], first: TensorType, env: _Env) -> Plan:
     if rng.random() < 0.5:
         rng.shuffle(order)
     pos = {k: order.index(k) for k in range(len(other_shape))}
-    other = TensorType(known.dtype, tuple(other_shape[order[i]] for i in range(len(order))))
+    other_dtype = known.dtype
+    if known.dtype.is_float and rng.random() < 0.3:  # mixed precision: f16 x bf16 defaults to the lhs type
+        other_dtype = MIXED_FLOATS[int(rng.integers(len(MIXED_FLOATS)))]
+    other = TensorType(other_dtype, tuple(other_shape[order[i]] for i in range(len(order))))
     ob = tuple(pos[k] for k in range(nb))
     oc = tuple(pos[nb + k] for k in range(nc))
     if lhs is not None:

@@ -7,16 +7,18 @@ scheduler: a rule that finds more than its match limit in an iteration has those
 and is banned for ban-length iterations, and each ban doubles its limit and its ban. egglog's own
 back-off scheduler drops the matches within the iteration; the bans are kept here on the host,
 because egglog's scheduler lives for one command. Each explosive rule's limit is also capped at
-its share of the e-nodes left under the node limit, so no iteration overshoots the budget; a rule
-held back by that cap is set aside like a banned rule, and when only such rules have work left
-saturation stops with "node limit". egglog's scheduler re-finds every match each time (no
-seminaive evaluation: measured 3-10x slower on resnet50), so the other rules run seminaively and
-unscheduled: they add at most a few e-nodes per e-node of the graph. The matches counted for an
-explosive rule include matches found again.
+its share of the e-nodes left under the node limit (divided by the e-nodes one match can add), so
+no iteration overshoots the budget; a rule held back by that cap is set aside for a while. When
+nothing else changes the e-graph, held-back rules run one at a time, alone, with all the e-nodes
+left (most of their matches are usually old ones: commutativity matches every sum it already
+commuted); saturation stops with "node limit" only when even that might not fit. egglog's
+scheduler re-finds every match each time (no seminaive evaluation: measured 3-10x slower on
+resnet50), so the other rules run seminaively and unscheduled: they add at most a few e-nodes per
+e-node of the graph. The matches counted for a rule include matches found again.
 
-The loop stops when nothing changes (saturated), at the iteration limit, at the node limit, or
-when the time is up (checked between iterations); hitting a limit is a normal outcome, recorded
-in the report.
+The loop stops when every rule ran and nothing changed (saturated), at the iteration limit, at the
+node limit, or when the time is up (checked between iterations, so a run can exceed its seconds by
+one iteration); hitting a limit is a normal outcome, recorded in the report.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class IterationStats:
     eclasses: int
     seconds: float
     matches: dict[str, int] = field(default_factory=dict)
-    banned: list[str] = field(default_factory=list)
+    banned: list[str] = field(default_factory=list)  # by the back-off scheduler
+    held: list[str] = field(default_factory=list)  # set aside: their matches might not fit under the node limit
 
 
 @dataclass
@@ -102,10 +105,11 @@ class Report:
                      f"{self.budget.seconds:g} s; back-off match limit {self.budget.match_limit}")
         lines.append(f"  loaded: {self.initial.nodes} e-nodes, {self.initial.classes} e-classes in "
                      f"{self.load_seconds:.3f} s ({self.cse_merged} values merged as common subexpressions)")
-        lines.append("  iter   e-nodes  e-classes   seconds  matches  banned")
+        lines.append("  iter   e-nodes  e-classes   seconds  matches  banned (held back: might not fit)")
         for it in self.iterations:
+            aside = ", ".join([*it.banned, *(f"({name})" for name in it.held)])
             lines.append(f"  {it.index:>4} {it.enodes:>9} {it.eclasses:>10} {it.seconds:>9.3f} "
-                         f"{sum(it.matches.values()):>8}  {', '.join(it.banned)}".rstrip())
+                         f"{sum(it.matches.values()):>8}  {aside}".rstrip())
         rows = [(name, self.matches.get(name, 0), self.seconds_per_rule.get(name, 0.0), self.bans.get(name, 0))
                 for name in self.rules]
         rows = [r for r in rows if all_rules or r[1] or r[3]]
@@ -117,7 +121,10 @@ class Report:
                 ms = f"{s * 1000:>9.3f}" if self.timed or name == "constant-fold" else f"{'-':>9}"
                 lines.append(f"  {name:<{width}} {m:>8} {ms} {b:>5}")
             if not self.timed:
-                lines.append("  (time per rule is measured by `nxsat rules stats`)")
+                lines.append("  (time per rule: `nxsat rules stats` without --as-compiled)")
+            else:
+                lines.append("  (each rule ran as its own step to be timed; a compilation runs them together,")
+                lines.append("   so its e-graph can grow differently: `nxsat rules stats --as-compiled`)")
         else:
             lines.append("  no rule fired")
         return "\n".join(lines)
@@ -133,7 +140,7 @@ class Report:
             "cse_merged": self.cse_merged,
             "iterations": [{"index": it.index, "enodes": it.enodes, "eclasses": it.eclasses,
                             "seconds": round(it.seconds, 6), "matches": dict(sorted(it.matches.items())),
-                            "banned": it.banned} for it in self.iterations],
+                            "banned": it.banned, "held": it.held} for it in self.iterations],
             "rules": {name: {"matches": self.matches.get(name, 0),
                              "seconds": (round(self.seconds_per_rule.get(name, 0.0), 6)
                                          if self.timed or name == "constant-fold" else None),
@@ -162,21 +169,25 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
     state = {r.name: _RuleState(budget.match_limit, budget.ban_length) for r in active}
     prev = report.initial
     report.stop_reason = ITERATION_LIMIT
-    held_back = ""
+    solo: Rule | None = None  # a rule the node limit held back, run alone while the others rest
+    clean: set[str] = set()  # rules that ran in full on the e-graph as it is now and changed nothing
     for it in range(budget.iterations):
         if time.perf_counter() - start >= budget.seconds:
             report.stop_reason = TIME_LIMIT
             break
         t0 = time.perf_counter()
-        runnable = [r for r in active if state[r.name].banned_until <= it]
-        # An explosive rule may add at most its match limit, and never more than its share of the
-        # e-nodes left under the node limit: one iteration cannot overshoot the budget.
+        runnable = [solo] if solo is not None else [r for r in active if state[r.name].banned_until <= it]
+        # An explosive rule may apply at most its match limit, and never more matches than its
+        # share of the e-nodes left under the node limit can hold (a match adds at most rhs_nodes
+        # e-nodes): one iteration cannot overshoot the budget.
         explosive = [r for r in runnable if r.explosive]
         busy = sum(1 for r in explosive if state[r.name].last_found) or len(explosive)
-        share = max(1, (budget.node_limit - prev.nodes) // max(1, busy))
+        left = budget.node_limit - prev.nodes
+        share = max(1, left // max(1, busy))
+        fits = {r.name: max(1, share // r.rhs_nodes) for r in explosive}
         limited: dict[int, list[Rule]] = {}
         for r in explosive:
-            limited.setdefault(min(state[r.name].limit, share), []).append(r)
+            limited.setdefault(min(state[r.name].limit, fits[r.name]), []).append(r)
         plain = [r for r in runnable if not r.explosive]
         if budget.time_rules:
             applied, searched, seconds = _run_timed(eg, plain, sorted(limited.items()))
@@ -184,6 +195,8 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
             applied, searched, _ = _read_report(eg.run_iteration(plain, sorted(limited.items())))
             seconds = {}
         stats = IterationStats(it + 1, 0, 0, 0.0)
+        too_big = ""  # a rule that cannot fit under the node limit even when it runs alone
+        ran_in_full: set[str] = set()
         for r in runnable:
             st = state[r.name]
             m = applied.get(r.name, 0)
@@ -197,17 +210,21 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
                 st.ban_length *= 2
                 stats.banned.append(r.name)
                 report.bans[r.name] = st.bans
-            elif r.explosive and found > share:
-                # Its matches would not fit under the node limit: set it aside while others work.
+            elif r.explosive and found > fits[r.name]:
+                # Its matches might not fit under the node limit: set it aside while others work.
                 st.capped = True
                 st.banned_until = it + 1 + st.ban_length
-                stats.banned.append(r.name)
-                held_back = (f"{r.name} found {found} matches with {budget.node_limit - prev.nodes} "
-                             "e-nodes left under the limit")
+                stats.held.append(r.name)
+                if solo is not None:
+                    too_big = (f"{r.name} has {found} matches, which may add up to {found * r.rhs_nodes} "
+                               f"e-nodes; {left} are left under the limit")
+            else:
+                ran_in_full.add(r.name)
             if m:
                 stats.matches[r.name] = m
                 report.matches[r.name] = report.matches.get(r.name, 0) + m
             report.seconds_per_rule[r.name] = report.seconds_per_rule.get(r.name, 0.0) + seconds.get(r.name, 0.0)
+        solo = None
         frozen = eg.freeze()
         folded = 0
         if fold_on:
@@ -231,16 +248,28 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
         if sizes.nodes > budget.node_limit:
             report.stop_reason, report.stop_detail = NODE_LIMIT, f"{sizes.nodes} e-nodes"
             break
-        if sizes == prev and not stats.banned:
-            banned = [s for s in state.values() if s.banned_until > it + 1]
-            if not banned:
+        if too_big:
+            report.stop_reason, report.stop_detail = NODE_LIMIT, too_big
+            break
+        if sizes != prev:
+            clean = set()
+        else:
+            # Saturated when every rule has run in full on this e-graph and changed nothing.
+            clean |= ran_in_full
+            waiting = [r for r in active if r.name not in clean]
+            if not waiting:
                 report.stop_reason, report.stop_detail = SATURATED, ""
                 break
-            if all(s.capped for s in banned):  # only rules the node limit holds back have work left
-                report.stop_reason, report.stop_detail = NODE_LIMIT, held_back
-                break
-            for s in banned:  # nothing else to do: let the banned rules run now (egg's rule)
-                s.banned_until = it + 1
+            backed_off = [r for r in waiting if not state[r.name].capped]
+            if backed_off:  # nothing else to do: let the banned rules run now (egg's rule)
+                for r in backed_off:
+                    state[r.name].banned_until = min(state[r.name].banned_until, it + 1)
+            else:
+                # Only rules the node limit held back have work left, and the others are at a
+                # fixpoint: run one of them alone, with all the e-nodes left. (Their matches are
+                # often mostly old: commutativity matches every sum it already commuted.)
+                solo = waiting[0]
+                state[solo.name].banned_until = it + 1
         prev = sizes
     report.seconds = time.perf_counter() - start
     return report

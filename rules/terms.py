@@ -297,7 +297,8 @@ def _float_bits(d: dt.DType) -> tuple[int, int]:
 
 
 def lossless(a: dt.DType, b: dt.DType) -> bool:
-    """Does converting a to b keep every value of a exactly (so a second conversion sees the same value)?"""
+    """Does converting a to b keep every value of a exactly (so a second conversion sees the same value)?
+    Seeing the same value is not always enough: see :func:`transparent`."""
     if a is b:
         return True
     if a.is_pred:
@@ -321,6 +322,15 @@ def lossless(a: dt.DType, b: dt.DType) -> bool:
     return False
 
 
+def transparent(a: dt.DType, b: dt.DType) -> bool:
+    """Is converting a to b invisible to any later conversion: lossless, and a later conversion treats
+    the b value as it would the a value? Not so from integers to floats: float-to-integer conversion
+    saturates while integer-to-integer conversion wraps (s32 -> f64 -> s8 clamps, s32 -> s8 wraps)."""
+    if not lossless(a, b):
+        return False
+    return a.is_pred or a is b or (a.is_float and b.is_float) or (a.is_int and b.is_int)
+
+
 def dtype_facts() -> str:
     """Relations over element-type names that rule guards use."""
     lines = [
@@ -330,6 +340,7 @@ def dtype_facts() -> str:
         "(relation pred-type (String))",
         "(relation signed-type (String))",
         "(relation lossless-convert (String String))",
+        "(relation transparent-convert (String String))",
         "(relation rank-dim (i64 i64))",
     ]
     for d in dt.ALL:
@@ -347,6 +358,8 @@ def dtype_facts() -> str:
         for b in dt.ALL:
             if a is not b and lossless(a, b):
                 lines.append(f'(lossless-convert "{a.name}" "{b.name}")')
+            if a is not b and transparent(a, b):
+                lines.append(f'(transparent-convert "{a.name}" "{b.name}")')
     for r in range(MAX_RANK + 1):
         for d in range(r):
             lines.append(f"(rank-dim {r} {d})")

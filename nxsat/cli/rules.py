@@ -19,6 +19,19 @@ def _catalog(files: list[str] | None = None) -> Any:
     return build_catalog(extra_files=[(rule_file_set(f), f, read_text(f)) for f in files])
 
 
+def _count(minimum: int) -> Any:
+    """An argparse type: an integer of at least ``minimum``."""
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, not {value!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {n}")
+        return n
+    return parse
+
+
 def _level(value: str) -> int:
     try:
         n = int(value)
@@ -109,7 +122,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         cat = _catalog(args.file)
         extra = tuple(dict.fromkeys(rule_file_set(f) for f in args.file))
     result = optimize(module, args.model_type, args.O, allow_approximate=args.allow_approximate, cat=cat,
-                      extra_sets=extra, time_rules=True)
+                      extra_sets=extra, time_rules=not args.as_compiled)
     n_out = len(result.module.entry.post_order())
     print_warnings(module)
     if args.json:
@@ -145,14 +158,25 @@ def cmd_terms(args: argparse.Namespace) -> int:
 
 # --- check A B ---------------------------------------------------------------------------------
 
+def _load_graph(path: str, framework: str | None, constants: str | None, seed: int) -> Any:
+    """One graph of ``nxsat check``; Relay graphs take their constants and the seed."""
+    from nxsat.frontend import load
+
+    if framework == "RELAY" or (framework is None and str(path).endswith(".relay")):
+        options: dict[str, Any] = {"seed": seed}
+        if constants:
+            options["relay_constants"] = constants
+        return load(path, framework, **options)
+    return load(path, framework)
+
+
 def cmd_equiv(args: argparse.Namespace) -> int:
     """Exit 0 equivalent, 1 not equivalent, 2 unknown; 3 when a graph cannot be read."""
-    from nxsat.frontend import load
     from nxsat.rules.equiv import check_equivalence
 
     try:
-        a = load(args.a, args.framework)
-        b = load(args.b, args.framework)
+        a = _load_graph(args.a, args.framework, args.relay_constants, args.seed)
+        b = _load_graph(args.b, args.framework, args.relay_constants_b or args.relay_constants, args.seed)
         result = check_equivalence(a, b, model_type=args.model_type, level=args.O, trials=args.trials,
                                    seed=args.seed)
     except NxsatError as exc:
@@ -193,7 +217,7 @@ def register(sub: Any) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="rules to check (default: all, or those of --file)")
     p.add_argument("--file", action="append", metavar="F", help="check the rules of this file")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--instances", type=int, default=4, metavar="N",
+    p.add_argument("--instances", type=_count(1), default=4, metavar="N",
                    help="stop once a rule has fired in N instances (default 4)")
     p.add_argument("--allow-untested", action="store_true", help="a rule that never fired does not fail")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -209,6 +233,9 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-approximate", action="store_true", help="also run approximate rules")
     p.add_argument("--file", action="append", metavar="F", help="also run the rules of this file")
     p.add_argument("--all", action="store_true", help="list every rule, fired or not")
+    p.add_argument("--as-compiled", action="store_true",
+                   help="run the rules together, as a compilation does (its exact e-graph growth; no time "
+                        "per rule: by default each rule runs as its own step to be timed)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_stats)
 
@@ -226,8 +253,35 @@ def register(sub: Any) -> None:
     p.add_argument("--framework", choices=["XLA", "RELAY"], type=str.upper, help="input format of both")
     p.add_argument("--model-type", metavar="T", help="which rule sets to use (default generic)")
     p.add_argument("-O", type=_level, default=2, metavar="N", help="saturation budget level (default 2)")
-    p.add_argument("--trials", type=int, default=20, metavar="N", help="random trials for a counterexample")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--trials", type=_count(0), default=20, metavar="N",
+                   help="random trials for a counterexample (default 20)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed of the trials and of Relay constants given as [shape, dtype] (default 0)")
+    p.add_argument("--relay-constants", metavar="FILE",
+                   help="Relay: values of meta[relay.Constant][i] (.npz or JSON), for A and B")
+    p.add_argument("--relay-constants-b", metavar="FILE", help="Relay: B's constants, when not the same as A's")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--verbose", "-v", action="store_true", help="also print the saturation report")
     p.set_defaults(func=cmd_equiv)
+    _usage_error_exits(p, 3)  # 2 means "unknown" here
+
+
+def _usage_error_exits(parser: argparse.ArgumentParser, status: int) -> None:
+    """Make every usage error of ``parser`` (unknown options included, which argparse otherwise
+    leaves to the top-level parser) exit with ``status``; the message stays the shared one."""
+    report, parse_known = parser.error, parser.parse_known_args
+
+    def error(message: str) -> None:
+        try:
+            report(message)
+        except SystemExit:
+            raise SystemExit(status) from None
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = parse_known(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]

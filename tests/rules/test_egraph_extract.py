@@ -62,3 +62,69 @@ def test_ties_prefer_the_loaded_node_and_cycles_are_skipped():
     view = _view([[("Parameter", (), (0,))], [("Abs", (0,), ()), ("Sign", (0,), ())]])
     assert view.nodes[choose(view)[1]].ctor == "Abs"
     assert view.nodes[choose(view, frozenset({2}))[1]].ctor == "Sign"
+
+
+def test_a_cyclic_choice_is_an_internal_error_not_a_hang():
+    import pytest
+
+    from nxsat import dtypes as dt
+    from nxsat.builder import Builder
+    from nxsat.diagnostics import NxsatError
+    from nxsat.rules.catalog import catalog
+    from nxsat.rules.egraph import EGraph
+    from nxsat.rules.extract import build_module
+    from nxsat.rules.saturate import Budget, saturate
+
+    b = Builder("nn")
+    x = b.param(dt.F32, (3,))
+    m = b.module(b.op("exponential", [b.op("negate", [b.op("negate", [x])])]))
+    cat = catalog()
+    eg = EGraph(cat.find(["negate-negate"]), cat)
+    loaded = eg.load(m)
+    saturate(eg, Budget(3, 30.0, 10_000))
+    view = eg.view(analyses=False)
+    best = choose(view)
+    px = view.handles[loaded.ids[x.id]]  # its class now also holds negate(negate(x))
+    best[px] = next(i for i in view.class_nodes[px] if view.nodes[i].ctor == "Negate")
+    nx = view.nodes[best[px]].children[0]
+    best[nx] = next(i for i in view.class_nodes[nx] if view.nodes[i].ctor == "Negate")
+    with pytest.raises(NxsatError, match="cycle"):
+        build_module(eg, loaded, view, best)
+
+
+def _chosen_acyclic(v: View, best: list[int]) -> bool:
+    """Does following the chosen node of every class never come back to a class on the path?"""
+    state: dict[int, int] = {}  # 1: on the path, 2: done
+    for root in range(len(best)):
+        if best[root] < 0 or root in state:
+            continue
+        stack = [(root, iter(v.nodes[best[root]].children))]
+        state[root] = 1
+        while stack:
+            top, kids = stack[-1]
+            k = next(kids, None)
+            if k is None:
+                state[top] = 2
+                stack.pop()
+            elif best[k] < 0 or state.get(k) == 1:
+                return False
+            elif k not in state:
+                state[k] = 1
+                stack.append((k, iter(v.nodes[best[k]].children)))
+    return True
+
+
+def test_greedy_choice_is_always_acyclic_on_random_egraphs():
+    import random
+
+    for seed in range(300):
+        r = random.Random(seed)
+        n_cls = r.randint(3, 15)
+        spec: list[list] = [[] for _ in range(n_cls)]
+        spec[0].append(("Parameter", (), (0,)))
+        for k in range(r.randint(n_cls, 4 * n_cls)):
+            c = r.randrange(n_cls)
+            spec[c].append(("Add", tuple(r.randrange(n_cls) for _ in range(r.choice((0, 1, 2, 2)))), (k,)))
+        v = _view(spec)
+        best = choose(v, frozenset(r.sample(range(len(v.nodes)), len(v.nodes) // 2)))
+        assert _chosen_acyclic(v, best), seed

@@ -16,10 +16,41 @@ PLANTED = """
   :name planted-transpose-cancel :tag exact :doc "cancels two transposes without checking p and q")
 (rewrite (Abs (Negate x)) (Abs x)
   :name planted-abs-negate :tag exact :doc "forgets that unsigned negation wraps")
+(rewrite (Multiply x z) z :when ((= (splat z) "0"))
+  :name planted-multiply-zero-float :tag exact :doc "x * 0 = 0 without the integer guard (NaN * 0 is NaN)")
+(rewrite (Subtract x x) (Fill "0" t s) :when ((= t (dtype x)) (= s (shape x)))
+  :name planted-subtract-self-float :tag exact :doc "x - x = 0 without the integer guard (inf - inf is NaN)")
+(rewrite (Transpose (Transpose x p) q) (Transpose x (compose q p)) :when ((= (vec-length p) (vec-length q)))
+  :name planted-transpose-wrong-order :tag exact :doc "composes the permutations the wrong way round")
+(rewrite (Broadcast x s d) x :when ((= s (shape x)))
+  :name planted-broadcast-identity :tag exact :doc "forgets that a same-shape broadcast can permute")
+(rewrite (Convert (Convert x b) c) (Convert x c) :when ((float-type (dtype x)) (float-type b))
+  :name planted-convert-float-chain :tag exact :doc "forgets that a narrower float rounds")
+(rewrite (Convert (Convert x b) c) (Convert x c) :when ((int-type (dtype x)) (int-type b))
+  :name planted-convert-int-chain :tag exact :doc "forgets that a narrower integer wraps")
+(rewrite (Convert (Convert x b) c) (Convert x c) :when ((lossless-convert (dtype x) b))
+  :name planted-convert-through-float :tag exact
+  :doc "s32 -> f64 keeps every value, but then f64 -> s8 saturates where s32 -> s8 wraps")
+(rewrite (Slice (Concatenate l d) a b c) (Slice x a b c)
+  :when ((= l (TCons x r)) (= s (shape x)) (rank-dim (vec-length s) d) (<= (vec-get b d) (+ (vec-get s d) 1)))
+  :name planted-slice-concatenate-off-by-one :tag exact :doc "lets the slice end one past the first operand")
+(rule ((= e (Dot a b lc rc lb rb t pl pr)) (= s (shape e))
+       (= nb (vec-length lb))
+       (= fa (- (vec-length (shape a)) (+ nb (vec-length lc))))
+       (= fb (- (vec-length (shape b)) (+ nb (vec-length rc))))
+       (= (vec-length s) (+ nb (+ fa fb))) (> (vec-length s) 0))
+      ((union e (Transpose (Dot b a rc lc rb lb t pr pl)
+                           (vec-append (vec-append (range 0 nb) (range (+ nb fb) (+ nb (+ fb fa))))
+                                       (range nb (+ nb fb))))))
+  :name planted-dot-swap-default-type :tag exact
+  :doc "swaps a dot's operands keeping the default result type (f16 x bf16 is f16, bf16 x f16 is bf16)")
 (rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
   :name planted-bf16-round-trip :tag approximate :bound 0.01 :doc "rounding to bf16 and back is close")
 (rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
   :name planted-bf16-too-tight :tag approximate :bound 0.00001 :doc "claims more precision than bf16 has")
+(rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
+  :name planted-bf16-bound-too-small :tag approximate :bound 0.0015
+  :doc "bf16 rounds by up to 2^-8 (0.0039) relative: this bound is 2.6x too small")
 """
 
 
@@ -39,7 +70,12 @@ def test_every_shipped_rule_is_sound_and_tested():
             assert r.fired >= 1 and r.tried >= r.fired
 
 
-@pytest.mark.parametrize("name", ["planted-subtract-swap", "planted-transpose-cancel", "planted-abs-negate"])
+@pytest.mark.parametrize("name", ["planted-subtract-swap", "planted-transpose-cancel", "planted-abs-negate",
+                                  "planted-multiply-zero-float", "planted-subtract-self-float",
+                                  "planted-transpose-wrong-order", "planted-broadcast-identity",
+                                  "planted-convert-float-chain", "planted-convert-int-chain",
+                                  "planted-convert-through-float",
+                                  "planted-slice-concatenate-off-by-one", "planted-dot-swap-default-type"])
 def test_planted_unsound_rules_are_caught_with_a_counterexample(planted, name):
     (rule,) = planted.find([name])
     r = check_rule(rule, planted)
@@ -66,10 +102,12 @@ def test_the_same_seed_gives_the_same_counterexample(planted):
 
 
 def test_approximate_rules_are_held_to_their_bound(planted):
-    ok, tight = planted.find(["planted-bf16-round-trip", "planted-bf16-too-tight"])
+    ok, tight, small = planted.find(["planted-bf16-round-trip", "planted-bf16-too-tight",
+                                     "planted-bf16-bound-too-small"])
     assert check_rule(ok, planted).status == "sound"
-    r = check_rule(tight, planted)
-    assert r.status == "unsound" and "values differ" in r.counterexample.why
+    for rule in (tight, small):
+        r = check_rule(rule, planted)
+        assert r.status == "unsound" and "values differ" in r.counterexample.why
 
 
 def test_a_rule_whose_guard_is_never_true_is_untested():
@@ -100,3 +138,16 @@ def test_agree_tolerates_rounding_only_for_floats():
     assert agree(np.array([np.nan]), np.array([np.nan]), None, 0.0) is None
     assert agree(np.array([np.nan]), np.array([0.0]), None, 0.0) is not None
     assert agree(a, a.astype(np.float64), None, 1.0) is not None  # the element type changed
+
+
+def test_a_rule_that_crashes_egglog_is_unsound_in_one_clean_message(capfd):
+    cat = build_catalog(extra_files=[("crash", "crash.egg", """
+(rule ((= e (Reshape x s))) ((union e (Reshape x (vec-set s 9 1))))
+  :name crash-vec-set :tag exact :doc "vec-set past the end of the vector: egglog panics")
+""")])
+    (rule,) = cat.find(["crash-vec-set"])
+    r = check_rule(rule, cat, max_batches=1, min_batches=1)
+    assert r.status == "unsound" and "egglog panicked" in r.message and "index out of bounds" in r.message
+    assert r.format().count("\\n") == 0
+    err = capfd.readouterr().err
+    assert "panicked at" not in err and "backtrace" not in err  # Rust's own panic report is held back

@@ -64,3 +64,41 @@ def test_terms(capsys):
     assert main(["rules", "terms"]) == 0
     out = capsys.readouterr().out
     assert "(Transpose T IVec:dimensions)" in out and "(Opaque String:op i64:key TList:operands)" in out
+
+
+def test_check_needs_at_least_one_instance(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["rules", "check", "negate-negate", "--instances", "0"])
+    assert info.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_stats_as_compiled_reproduces_the_compilation_run(capsys):
+    from nxsat.frontend import load
+    from nxsat.rules import optimize
+
+    path = DATA / "jax" / "random_dropout.hlo"
+    assert main(["rules", "stats", str(path), "-O2", "--json", "--as-compiled"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    compiled = optimize(load(path), level=2).report
+    assert [it["enodes"] for it in data["iterations"]] == [it.enodes for it in compiled.iterations]
+    assert data["stop_reason"] == compiled.stop_reason
+    assert all(v["seconds"] is None for k, v in data["rules"].items() if k != "constant-fold")
+    assert main(["rules", "stats", str(path), "-O2"]) == 0
+    assert "each rule ran as its own step" in capsys.readouterr().out
+
+
+def test_an_edited_copy_of_a_shipped_set_stands_in_for_it(tmp_path, capsys):
+    from nxsat.rules.catalog import HERE
+
+    copy = tmp_path / "generic.egg"
+    text = (HERE / "sets" / "generic.egg").read_text()
+    guarded = '(rewrite (Multiply x z) z :when ((= (splat z) "0") (int-type (dtype x)))'
+    assert guarded in text
+    copy.write_text(text.replace(guarded, '(rewrite (Multiply x z) z :when ((= (splat z) "0"))'))
+    assert main(["rules", "check", "--file", str(copy), "multiply-zero-int"]) == 1  # the guard is gone
+    out = capsys.readouterr().out
+    assert "unsound" in out and "nan" in out
+    assert main(["rules", "list", "--file", str(copy), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len({r["name"] for r in rows}) == len(rows)
+    assert all(r["where"].startswith(str(copy)) for r in rows if r["where"] != "built in")

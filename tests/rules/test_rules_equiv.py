@@ -122,3 +122,26 @@ def test_graphs_the_interpreter_cannot_run_are_unknown_not_an_error():
     b = entry('n = f32[2,3] negate(x)\nROOT c = f32[2,3] custom-call(n), custom_call_target="mystery"')
     r = check(a, b)
     assert r.answer == UNKNOWN and "mystery" in r.detail
+
+
+@pytest.mark.parametrize("argv", [["-O", "7"], ["--trials", "-1"], ["--bogus"], ["extra.hlo"]],
+                         ids=["bad-level", "negative-trials", "unknown-option", "third-graph"])
+def test_cli_usage_errors_exit_3_not_2_which_means_unknown(tmp_path, capsys, argv):
+    a = tmp_path / "a.hlo"
+    a.write_text(IDENTITY)
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(a), str(a), *argv])
+    assert info.value.code == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NCC_EARG002" in err
+
+
+def test_cli_checks_relay_graphs_with_their_constants(capsys):
+    from conftest import DATA
+
+    relay = DATA / "relay"
+    argv = ["check", str(relay / "mnist.relay"), str(relay / "mnist.printed.relay")]
+    assert main(argv) == 3  # the constants are not in the text
+    assert "NCC_ERLY002" in capsys.readouterr().err
+    assert main([*argv, "--relay-constants", str(relay / "mnist.consts.json")]) == 0
+    assert "equivalent (proved)" in capsys.readouterr().out

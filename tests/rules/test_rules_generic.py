@@ -161,6 +161,12 @@ def _convert_convert() -> Module:
     return b.module(b.op("convert", [y], dtype=dt.BF16))
 
 
+def _convert_convert_to_float() -> Module:
+    b = Builder("ccf")
+    y = b.op("convert", [b.param(S32, (3,))], dtype=dt.F64)
+    return b.module(b.op("convert", [y], dtype=dt.BF16))
+
+
 def _convert_broadcast() -> Module:
     b = Builder("cb")
     y = b.op("broadcast", [b.param(F32, (3,))], shape=(2, 3), dimensions=(1,))
@@ -299,6 +305,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "transpose-broadcast-scalar": _transpose_broadcast_scalar,
     "convert-identity": _convert_identity,
     "convert-convert": _convert_convert,
+    "convert-convert-to-float": _convert_convert_to_float,
     "convert-broadcast": _convert_broadcast,
     "dot-transpose-lhs": _dot_transpose_lhs,
     "dot-transpose-rhs": _dot_transpose_rhs,
@@ -321,6 +328,7 @@ SHRINKS = {"add-zero-right", "add-zero-left", "subtract-zero", "multiply-one-rig
            "negate-negate", "not-not", "copy-elide", "abs-abs", "abs-negate", "add-negate", "negate-subtract",
            "transpose-transpose", "transpose-identity", "reshape-reshape", "reshape-identity",
            "broadcast-broadcast", "broadcast-identity", "convert-identity", "convert-convert",
+           "convert-convert-to-float",
            "dot-transpose-lhs", "dot-transpose-rhs", "slice-identity", "slice-concatenate-first",
            "concatenate-single", "slice-pad-inverse", "slice-pad-inside", "tuple-get-first",
            "constant-fold"}
@@ -399,3 +407,35 @@ ENTRY main {
     out = extract(eg, loaded)
     assert [n.op for n in out.entry.post_order()] == ["parameter", "constant", "add"]
     np.testing.assert_array_equal(out.entry.root.operands[1].attrs["value"], [5, 7, 9])
+
+
+def test_constant_fold_gives_a_uniform_result_as_a_broadcast_scalar():
+    b = Builder("uniform")
+    x = b.param(F32, (4, 4))
+    s = b.op("add", [splat(b, 1.0, F32, (4, 4)), splat(b, 2.0, F32, (4, 4))])
+    m = b.module(b.op("multiply", [x, s]))
+    cat = catalog()
+    eg = EGraph(cat.find(["constant-fold"]), cat)
+    loaded = eg.load(m)
+    saturate(eg, Budget(2, 30.0, 10_000))
+    out = extract(eg, loaded)
+    consts = [n for n in out.entry.post_order() if n.op == "constant"]
+    assert [c.type.shape for c in consts] == [()] and float(consts[0].attrs["value"]) == 3.0
+    assert [n.op for n in out.entry.post_order()] == ["parameter", "constant", "broadcast", "multiply"]
+
+
+def test_constant_fold_never_builds_a_constant_too_big_to_use(monkeypatch):
+    import nxsat.rules.fold as fold_module
+
+    big = (2048, 2048)
+    b = Builder("big")
+    m = b.module(b.op("negate", [b.op("xor", [x := b.param(S32, big), x])]))
+    cat = catalog()
+    eg = EGraph(cat.find(["xor-self", "constant-fold"]), cat)
+    eg.load(m)
+    built = []
+    real = fold_module.splat_array
+    monkeypatch.setattr(fold_module, "splat_array", lambda v, d, shape: built.append(shape) or real(v, d, shape))
+    report = saturate(eg, Budget(3, 30.0, 10_000))
+    assert report.matches.get("xor-self") and not report.matches.get("constant-fold")
+    assert big not in built

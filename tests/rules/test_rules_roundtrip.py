@@ -1,5 +1,5 @@
-"""Round trip: load -> saturate (-O2) -> extract -> reference interpreter reproduces XLA's outputs for
-every JAX case; the large corpus models round-trip at -O1 and -O2 (slow)."""
+"""Round trip: load -> saturate (-O1, -O2, -O3) -> extract -> reference interpreter reproduces XLA's
+outputs for every JAX case; the large corpus models round-trip at -O1 and -O2 (slow)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from nxsat.passes import canonicalize
 from nxsat.rules import optimize
 
 
+@pytest.mark.parametrize("level", [1, 2, 3])
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in JAX_CORPUS])
-def test_saturated_and_extracted_graph_reproduces_xla(path):
+def test_saturated_and_extracted_graph_reproduces_xla(path, level):
     m = load(path)
     ref = read_npz(path.with_suffix(".npz"))
-    result = optimize(m, level=2)
+    result = optimize(m, level=level)
     assert result.report.stop_reason in ("saturated", "iteration limit", "node limit", "time limit")
     outs = run_module(result.module, match_inputs(result.module, ref))
     assert len(outs) == len([k for k in ref if k.startswith("out")])
