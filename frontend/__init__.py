@@ -16,7 +16,7 @@ FRAMEWORKS = ("XLA", "RELAY")
 def detect_framework(path: str | os.PathLike, text: str) -> str:
     """XLA for HLO text, RELAY for Relay text: by extension first, then by the first line."""
     suffix = Path(path).suffix.lower()
-    if suffix in (".hlo", ".txt") and "HloModule" in text[:4096]:
+    if suffix == ".hlo" or (suffix == ".txt" and "HloModule" in text[:4096]):
         return "XLA"
     if suffix == ".relay":
         return "RELAY"

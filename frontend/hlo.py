@@ -10,12 +10,15 @@ instruction's declared shape against the registry's shape rule (NCC_EVRF064).
 from __future__ import annotations
 
 import functools
+import math
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lark
+import ml_dtypes
 import numpy as np
 
 from nxsat import dtypes as dt
@@ -32,15 +35,19 @@ from nxsat.ops import registry
 class RawAttr:
     name: str
     value: str
-    kind: str  # BRACED | STRING | BARE | IOTA_GROUPS
+    kind: str  # BRACED | STRING | BARE | IOTA_GROUPS | SHAPE
     loc: Loc
+
+
+# A constant's value as written: one token, or a tuple of them for a tuple-typed constant.
+Literal = str | tuple["Literal", ...]
 
 
 @dataclass(slots=True)
 class RawOperand:
     name: str | None  # None for a literal
     shape: Type | None
-    literal: str | None
+    literal: str | Literal | None
     loc: Loc
 
 
@@ -204,7 +211,12 @@ class _Transform(lark.Transformer):
 
     def literal(self, items: list) -> RawOperand:
         (tok,) = items
+        if isinstance(tok, RawOperand):  # a tuple literal
+            return tok
         return RawOperand(None, None, str(tok), self._loc(tok))
+
+    def tuple_literal(self, items: list) -> RawOperand:
+        return RawOperand(None, None, tuple(i.literal for i in items), items[0].loc)
 
     def shape(self, items: list) -> Type:
         (tok,) = items
@@ -220,6 +232,8 @@ class _Transform(lark.Transformer):
 
     def attribute(self, items: list) -> RawAttr:
         name, value = items
+        if not isinstance(value, lark.Token):  # a shape
+            return RawAttr(str(name), str(value), "SHAPE", self._loc(name))
         v = str(value)
         if value.type == "STRING":
             v = _unquote(v)
@@ -243,9 +257,26 @@ def _tuple_depth(t: Type) -> int:
     return 1 + max((_tuple_depth(e) for e in t.elements), default=0)
 
 
+_C_ESCAPE = re.compile(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{1,2}|.)", re.DOTALL)
+_C_SIMPLE = {b"n": b"\n", b"t": b"\t", b"r": b"\r", b"a": b"\a", b"b": b"\b", b"f": b"\f", b"v": b"\v"}
+
+
+def _c_unescape(m: re.Match[bytes]) -> bytes:
+    e = m.group(1)
+    if e[0] in b"01234567":
+        return bytes([int(e, 8) & 0xFF])
+    if e[:1] == b"x" and len(e) > 1:
+        return bytes([int(e[1:], 16)])
+    return _C_SIMPLE.get(e, e)
+
+
 def _unquote(s: str) -> str:
+    """The text of a "string" as XLA writes it (absl::CEscape: \\n, \\", and bytes outside
+    printable ASCII as octal, so a UTF-8 path like caf\\303\\251.py reads back as café.py)."""
     body = s[1:-1]
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+    if "\\" not in body:
+        return body
+    return _C_ESCAPE.sub(_c_unescape, body.encode("utf-8")).decode("utf-8", errors="replace")
 
 
 @functools.cache
@@ -253,15 +284,25 @@ def _grammar() -> str:
     return (Path(__file__).parent / "hlo.lark").read_text(encoding="utf-8")
 
 
-def _parser(filename: str) -> lark.Lark:
-    return lark.Lark(_grammar(), parser="lalr", lexer="contextual", transformer=_Transform(filename),
-                     maybe_placeholders=True)
+@functools.cache
+def _parser() -> tuple[lark.Lark, _Transform]:
+    """Built once: building the LALR tables takes ~40 ms, parsing a small module well under 1 ms.
+    The transformer is reused; ``parse_raw`` sets its file name under a lock."""
+    transform = _Transform("<string>")
+    return lark.Lark(_grammar(), parser="lalr", lexer="contextual", transformer=transform,
+                     maybe_placeholders=True), transform
+
+
+_PARSE_LOCK = threading.Lock()
 
 
 def parse_raw(text: str, filename: str = "<string>") -> RawModule:
     """Parse HLO text into raw records (syntax only)."""
+    parser, transform = _parser()
     try:
-        return _parser(filename).parse(text)
+        with _PARSE_LOCK:
+            transform.filename = filename
+            return parser.parse(text)
     except NxsatError:
         raise
     except lark.exceptions.VisitError as exc:
@@ -389,8 +430,8 @@ def _window(attr: RawAttr) -> tuple[WindowDim, ...]:
             pads.append((int(lo), int(hi)))
     except ValueError:
         raise _bad(attr, "a window of integers") from None
-    if any(s < 0 for s in size) or any(s <= 0 for s in stride + lhs + rhs):
-        raise _bad(attr, "a window with positive strides and dilations")
+    if any(s <= 0 for s in size + stride + lhs + rhs):
+        raise _bad(attr, "a window with positive sizes, strides and dilations")
     return tuple(WindowDim(size[i], stride[i], pads[i][0], pads[i][1], lhs[i], rhs[i], rev[i]) for i in range(n))
 
 
@@ -428,27 +469,33 @@ def _padding(attr: RawAttr) -> tuple[PadDim, ...]:
     return tuple(out)
 
 
+MAX_DEVICES = 1 << 16  # replica groups name at most this many devices (bounds the decoding)
+
+
 def _replica_groups(attr: RawAttr) -> tuple[tuple[int, ...], ...]:
     if attr.kind == "IOTA_GROUPS":
+        # [groups,size]<=[dims]T(perm): iota over dims, transposed by perm, cut into groups.
         m = re.fullmatch(r"\[([\d,]*)\]<=\[([\d,]*)\](?:T\(([\d,]*)\))?", attr.value)
         if not m:
             raise _bad(attr, "iota replica groups like [2,2]<=[4]")
-        shape = [int(x) for x in m.group(1).split(",") if x]
-        reshape = [int(x) for x in m.group(2).split(",") if x]
-        ids = np.arange(int(np.prod(reshape))).reshape(reshape)
-        if m.group(3):
-            ids = ids.transpose([int(x) for x in m.group(3).split(",") if x])
-        try:
-            ids = ids.reshape(shape)
-        except ValueError:
-            raise _bad(attr, "iota replica groups whose sizes agree") from None
-        return tuple(tuple(int(i) for i in row) for row in ids.reshape(shape[0], -1))
+        shape, dims = ([int(x) for x in g.split(",") if x] for g in m.group(1, 2))
+        perm = [int(x) for x in m.group(3).split(",") if x] if m.group(3) is not None else list(range(len(dims)))
+        if len(shape) != 2 or not dims or min(shape + dims) < 1:
+            raise _bad(attr, "iota replica groups [groups,size]<=[dims] with positive sizes")
+        if math.prod(dims) > MAX_DEVICES:
+            raise _bad(attr, f"replica groups over at most {MAX_DEVICES} devices")
+        if math.prod(shape) != math.prod(dims):
+            raise _bad(attr, "iota replica groups whose sizes agree")
+        if sorted(perm) != list(range(len(dims))):
+            raise _bad(attr, f"iota replica groups whose T(...) permutes 0..{len(dims) - 1}")
+        ids = np.arange(math.prod(dims)).reshape(dims).transpose(perm).reshape(shape)
+        return tuple(tuple(int(i) for i in row) for row in ids)
     body = attr.value.strip()
     if attr.kind != "BRACED":
         raise _bad(attr, "replica groups like {{0,1},{2,3}}")
     inner = body[1:-1].strip()
     groups = re.findall(r"\{([^{}]*)\}", inner)
-    if inner and not groups:
+    if re.sub(r"\{[^{}]*\}", "", inner).strip(" ,\n"):
         raise _bad(attr, "replica groups like {{0,1},{2,3}}")
     out = []
     for g in groups:
@@ -472,7 +519,24 @@ def _metadata(attr: RawAttr) -> Metadata:
 
 # --- literals ------------------------------------------------------------------------------------
 
-_LITERAL_TOKEN = re.compile(r"[-+]?(?:inf|nan|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)|true|false")
+_LITERAL_TOKEN = re.compile(r"[-+]?(?:inf|nan(?:\(0x[0-9a-fA-F]+\))?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|"
+                            r"\.\d+(?:[eE][-+]?\d+)?)|true|false")
+
+
+def _decode_value(lit: Literal, t: Type, loc: Loc) -> Any:
+    """A constant's value: an array for an array type, a tuple of values for a tuple type; None
+    where the literal is elided (``{...}``, which stands for a whole tuple too)."""
+    if isinstance(t, TensorType):
+        if isinstance(lit, tuple):
+            raise error("NCC_EVRF064", f"constant of type {t} is written as a tuple", loc)
+        return decode_literal(lit, t, loc)
+    if isinstance(lit, str) and lit.replace(" ", "") == "{...}":
+        return tuple(_decode_value(lit, e, loc) for e in t.elements)
+    if not isinstance(lit, tuple) or len(lit) != len(t.elements):
+        n = len(lit) if isinstance(lit, tuple) else 1
+        raise error("NCC_EVRF064", f"constant of type {t} has {n} tuple element(s), expected {len(t.elements)}",
+                    loc)
+    return tuple(_decode_value(v, e, loc) for v, e in zip(lit, t.elements))
 
 
 def decode_literal(text: str, t: TensorType, loc: Loc) -> np.ndarray | None:
@@ -506,11 +570,32 @@ def decode_literal(text: str, t: TensorType, loc: Loc) -> np.ndarray | None:
                 raise error("NCC_EPRS003", f"constant value out of range for {d.name}", loc)
             arr = np.array(ints, dtype=d.np)
         else:
-            floats = np.array([float(tok) for tok in tokens], dtype=np.float64)
+            floats = np.array([float(tok.partition("(")[0]) for tok in tokens], dtype=np.float64)
             arr = dt.cast(floats, d)
+            payloads = [(i, tok) for i, tok in enumerate(tokens) if "(" in tok]
+            if payloads:
+                arr = _with_nan_payloads(arr, payloads, t, loc)
     except (ValueError, OverflowError):
         raise error("NCC_EPRS003", "malformed constant literal", loc) from None
     return arr.reshape(t.shape)
+
+
+def _with_nan_payloads(arr: np.ndarray, payloads: list[tuple[int, str]], t: TensorType, loc: Loc) -> np.ndarray:
+    """Set the NaNs XLA prints as ``nan(0xP)`` / ``-nan(0xP)``: P is the whole mantissa field
+    (quiet bit included), so the value's bits are sign | all-ones exponent | P."""
+    d = t.dtype
+    if d is dt.F8E4M3FN:
+        raise error("NCC_EPRS003", f"{d.name} has no NaN payloads (its only NaN is nan)", loc)
+    width = arr.dtype.itemsize * 8
+    mant = int(ml_dtypes.finfo(arr.dtype).nmant)
+    exponent = ((1 << (width - 1)) - 1) & ~((1 << mant) - 1)
+    bits = arr.view(np.dtype(f"u{arr.dtype.itemsize}")).copy()
+    for i, tok in payloads:
+        payload = int(tok[tok.index("(") + 1:-1], 16)
+        if not 0 < payload < (1 << mant):
+            raise error("NCC_EPRS003", f"NaN payload {tok} does not fit the {mant}-bit mantissa of {d.name}", loc)
+        bits[i] = (1 << (width - 1) if tok.startswith("-") else 0) | exponent | payload
+    return bits.view(arr.dtype)
 
 
 # --- building the IR -----------------------------------------------------------------------------
@@ -526,6 +611,8 @@ _IGNORED_ATTRS = frozenset({
     "allow_spmd_sharding_propagation_to_parameters", "allow_spmd_sharding_propagation_to_output",
     "unique_indices_hint", "metadata", "feature_group_count_hint", "custom_call_target",
 })
+
+_COMPARE_TYPES = ("FLOAT", "TOTALORDER", "SIGNED", "UNSIGNED")
 
 _COMPUTATION_ATTRS = {"to_apply": "to_apply", "calls": "to_apply", "condition": "condition", "body": "body",
                       "select": "select", "scatter": "scatter", "comparator": "to_apply"}
@@ -551,6 +638,7 @@ class _ModuleBuilder:
         self.built: dict[str, Computation] = {}
         self.building: set[str] = set()
         self.ignored: set[str] = set()
+        self.extra: list[Node] = []  # nodes an instruction adds besides its own (tuple constants)
 
     def _origin(self, meta: Metadata) -> str | None:
         """Where the model's own source says an instruction came from: metadata's source_file and
@@ -608,6 +696,7 @@ class _ModuleBuilder:
         root_raw = roots[0] if roots else raw.instructions[-1]
 
         nodes: dict[str, Node] = {}
+        before: dict[str, list[Node]] = {}
         # Build in dependency order without recursion (operands may be written after their users).
         for start in raw.instructions:
             if start.name in nodes:
@@ -620,7 +709,10 @@ class _ModuleBuilder:
                     continue
                 if ready:
                     active.discard(ins.name)
-                    nodes[ins.name] = self._instruction(ins, nodes, raw)
+                    self.extra = []
+                    nodes[ins.name] = node = self._instruction(ins, nodes, raw)
+                    if self.extra:
+                        before[ins.name] = [n for n in self.extra if n is not node]
                     continue
                 if ins.name in active:
                     raise error("NCC_EPRS002", f"instruction {ins.name} depends on itself", ins.loc)
@@ -653,7 +745,7 @@ class _ModuleBuilder:
             if sig_result != nodes[root_raw.name].type:
                 raise error("NCC_EVRF064", f"{raw.name}: signature returns {sig_result}, the root is "
                             f"{nodes[root_raw.name].type}", root_raw.loc)
-        instructions = [nodes[i.name] for i in raw.instructions]
+        instructions = [n for i in raw.instructions for n in (*before.get(i.name, ()), nodes[i.name])]
         return Computation(raw.name, params, nodes[root_raw.name], instructions, raw.loc)
 
     def _instruction(self, ins: RawInstruction, nodes: dict[str, Node], comp: RawComputation) -> Node:
@@ -682,14 +774,30 @@ class _ModuleBuilder:
                 loc = Loc(loc.file, loc.line, loc.column, origin)
         opcode, attrs = self._attrs(ins, operands, literals, attrs_raw, loc)
         declared = ins.type
-        inferred = infer_type(opcode, operands, attrs, loc)
-        if inferred != declared:
-            raise error("NCC_EVRF064", f"{ins.name}: declared {declared} but {opcode} of "
-                        f"({', '.join(str(o.type) for o in operands)}) gives {inferred}", loc)
+        if opcode == "constant" and isinstance(declared, TupleType):
+            node = self._tuple_constant(attrs["value"], declared, ins.name, loc)
+        else:
+            inferred = infer_type(opcode, operands, attrs, loc)
+            if inferred != declared:
+                raise error("NCC_EVRF064", f"{ins.name}: declared {declared} but {opcode} of "
+                            f"({', '.join(str(o.type) for o in operands)}) gives {inferred}", loc)
+            node = Node(opcode, operands, attrs, declared, ins.name, loc)
         if any(leaf.dtype in (dt.S64, dt.U64) for leaf in declared.leaves()):
             self.warnings.warn("NCC_WTYP001", "INT64/UINT64 values are computed as 32-bit on the device "
                                "(high bits dropped)", loc)
-        return Node(opcode, operands, attrs, declared, ins.name, loc)
+        return node
+
+    def _tuple_constant(self, value: Any, t: Type, name: str, loc: Loc) -> Node:
+        """A tuple-typed constant as the tuple of its elements' constants (``name.0``, ``name.1``,
+        ...); the element nodes are listed before it among the computation's instructions."""
+        if isinstance(t, TensorType):
+            attrs = {"value": value, "type": t}
+            node = Node("constant", (), attrs, infer_type("constant", [], attrs, loc), name, loc)
+        else:
+            parts = [self._tuple_constant(v, e, f"{name}.{i}", loc) for i, (v, e) in enumerate(zip(value, t.elements))]
+            node = Node("tuple", parts, {}, infer_type("tuple", parts, {}, loc), name, loc)
+        self.extra.append(node)
+        return node
 
     def _attrs(self, ins: RawInstruction, operands: list[Node], literals: list[RawOperand],
                raw: dict[str, RawAttr], loc: Loc) -> tuple[str, dict[str, Any]]:
@@ -712,16 +820,15 @@ class _ModuleBuilder:
         if literals and opcode not in ("parameter", "constant"):
             raise error("NCC_EPRS001", f"{opcode} operands must be names, not literals", literals[0].loc)
         if opcode == "parameter":
-            if len(literals) != 1 or not re.fullmatch(r"\d+", literals[0].literal or ""):
+            number = literals[0].literal if len(literals) == 1 else None
+            if not isinstance(number, str) or not re.fullmatch(r"\d+", number):
                 raise error("NCC_EPRS003", "parameter needs its number: parameter(N)", loc)
-            a["index"] = int(literals[0].literal)
+            a["index"] = int(number)
             a["type"] = t
         elif opcode == "constant":
             if len(literals) != 1:
                 raise error("NCC_EPRS003", "constant needs one literal: constant(VALUE)", loc)
-            if not isinstance(t, TensorType):
-                raise error("NCC_EUOC002", "tuple-typed constants are not supported", loc)
-            a["value"] = decode_literal(literals[0].literal or "", t, literals[0].loc)
+            a["value"] = _decode_value(literals[0].literal or "", t, literals[0].loc)
             a["type"] = t
         elif opcode == "custom-call" and _custom_call_target(raw) == "TopK":
             used.add("custom_call_target")
@@ -788,6 +895,8 @@ class _ModuleBuilder:
         if opcode == "compare":
             v = take("type")
             a["type"] = v.value.strip() if v is not None else None
+            if v is not None and a["type"] not in _COMPARE_TYPES:
+                raise _bad(v, f"a comparison type ({', '.join(_COMPARE_TYPES)})")
             if "direction" not in a:
                 raise error("NCC_EPRS003", "compare needs direction=EQ|NE|LT|LE|GT|GE", loc)
         if opcode == "rng-bit-generator":
@@ -888,6 +997,11 @@ class _ModuleBuilder:
         body = layout.value.strip()[1:-1]
         try:
             sig = _parser_sig().parse(body)
+        except (NxsatError, lark.exceptions.VisitError) as exc:  # a type nxsat refuses, said where it is
+            e = exc.orig_exc if isinstance(exc, lark.exceptions.VisitError) else exc
+            if not isinstance(e, NxsatError):
+                raise
+            raise error(e.code, f"entry_computation_layout: {e.message}", layout.loc, e.hint) from None
         except lark.exceptions.LarkError:
             raise error("NCC_EPRS003", "entry_computation_layout is not of the form {(params)->result}",
                         layout.loc) from None
@@ -914,7 +1028,7 @@ def _custom_call_target(raw: dict[str, RawAttr]) -> str:
 _SIG_GRAMMAR = r"""
 start: "(" [shape ("," shape)*] ")" "->" shape
 shape: SHAPE -> one | "(" [shape ("," shape)*] ")" -> many
-SHAPE: /(pred|token|[subfc]\d+|bf16|tf32|f8e[0-9a-z]+|f4e[0-9a-z]+)\[[^\]\n]*\](\{[^{}\n]*\})?/
+SHAPE: /(pred|token|opaque|[subfc]\d+|bf16|tf32|f\d+e[0-9a-z]+)\[[^\]\n]*\](\{[^{}\n]*\})?/
 COMMENT: /\/\*(.|\n)*?\*\//
 %import common.WS
 %ignore WS

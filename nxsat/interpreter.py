@@ -7,6 +7,7 @@ large models fit in memory.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,12 +35,27 @@ class _Frame:
         self.interp.warnings.warn(code, message, self.node.loc)
 
 
-class Interpreter:
-    """Runs computations of one module. ``check_types`` verifies every result (on by default)."""
+def host_memory_bytes() -> int:
+    """Physical memory of this machine (64 GiB when the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return 64 << 30
 
-    def __init__(self, warnings: Warnings | None = None, check_types: bool = True) -> None:
+
+class Interpreter:
+    """Runs computations of one module. ``check_types`` verifies every result (on by default).
+
+    A value larger than ``max_value_bytes`` (default: the host's physical memory) is refused with
+    NCC_EOOM002 before it is computed: numpy would otherwise fail late, or the OS would kill the
+    process while the pages are touched.
+    """
+
+    def __init__(self, warnings: Warnings | None = None, check_types: bool = True,
+                 max_value_bytes: int | None = None) -> None:
         self.warnings = warnings if warnings is not None else Warnings()
         self.check_types = check_types
+        self.max_value_bytes = max_value_bytes if max_value_bytes is not None else host_memory_bytes()
         self._orders: dict[int, tuple[list[Node], dict[int, int]]] = {}
 
     def _plan(self, comp: Computation) -> tuple[list[Node], dict[int, int]]:
@@ -75,10 +91,17 @@ class Interpreter:
         opdef = registry.get(node.op)
         if opdef is None or opdef.impl is None:
             raise error("NCC_EUOC002", f"operator {node.op} has no reference implementation", node.loc)
+        if node.type.nbytes > self.max_value_bytes:
+            raise error("NCC_EOOM002", f"{node.op} at {node.name} makes a {node.type} value of "
+                        f"{_gib(node.type.nbytes)}, more than the {_gib(self.max_value_bytes)} the reference "
+                        "interpreter may use on this host", node.loc, "run it on a host with more memory")
         try:
             out = opdef.impl(args, node.attrs, _Frame(self, node))
         except NxsatError:
             raise
+        except MemoryError:
+            raise error("NCC_EOOM002", f"the host ran out of memory computing {node.op} at {node.name} "
+                        f"({node.type})", node.loc, "run it on a host with more memory") from None
         except Exception as exc:  # a bug in an implementation: say where, keep the cause for --debug
             raise error("NCC_IINT001", f"reference implementation of {node.op} failed at {node.name}: "
                         f"{type(exc).__name__}: {exc}", node.loc, "please report this with the model") from exc
@@ -97,6 +120,10 @@ class Interpreter:
             raise error("NCC_IINT001", f"{node.op} at {node.name} computed shape {list(a.shape)}, "
                         f"declared {t}", node.loc)
         return a
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):,.1f} GiB"
 
 
 def _applied_to_arrays(comp: Computation, args: Sequence[Any]) -> bool:

@@ -39,6 +39,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
+            # mkstemp makes the file private (0600); give it the mode a plain open() would.
+            os.fchmod(f.fileno(), _file_mode(path))
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -46,6 +48,16 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _file_mode(path: Path) -> int:
+    """The existing file's permissions, else 0666 less the umask (what ``open(path, "w")`` gives)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:

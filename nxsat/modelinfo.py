@@ -84,9 +84,10 @@ def model_info(module: Module) -> ModelInfo:
     outputs = [{"name": f"out{i}", "type": str(t)} for i, t in enumerate(module.outputs)]
     canon = canonicalize(module)
     counts, loops = _flops(canon.entry, set())
-    unsupported = sorted({f"{n.op} at {n.loc}" if n.loc else n.op for n in nodes
-                          if (o := registry.get(n.op)) is not None and o.status == registry.UNSUPPORTED
-                          or n.op == "custom-call"})
+    refused = [n for n in nodes if (o := registry.get(n.op)) is not None and o.status == registry.UNSUPPORTED
+               or n.op == "custom-call"]
+    refused.sort(key=lambda n: (n.op, n.loc.file, n.loc.line, n.loc.column) if n.loc else (n.op, "", 0, 0))
+    unsupported = list(dict.fromkeys(_refused_text(n) for n in refused))
     return ModelInfo(
         name=module.name, source=module.source, framework=module.framework,
         computations=len(module.computations), instructions=len(nodes),
@@ -96,6 +97,11 @@ def model_info(module: Module) -> ModelInfo:
                "dot": counts["dot"], "convolution": counts["convolution"], "other": counts["other"]},
         canonical_nodes=len(canon.entry.post_order()), dynamic_loops=loops, unsupported=unsupported,
         warnings=[w.format() for w in module.warnings])
+
+
+def _refused_text(n: Node) -> str:
+    what = f"custom-call {n.attrs.get('target', '')!r}" if n.op == "custom-call" else n.op
+    return f"{what} at {n.loc}" if n.loc else what
 
 
 def _bytes(n: int) -> str:
@@ -123,25 +129,27 @@ def format_info(info: ModelInfo, max_params: int = 20) -> str:
     for p in shown:
         lines.append(f"  {p['index']:>4}  {p['name']:<{width}}  {p['type']:<28} {_bytes(p['bytes'])}")
     if len(shown) < len(info.parameters):
-        lines.append(f"  ... {len(info.parameters) - len(shown)} more (--json lists all)")
+        lines.append(f"  ... {len(info.parameters) - len(shown)} more (--all lists them)")
     lines.append(f"outputs: {len(info.outputs)}")
     for o in info.outputs[:max_params]:
         lines.append(f"  {o['name']:<6} {o['type']}")
     if len(info.outputs) > max_params:
-        lines.append(f"  ... {len(info.outputs) - max_params} more")
+        lines.append(f"  ... {len(info.outputs) - max_params} more (--all lists them)")
     f = info.flops
     lines.append(f"FLOPs: dot {_count(f['dot'])}, convolution {_count(f['convolution'])}; "
                  f"elementwise and other {_count(f['other'])}")
     if info.dynamic_loops:
         lines.append(f"  ({info.dynamic_loops} loop(s) with a trip count unknown at compile time: "
                      "their bodies are counted once)")
-    lines.append(f"operators ({len(info.op_histogram)} kinds):")
+    lines.append(f"operators ({len(info.op_histogram)} kinds, every computation as written):")
     items = list(info.op_histogram.items())
     for i in range(0, len(items), 4):
         lines.append("  " + "".join(f"{op:<24}{n:>6}   " for op, n in items[i:i + 4]).rstrip())
     if info.unsupported:
         lines.append("not supported (the model loads for inspection only):")
-        lines.extend(f"  {u}" for u in info.unsupported[:20])
+        lines.extend(f"  {u}" for u in info.unsupported[:max_params])
+        if len(info.unsupported) > max_params:
+            lines.append(f"  ... {len(info.unsupported) - max_params} more (--all lists them)")
     if info.warnings:
         lines.append("warnings:")
         lines.extend(f"  {w}" for w in info.warnings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from nxsat.attrs import ConvDims, DotDims, GatherDims, PadDim, ScatterDims, SliceDim, WindowDim
@@ -51,6 +52,18 @@ def _float_text(x: float) -> str:
     return repr(float(x))
 
 
+def _nan_text(x: np.ndarray) -> str:
+    """A NaN as XLA prints it: its sign, and its mantissa field when that is not the plain quiet
+    NaN (``-nan``, ``nan(0x1)``), so that printing and parsing keep every bit."""
+    width = x.dtype.itemsize * 8
+    bits = int(x.view(np.dtype(f"u{x.dtype.itemsize}"))[0])
+    mant = int(ml_dtypes.finfo(x.dtype).nmant)
+    payload = bits & ((1 << mant) - 1)
+    sign = "-" if bits >> (width - 1) else ""
+    plain = payload == 1 << (mant - 1) or x.dtype == ml_dtypes.float8_e4m3fn
+    return f"{sign}nan" + ("" if plain else f"(0x{payload:x})")
+
+
 def literal_text(value: np.ndarray) -> str:
     a = np.asarray(value)
     if a.dtype == np.bool_:
@@ -58,7 +71,11 @@ def literal_text(value: np.ndarray) -> str:
     elif a.dtype.kind in "iu":
         flat = [str(int(v)) for v in a.ravel()]
     else:
-        flat = [_float_text(float(v)) for v in a.astype(np.float64).ravel()]
+        with np.errstate(invalid="ignore"):  # signaling NaNs widen quietly
+            wide = a.astype(np.float64).ravel()
+        flat = [_float_text(float(v)) for v in wide]
+        for i in np.flatnonzero(np.isnan(wide)):
+            flat[i] = _nan_text(a.ravel()[i : i + 1])
     if a.ndim == 0:
         return flat[0]
 

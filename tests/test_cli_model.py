@@ -75,6 +75,30 @@ def test_interpret_output_is_deterministic(capsys, tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_outputs_get_ordinary_file_permissions(capsys, tmp_path):
+    # Written atomically through a private temporary file, but the result is what open() gives.
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        out_path = tmp_path / "o.npz"
+        assert run(capsys, "interpret", MLP, "-o", str(out_path))[0] == 0
+        assert out_path.stat().st_mode & 0o777 == 0o644
+        out_path.chmod(0o600)  # an existing file keeps its mode
+        assert run(capsys, "interpret", MLP, "-o", str(out_path))[0] == 0
+        assert out_path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(mask)
+
+
+def test_a_value_larger_than_the_host_is_refused_before_it_is_made(capsys, tmp_path):
+    huge = tmp_path / "huge.hlo"
+    huge.write_text("HloModule m\nENTRY e {\n  ROOT i = s32[100000000000000] iota(), iota_dimension=0\n}\n")
+    code, _, err = run(capsys, "interpret", str(huge))
+    assert code == 1 and len(err.strip().splitlines()) == 2  # the random-input note, then the error
+    assert f"{huge}:3:8: error NCC_EOOM002: iota at i makes a s32[100000000000000] value" in err
+
+
 def test_list_operators_covers_the_documented_minimum(capsys):
     code, out, _ = run(capsys, "list-operators", "--framework", "XLA")
     assert code == 0

@@ -12,6 +12,7 @@ from nxsat.frontend import loads
 from nxsat.frontend.hlo import parse_hlo
 from nxsat.interpreter import run_module
 from nxsat.ir import TensorType, TupleType
+from nxsat.printer import to_hlo_text
 
 
 def err(text: str) -> NxsatError:
@@ -154,6 +155,95 @@ ENTRY e {
     assert [w.code for w in m.warnings] == ["NCC_WTYP001"]  # u64 warns once
 
 
+def test_nan_payloads_and_signs_keep_their_bits_through_parse_and_print():
+    # XLA prints a NaN that is not the plain quiet NaN with its mantissa field: nan(0x1) is f32's
+    # signaling NaN with payload 1, -nan(0x400001) a negative quiet NaN with payload 1.
+    text = """HloModule m
+ENTRY e {
+  a = f32[4] constant({nan(0x1), -nan, -nan(0x400001), nan})
+  b = bf16[2] constant({nan(0x41), -nan(0x1)})
+  c = f8e5m2[1] constant({-nan(0x1)})
+  ROOT t = (f32[4], bf16[2], f8e5m2[1]) tuple(a, b, c)
+}
+"""
+    want = [[0x7F800001, 0xFFC00000, 0xFFC00001, 0x7FC00000], [0x7FC1, 0xFF81], [0xFD]]
+    m = parse_hlo(text)
+    for out, bits in zip(run_module(m, []), want):
+        assert out.view(f"u{out.dtype.itemsize}").tolist() == bits
+    printed = to_hlo_text(m)
+    assert "constant({nan(0x1), -nan, -nan(0x400001), nan})" in printed
+    again = loads(printed, "printed.hlo")
+    for out, bits in zip(run_module(again, []), want):
+        assert out.view(f"u{out.dtype.itemsize}").tolist() == bits
+    e = err("HloModule m\nENTRY e {\n  ROOT b = bf16[1] constant({nan(0x80)})\n}\n")
+    assert e.code == "NCC_EPRS003" and "7-bit mantissa" in e.message
+
+
+def test_tuple_constant_becomes_a_tuple_of_constants():
+    text = """HloModule m
+ENTRY e {
+  ROOT c = ((f32[2], s32[]), pred[]) constant((({1.5, -2}, 7), true))
+}
+"""
+    m = parse_hlo(text)
+    assert [(n.name, n.op) for n in m.entry.instructions] == [
+        ("c.0.0", "constant"), ("c.0.1", "constant"), ("c.0", "tuple"), ("c.1", "constant"), ("c", "tuple")]
+    a, b, c = run_module(m, [])
+    assert a.tolist() == [1.5, -2.0] and int(b) == 7 and bool(c) is True
+    e = err("HloModule m\nENTRY e {\n  ROOT c = (f32[], s32[]) constant((1))\n}\n")
+    assert e.code == "NCC_EVRF064" and "1 tuple element(s), expected 2" in e.message
+    # An elided tuple constant loads for inspection like an elided array.
+    m = parse_hlo("HloModule m\nENTRY e {\n  ROOT c = (f32[2], s32[]) constant({...})\n}\n")
+    assert m.entry.root.op == "tuple" and all(o.attrs["value"] is None for o in m.entry.root.operands)
+
+
+def test_computation_attributes_shape_valued_attributes_and_deep_constants():
+    text = """HloModule m
+%async_body (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  ROOT %n = f32[2]{0} negate(%p)
+}, execution_thread="host"
+
+ENTRY %e (x: f32[2]) -> f32[2] {
+  %x = f32[2]{0} parameter(0)
+  %k = f32[1,1,1,1,1,1,1,1,1,1,1,2] constant({{{{{{{{{{{{3, 4}}}}}}}}}}}})
+  %o = f32[2]{0} custom-call(%x), custom_call_target="host_print", outfeed_shape=(f32[2]{0}, s32[])
+  ROOT %r = f32[2]{0} call(%x), to_apply=%async_body
+}
+"""
+    m = parse_hlo(text, "m.hlo")
+    k = [n for n in m.entry.instructions if n.name == "k"][0]
+    assert k.attrs["value"].ravel().tolist() == [3.0, 4.0]
+    assert run_module(m, [np.array([1, 2], np.float32)])[0].tolist() == [-1, -2]
+    assert any(w.code == "NCC_WPRS001" and "outfeed_shape" in w.message for w in m.warnings)
+
+
+def test_c_escaped_strings_decode_to_the_model_source():
+    # absl::CEscape writes bytes outside printable ASCII in octal: a UTF-8 path reads back whole.
+    text = r"""HloModule m
+
+FileNames
+1 "/home/jos\303\251/model \"v2\".py"
+
+FunctionNames
+1 "f"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=7 end_line=7 column=1 end_column=5}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=0}
+
+ENTRY e {
+  p = f32[2] parameter(0), metadata={op_name="caf\303\251" stack_frame_id=1}
+  ROOT q = f32[2] negate(p), metadata={op_name="x" source_file="/tmp/caf\303\251.py" source_line=3}
+}
+"""
+    m = parse_hlo(text)
+    assert m.entry.params[0].loc.origin == '/home/jos\u00e9/model "v2".py:7'
+    assert m.entry.root.loc.origin == "/tmp/caf\u00e9.py:3"
+
+
 def test_elided_constant_loads_and_fails_only_when_run():
     text = "HloModule m\nENTRY e {\n  ROOT c = f32[1000] constant({...})\n}\n"
     m = parse_hlo(text, "m.hlo")
@@ -242,6 +332,26 @@ ENTRY e {
     ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0), metadata={op_name=\"x\"\n}\n", "NCC_EPRS001", ""),
     ("HloModule m\na {\n  ROOT r = f32[] call(), to_apply=b\n}\nb {\n  ROOT r = f32[] call(), to_apply=a\n}\n",
      "NCC_EPRS002", ""),
+    ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n"
+     "  ROOT c = pred[2] compare(x, x), direction=EQ, type=SIGN\n}\n", "NCC_EPRS003", "4:49"),
+    ("HloModule m\nENTRY e {\n  ROOT i = pred[4] iota(), iota_dimension=0\n}\n", "NCC_EVRF064", "3:8"),
+    ("HloModule m\nENTRY e {\n  ROOT c = f32[] parameter((0))\n}\n", "NCC_EPRS003", "3:8"),
+    ("HloModule m\nENTRY e {\n  ROOT x = f6e2m3fn[2] parameter(0)\n}\n", "NCC_ESPP004", "3:12"),
+    ("HloModule m, entry_computation_layout={(f32[?])->f32[]}\nENTRY e {\n  ROOT p = f32[] parameter(0)\n}\n",
+     "NCC_EMOD025", "1:14"),
+    ("HloModule m\nmx {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT m = f32[] maximum(a, b)\n}\n"
+     "ENTRY e {\n  x = f32[4] parameter(0)\n  z = f32[] constant(0)\n"
+     "  ROOT r = f32[5] reduce-window(x, z), window={size=0}, to_apply=mx\n}\n", "NCC_EPRS003", "10:40"),
+    ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  ROOT r = f32[2] all-gather(x), dimensions={0}, "
+     "replica_groups=[2,2]<=[2,2]T(0,0)\n}\n", "NCC_EPRS003", "4:50"),
+    ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  ROOT r = f32[2] all-gather(x), dimensions={0}, "
+     "replica_groups=[1,200000000]<=[200000000]\n}\n", "NCC_EPRS003", "4:50"),
+    ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  ROOT r = f32[2] all-gather(x), dimensions={0}, "
+     "replica_groups={{0},junk}\n}\n", "NCC_EPRS003", "4:50"),
+    ("HloModule m\nENTRY e {\n  x = f32[1] parameter(0)\n  ROOT b = f32[4] broadcast(x), dimensions={0}\n}\n",
+     "NCC_EVRF064", "4:8"),
+    ("HloModule m\nENTRY e {\n  x = f32[4,4] parameter(0)\n  i = s32[] parameter(1)\n  j = s64[] parameter(2)\n"
+     "  ROOT d = f32[2,2] dynamic-slice(x, i, j), dynamic_slice_sizes={2,2}\n}\n", "NCC_EVRF064", "6:8"),
 ])
 def test_bad_input_gives_one_coded_line_with_location(text, code, where):
     e = err(text)
@@ -293,6 +403,8 @@ def test_unknown_custom_call_target():
 
 def test_framework_detection():
     assert loads(NEW_STYLE, "model.txt").name == "m"
+    # A .hlo file is HLO even without a header or ENTRY (the last computation is the entry).
+    assert loads("main {\n  ROOT p = f32[2] parameter(0)\n}\n", "model.hlo").entry.name == "main"
     with pytest.raises(NxsatError) as exc:
         loads("hello world", "model.bin")
     assert exc.value.code == "NCC_EFIL001"

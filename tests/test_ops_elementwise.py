@@ -189,11 +189,28 @@ def test_clamp_with_scalar_bounds():
 
 
 def test_reduce_precision_to_bf16_format():
+    # bf16 keeps f32's exponent field, so XLA leaves the exponent (and denormals) alone: the
+    # result is exactly the bf16 rounding, a denormal included.
     x = f32(1.0 + 2.0 ** -9, 1.0 + 3 * 2.0 ** -9, 3.0e38, 1e-40)
     out = run("reduce-precision", x, exponent_bits=8, mantissa_bits=7)
     expect = x.astype(ml_dtypes.bfloat16).astype(np.float32)
-    expect[3] = 0.0  # denormals flush
+    assert expect[3] != 0
     np.testing.assert_array_equal(out, expect)
+
+
+def test_reduce_precision_works_on_the_operands_own_bits():
+    # A narrower exponent sends what it cannot hold to signed zero / infinity (denormals too).
+    x = f32(1e-40, -1e-6, 65504.0, -7e4, 1.5)
+    np.testing.assert_array_equal(run("reduce-precision", x, exponent_bits=5, mantissa_bits=10),
+                                  f32(0.0, -0.0, 65504.0, -np.inf, 1.5))
+    # NaNs come back as they were, or as +inf when no mantissa bit is left (XLA's rule).
+    nan = np.array([0x7FC00001, 0xFF800001], np.uint32).view(np.float32)
+    assert run("reduce-precision", nan, exponent_bits=5, mantissa_bits=2).view(np.uint32).tolist() == \
+        [0x7FC00001, 0xFF800001]
+    np.testing.assert_array_equal(run("reduce-precision", nan, exponent_bits=5, mantissa_bits=0), f32(np.inf, np.inf))
+    for bits in ({"exponent_bits": 0, "mantissa_bits": 2}, {"exponent_bits": 5, "mantissa_bits": -1}):
+        with pytest.raises(NxsatError, match="NCC_EVRF064"):
+            run("reduce-precision", x, **bits)
 
 
 @pytest.mark.parametrize("op,args,msg", [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import scipy.special
 
@@ -207,24 +208,37 @@ def _logistic(x: np.ndarray) -> np.ndarray:
 
 
 def _reduce_precision_impl(args: list[Any], attrs: dict, ctx: Any) -> np.ndarray:
-    x = args[0]
+    """XLA's bit-level algorithm on the operand's own encoding: round the mantissa to
+    ``mantissa_bits`` (nearest even), then send exponents the narrower format cannot hold to
+    signed infinity or zero (denormals included); a field at least as wide as the operand's is left
+    alone. NaNs come back unchanged, or as +inf when no mantissa bit is left."""
+    x = np.asarray(args[0])
     ebits, mbits = int(attrs["exponent_bits"]), int(attrs["mantissa_bits"])
-    f = x.astype(np.float64)
-    bits = f.view(np.uint64)
-    # Round the mantissa to mbits (nearest even), then clamp the exponent range.
-    drop = 52 - mbits
-    if drop > 0:
-        lsb = (bits >> np.uint64(drop)) & np.uint64(1)
-        half = np.uint64((1 << (drop - 1)) - 1)
-        bits = (bits + half + lsb) & ~np.uint64((1 << drop) - 1)
-    r = bits.view(np.float64)
-    r = np.where(np.isnan(f), f, r)
-    max_exp = (1 << (ebits - 1)) - 1
-    largest = (2.0 - 2.0 ** -mbits) * 2.0 ** max_exp
-    smallest_normal = 2.0 ** (1 - max_exp)
-    r = np.where(np.abs(r) > largest, np.copysign(np.inf, r), r)
-    r = np.where(np.isfinite(f) & (np.abs(r) < smallest_normal), np.copysign(0.0, r), r)
-    return to_dtype(r, dt.from_numpy(x.dtype))
+    info = ml_dtypes.finfo(x.dtype)
+    src_m, src_e, width = int(info.nmant), int(info.nexp), x.dtype.itemsize * 8
+    u = np.dtype(f"u{x.dtype.itemsize}")
+    full = np.uint64((1 << width) - 1)
+    v = np.ascontiguousarray(x).view(u).astype(np.uint64)
+    sign = np.uint64(1 << (width - 1))
+    exp_mask = np.uint64(((1 << src_e) - 1) << src_m)
+    is_nan = (v & ~sign & full) > exp_mask
+    if mbits < src_m:
+        shift = src_m - mbits
+        last = np.uint64(1 << shift)
+        bias = (last >> np.uint64(1)) - np.uint64(1)
+        lsb = (v & last) >> np.uint64(shift)
+        v = ((v + lsb + bias) & ~(last - np.uint64(1))) & full
+    if ebits < src_e:
+        bias_src = (1 << (src_e - 1)) - 1
+        bias_dst = (1 << (ebits - 1)) - 1
+        exponent = v & exp_mask
+        signed_zero = v & sign
+        v = np.where(exponent > np.uint64((bias_src + bias_dst) << src_m), signed_zero | exp_mask, v)
+        v = np.where(exponent <= np.uint64((bias_src - bias_dst) << src_m), signed_zero, v)
+    out = v.astype(u).view(x.dtype)
+    if mbits > 0:
+        return np.where(is_nan, x, out)
+    return np.where(is_nan, np.array(np.inf, x.dtype), out)
 
 
 # --- unary -----------------------------------------------------------------------------------
@@ -268,6 +282,9 @@ def _reduce_precision(types: list[Type], attrs: dict) -> Type:
     check_kind(x.dtype, FLOAT, "reduce-precision")
     if "exponent_bits" not in attrs or "mantissa_bits" not in attrs:
         raise ShapeError("reduce-precision needs exponent_bits and mantissa_bits")
+    if attrs["exponent_bits"] < 1 or attrs["mantissa_bits"] < 0:
+        raise ShapeError(f"reduce-precision needs at least 1 exponent bit and 0 mantissa bits, got "
+                         f"exponent_bits={attrs['exponent_bits']} mantissa_bits={attrs['mantissa_bits']}")
     return x
 
 

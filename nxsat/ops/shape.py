@@ -77,6 +77,8 @@ def _iota(types: list[Type], attrs: dict) -> Type:
     d = attrs.get("iota_dimension")
     if not isinstance(d, int) or not 0 <= d < t.rank:
         raise ShapeError(f"iota: iota_dimension {d} out of range for {t}")
+    if t.dtype.is_pred:
+        raise ShapeError("iota: the element type must be an integer or float type, not pred")
     return t
 
 
@@ -105,7 +107,9 @@ def _broadcast(types: list[Type], attrs: dict) -> Type:
         raise ShapeError(f"broadcast: {len(dims)} dimensions given for an operand of rank {x.rank}")
     check_dims(dims, len(shape), "broadcast")
     for i, d in enumerate(dims):
-        if x.shape[i] not in (1, shape[d]):
+        # Exactly equal, as XLA's verifier demands: a size-1 dimension that should expand is
+        # reshaped away first (broadcast_in_dim's degenerate form is not HLO).
+        if x.shape[i] != shape[d]:
             raise ShapeError(f"broadcast: operand dimension {i} ({x.shape[i]}) does not match "
                              f"result dimension {d} ({shape[d]})")
     return x.with_shape(shape)
@@ -188,6 +192,8 @@ def _check_start_indices(starts: list[TensorType], rank: int, name: str) -> None
     for s in starts:
         if s.shape != () or not s.dtype.is_int:
             raise ShapeError(f"{name}: start indices must be integer scalars, got {s}")
+        if s.dtype is not starts[0].dtype:
+            raise ShapeError(f"{name}: start indices must all have one type, got {starts[0]} and {s}")
 
 
 @op("dynamic-slice", engine=DMA, arity=(1, None), impl=_dynamic_slice_impl, relay=("dynamic_strided_slice",),
