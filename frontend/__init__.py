@@ -40,6 +40,9 @@ def loads(text: str, filename: str = "<string>", framework: str | None = None, *
     if fw == "XLA":
         from nxsat.frontend.hlo import parse_hlo
 
+        if options.get("relay_constants") is not None:
+            raise error("NCC_EARG002", f"{filename} is an HLO model: --relay-constants applies to Relay models only",
+                        hint="HLO carries its constants in the text")
         return parse_hlo(text, filename)
     if fw == "RELAY":
         try:

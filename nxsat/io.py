@@ -88,7 +88,11 @@ def write_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> None
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Read an .npz without pickle; NCC_EFIL001 when it is missing or not an .npz."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise error("NCC_EFIL001", f"{path}: a single .npy array, not an .npz",
+                        "save the arrays with numpy.savez(path, in0=..., in1=...)")
+        with z:
             return {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise error("NCC_EFIL001", f"{path}: no such file") from None

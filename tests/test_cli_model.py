@@ -150,3 +150,12 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_npy_inputs_and_relay_constants_on_hlo_are_refused(capsys, tmp_path):
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros(3, np.float32))
+    code, _, err = run(capsys, "interpret", MLP, "--inputs", str(npy))
+    assert code == 1 and "NCC_EFIL001" in err and "single .npy" in err
+    code, _, err = run(capsys, "inspect", MLP, "--relay-constants", str(npy))
+    assert code == 1 and "NCC_EARG002" in err and "Relay models only" in err
