@@ -91,7 +91,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
             raise error("NCC_EFIL001", f"{path}: a single .npy array, not an .npz",
-                        "save the arrays with numpy.savez(path, in0=..., in1=...)")
+                        hint="save the arrays with numpy.savez(path, in0=..., in1=...)")
         with z:
             return {k: z[k] for k in z.files}
     except FileNotFoundError:
