@@ -10,6 +10,7 @@ TVM's type relations and TOPI's definitions.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,28 +68,76 @@ def _spatial_ints(em: Emitter, call: Call, key: str, nsp: int, default: int) -> 
 # --- convolution -----------------------------------------------------------------------------
 
 
-def _conv(em: Emitter, call: Call, nsp: int) -> Value:
-    data, weight = call.tensors(2)
+@dataclass(frozen=True)
+class _ConvCall:
+    """What nn.convNd and nn.convNd_transpose share: attributes, layouts decoded to roles."""
+
+    strides: tuple[int, ...]
+    dilation: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]
+    groups: int
+    channels: int | None
+    kernel_size: tuple[int, ...] | None
+    kernel_layout: str
+    out_dtype: dt.DType | None
+    data_roles: tuple[int, int, tuple[int, ...]]  # batch, feature, spatial
+    kernel_roles: tuple[int, int, tuple[int, ...]]  # output, input, spatial
+    out_roles: tuple[int, int, tuple[int, ...]]
+
+
+def _conv_call(em: Emitter, call: Call, nsp: int, data: Node, weight: Node, kernel_layout: str) -> _ConvCall:
     a = call.attrs
     strides = _spatial_ints(em, call, "strides", nsp, 1)
     dilation = _spatial_ints(em, call, "dilation", nsp, 1)
     pads = _padding(em, a.ints("padding", (0,)), nsp)
-    groups = a.int("groups", 1)
-    channels = a.opt_int("channels")
-    kernel_size = a.opt_ints("kernel_size")
-    dl, kl = _DEFAULT_LAYOUT[nsp]
-    data_layout = a.str("data_layout", dl)
-    kernel_layout = a.str("kernel_layout", kl)
+    data_layout = a.str("data_layout", _DEFAULT_LAYOUT[nsp][0])
+    kernel_layout = a.str("kernel_layout", kernel_layout)
     out_layout = a.str("out_layout", "") or data_layout
-    out_dtype = a.dtype("out_dtype", None)
     if len(data.shape) != nsp + 2 or len(weight.shape) != nsp + 2:
         raise em.fail(
             "NCC_EVRF064",
             f"{call.op} needs rank-{nsp + 2} data and weight, got {list(data.shape)} and {list(weight.shape)}",
         )
-    ib, if_, isp = _layout(em, data_layout, "NC", nsp, "data_layout")
-    ko, ki, ksp = _layout(em, kernel_layout, "OI", nsp, "kernel_layout")
-    ob, of, osp = _layout(em, out_layout, "NC", nsp, "out_layout")
+    return _ConvCall(
+        strides, dilation, pads, a.int("groups", 1), a.opt_int("channels"), a.opt_ints("kernel_size"),
+        kernel_layout, a.dtype("out_dtype", None),
+        data_roles=_layout(em, data_layout, "NC", nsp, "data_layout"),
+        kernel_roles=_layout(em, kernel_layout, "OI", nsp, "kernel_layout"),
+        out_roles=_layout(em, out_layout, "NC", nsp, "out_layout"),
+    )
+
+
+def _check_kernel_size(em: Emitter, call: Call, conv: _ConvCall, ksizes: tuple[int, ...]) -> None:
+    if conv.kernel_size is not None and tuple(conv.kernel_size) != ksizes:
+        raise em.fail(
+            "NCC_EVRF064",
+            f"{call.op}: kernel_size={list(conv.kernel_size)} but the weight's window is {list(ksizes)}",
+        )
+
+
+def _emit_conv(em: Emitter, conv: _ConvCall, data: Node, weight: Node, window: tuple[WindowDim, ...],
+               kernel_roles: tuple[int, int, tuple[int, ...]]) -> Value:
+    ib, if_, isp = conv.data_roles
+    ko, ki, ksp = kernel_roles
+    ob, of, osp = conv.out_roles
+    out = conv.out_dtype if conv.out_dtype is not None and conv.out_dtype is not data.dtype else None
+    return em.op(
+        "convolution",
+        [data, weight],
+        window=window,
+        dims=ConvDims(ib, if_, isp, ki, ko, ksp, ob, of, osp),
+        feature_group_count=conv.groups,
+        batch_group_count=1,
+        dtype=out,
+    )
+
+
+def _conv(em: Emitter, call: Call, nsp: int) -> Value:
+    data, weight = call.tensors(2)
+    conv = _conv_call(em, call, nsp, data, weight, _DEFAULT_LAYOUT[nsp][1])
+    groups, channels = conv.groups, conv.channels
+    _, if_, _ = conv.data_roles
+    ko, ki, ksp = conv.kernel_roles
     if groups < 1 or data.shape[if_] % groups:
         raise em.fail("NCC_EVRF064", f"{call.op}: groups={groups} does not divide the {data.shape[if_]} input channels")
     cin = data.shape[if_]
@@ -109,7 +158,7 @@ def _conv(em: Emitter, call: Call, nsp: int) -> Value:
     if weight.shape[ki] * groups != cin:
         raise em.fail(
             "NCC_EVRF064",
-            f"{call.op}: weight {list(weight.shape)} ({kernel_layout}) has "
+            f"{call.op}: weight {list(weight.shape)} ({conv.kernel_layout}) has "
             f"{weight.shape[ki]} input channels per group; data has {cin} channels in {groups} group(s)",
         )
     if channels is not None and weight.shape[ko] != channels:
@@ -118,26 +167,12 @@ def _conv(em: Emitter, call: Call, nsp: int) -> Value:
             f"{call.op}: channels={channels} but the weight has {weight.shape[ko]} output channels",
         )
     ksizes = tuple(weight.shape[d] for d in ksp)
-    if kernel_size is not None and tuple(kernel_size) != ksizes:
-        raise em.fail(
-            "NCC_EVRF064",
-            f"{call.op}: kernel_size={list(kernel_size)} but the weight's window is {list(ksizes)}",
-        )
+    _check_kernel_size(em, call, conv, ksizes)
     window = tuple(
         WindowDim(size=k, stride=s, pad_lo=lo, pad_hi=hi, rhs_dilation=d)
-        for k, s, (lo, hi), d in zip(ksizes, strides, pads, dilation)
+        for k, s, (lo, hi), d in zip(ksizes, conv.strides, conv.pads, conv.dilation)
     )
-    dims = ConvDims(ib, if_, isp, ki, ko, ksp, ob, of, osp)
-    d = out_dtype if out_dtype is not None and out_dtype is not data.dtype else None
-    return em.op(
-        "convolution",
-        [data, weight],
-        window=window,
-        dims=dims,
-        feature_group_count=groups,
-        batch_group_count=1,
-        dtype=d,
-    )
+    return _emit_conv(em, conv, data, weight, window, (ko, ki, ksp))
 
 
 @lowering("nn.conv1d", notes="convolution (layouts, groups, strides, padding, dilation)")
@@ -159,43 +194,26 @@ def _conv_transpose(em: Emitter, call: Call, nsp: int) -> Value:
     """A transposed convolution is a convolution of the input dilated by the strides with the
     spatially reversed kernel, its channel roles swapped (TVM's kernel layout default IOHW)."""
     data, weight = call.tensors(2)
-    a = call.attrs
-    strides = _spatial_ints(em, call, "strides", nsp, 1)
-    dilation = _spatial_ints(em, call, "dilation", nsp, 1)
-    pads = _padding(em, a.ints("padding", (0,)), nsp)
-    out_pad = a.ints("output_padding", (0,) * nsp)
+    out_pad = call.attrs.ints("output_padding", (0,) * nsp)
     out_pad = out_pad * nsp if len(out_pad) == 1 else out_pad
-    groups = a.int("groups", 1)
-    channels = a.opt_int("channels")
-    kernel_size = a.opt_ints("kernel_size")
-    dl, _ = _DEFAULT_LAYOUT[nsp]
-    data_layout = a.str("data_layout", dl)
-    kernel_layout = a.str("kernel_layout", "IO" + _SPATIAL[nsp])
-    out_layout = a.str("out_layout", "") or data_layout
-    out_dtype = a.dtype("out_dtype", None)
-    if len(out_pad) != nsp or any(p < 0 or p >= max(s, d) for p, s, d in zip(out_pad, strides, dilation)):
+    conv = _conv_call(em, call, nsp, data, weight, "IO" + _SPATIAL[nsp])
+    groups, channels = conv.groups, conv.channels
+    if len(out_pad) != nsp or any(p < 0 or p >= max(s, d) for p, s, d in zip(out_pad, conv.strides, conv.dilation)):
         raise em.fail("NCC_EPRS003", f"{call.op}: output_padding {list(out_pad)} must be below the stride")
-    if len(data.shape) != nsp + 2 or len(weight.shape) != nsp + 2:
-        raise em.fail("NCC_EVRF064", f"{call.op} needs rank-{nsp + 2} data and weight")
-    ib, if_, isp = _layout(em, data_layout, "NC", nsp, "data_layout")
-    ko, ki, ksp = _layout(em, kernel_layout, "OI", nsp, "kernel_layout")
-    ob, of, osp = _layout(em, out_layout, "NC", nsp, "out_layout")
+    _, if_, _ = conv.data_roles
+    ko, ki, ksp = conv.kernel_roles
     cin = data.shape[if_]
     if groups < 1 or cin % groups or weight.shape[ki] != cin:
         raise em.fail(
             "NCC_EVRF064",
-            f"{call.op}: weight {list(weight.shape)} ({kernel_layout}) does not take "
+            f"{call.op}: weight {list(weight.shape)} ({conv.kernel_layout}) does not take "
             f"{cin} input channels in {groups} group(s)",
         )
     cout = weight.shape[ko] * groups
     if channels is not None and channels != cout:
         raise em.fail("NCC_EVRF064", f"{call.op}: channels={channels} but the weight gives {cout}")
     ksizes = tuple(weight.shape[d] for d in ksp)
-    if kernel_size is not None and tuple(kernel_size) != ksizes:
-        raise em.fail(
-            "NCC_EVRF064",
-            f"{call.op}: kernel_size={list(kernel_size)} but the weight's window is {list(ksizes)}",
-        )
+    _check_kernel_size(em, call, conv, ksizes)
     # Canonical kernel [I, O/g, spatial...] -> forward kernel [O, I/g, spatial...] per group.
     w = em.transpose(weight, (ki, ko, *ksp))
     if groups > 1:
@@ -205,23 +223,12 @@ def _conv_transpose(em: Emitter, call: Call, nsp: int) -> Value:
     else:
         w = em.transpose(w, (1, 0) + tuple(range(2, nsp + 2)))
     w = em.op("reverse", [w], dimensions=tuple(range(2, nsp + 2)))
-    window = []
-    for k, s, (lo, hi), d, op in zip(ksizes, strides, pads, dilation, out_pad):
-        span = (k - 1) * d
-        window.append(
-            WindowDim(size=k, stride=1, pad_lo=span - lo, pad_hi=span - hi + op, lhs_dilation=s, rhs_dilation=d)
-        )
-    dims = ConvDims(ib, if_, isp, 1, 0, tuple(range(2, nsp + 2)), ob, of, osp)
-    out = out_dtype if out_dtype is not None and out_dtype is not data.dtype else None
-    return em.op(
-        "convolution",
-        [data, w],
-        window=tuple(window),
-        dims=dims,
-        feature_group_count=groups,
-        batch_group_count=1,
-        dtype=out,
+    window = tuple(
+        WindowDim(size=k, stride=1, pad_lo=(k - 1) * d - lo, pad_hi=(k - 1) * d - hi + op, lhs_dilation=s,
+                  rhs_dilation=d)
+        for k, s, (lo, hi), d, op in zip(ksizes, conv.strides, conv.pads, conv.dilation, out_pad)
     )
+    return _emit_conv(em, conv, data, w, window, (0, 1, tuple(range(2, nsp + 2))))
 
 
 @lowering("nn.conv1d_transpose", notes="convolution with lhs dilation and a reversed kernel")
