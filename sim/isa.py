@@ -673,7 +673,27 @@ def _index_rows(x: ExecCtx, idx: RAccess, rows: int, what: str, where: str) -> t
     return i, ok
 
 
-class Gather(Op):
+class _Indirect(Op):
+    """GpSimd indirect copies: rows of an HBM table moved to or from an SBUF tile by index."""
+
+    def parts(self, c: LInstr) -> tuple[RAccess, RAccess, RAccess]:
+        """(SBUF tile, HBM table, index tile)."""
+        raise NotImplementedError
+
+    def traffic_factor(self, c: LInstr) -> int:
+        return 1
+
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        tile, _, idx = self.parts(c)
+        return {"rows": idx.size, "N": tile.free, "P": tile.partitions}
+
+    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
+        tile, table, idx = self.parts(c)
+        row = tile.nbytes // max(1, idx.size)
+        return _indirect_transfer(tile.nbytes, row, tile.partitions, target, table, self.traffic_factor(c))
+
+
+class Gather(_Indirect):
     name = "gather"
     engines = ("pool",)
     operands = (Operand("dst", SB, write=True), Operand("table", HBM), Operand("idx", SB))
@@ -692,17 +712,12 @@ class Gather(Op):
         out[ok] = t[i[ok]]
         x.write_raw(dst, out.reshape(dst.shape))
 
-    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+    def parts(self, c: LInstr) -> tuple[RAccess, RAccess, RAccess]:
         dst, table, idx = c.ops
-        return {"rows": idx.size, "N": dst.free, "P": dst.partitions}
-
-    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
-        dst, table, idx = c.ops
-        row = dst.nbytes // max(1, idx.size)
-        return _indirect_transfer(dst.nbytes, row, dst.partitions, target, table)
+        return dst, table, idx
 
 
-class Scatter(Op):
+class Scatter(_Indirect):
     name = "scatter"
     engines = ("pool",)
     operands = (Operand("table", HBM, write=True), Operand("idx", SB), Operand("src", SB))
@@ -745,16 +760,12 @@ class Scatter(Op):
         else:
             x.write_raw(table, new.reshape(table.shape))
 
-    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+    def parts(self, c: LInstr) -> tuple[RAccess, RAccess, RAccess]:
         table, idx, src = c.ops
-        return {"rows": idx.size, "N": src.free, "P": src.partitions}
+        return src, table, idx
 
-    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
-        table, idx, src = c.ops
-        row = src.nbytes // max(1, idx.size)
-        # scatter-add reads the rows too
-        factor = 2 if c.attrs["mode"] == "add" else 1
-        return _indirect_transfer(src.nbytes, row, src.partitions, target, table, factor)
+    def traffic_factor(self, c: LInstr) -> int:
+        return 2 if c.attrs["mode"] == "add" else 1  # scatter-add reads the rows too
 
 
 def _check_indirect(tile: RAccess, table: RAccess, idx: RAccess, what: str) -> None:
