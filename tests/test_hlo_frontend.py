@@ -15,6 +15,23 @@ from nxsat.ir import TensorType, TupleType
 from nxsat.printer import to_hlo_text
 
 
+def frame_tables(file_name: str, line: int) -> str:
+    """The stack-frame tables of newer XLA dumps, for one frame at ``file_name``:``line``."""
+    return f"""
+FileNames
+1 {file_name}
+
+FunctionNames
+1 "f"
+
+FileLocations
+1 {{file_name_id=1 function_name_id=1 line={line} end_line={line} column=1 end_column=5}}
+
+StackFrames
+1 {{file_location_id=1 parent_frame_id=0}}
+"""
+
+
 def err(text: str) -> NxsatError:
     with pytest.raises(NxsatError) as exc:
         parse_hlo(text, "m.hlo")
@@ -92,20 +109,7 @@ ENTRY %e (p: bf16[8,128]) -> (bf16[8,128], s32[]) {
 
 
 def test_stack_frame_tables_are_accepted():
-    text = """HloModule m
-
-FileNames
-1 "model.py"
-
-FunctionNames
-1 "f"
-
-FileLocations
-1 {file_name_id=1 function_name_id=1 line=3 end_line=3 column=1 end_column=5}
-
-StackFrames
-1 {file_location_id=1 parent_frame_id=0}
-
+    text = "HloModule m\n" + frame_tables('"model.py"', 3) + """
 ENTRY e {
   ROOT p = f32[2] parameter(0), metadata={op_name="x" stack_frame_id=1}
 }
@@ -220,20 +224,7 @@ ENTRY %e (x: f32[2]) -> f32[2] {
 
 def test_c_escaped_strings_decode_to_the_model_source():
     # absl::CEscape writes bytes outside printable ASCII in octal: a UTF-8 path reads back whole.
-    text = r"""HloModule m
-
-FileNames
-1 "/home/jos\303\251/model \"v2\".py"
-
-FunctionNames
-1 "f"
-
-FileLocations
-1 {file_name_id=1 function_name_id=1 line=7 end_line=7 column=1 end_column=5}
-
-StackFrames
-1 {file_location_id=1 parent_frame_id=0}
-
+    text = "HloModule m\n" + frame_tables(r'"/home/jos\303\251/model \"v2\".py"', 7) + r"""
 ENTRY e {
   p = f32[2] parameter(0), metadata={op_name="caf\303\251" stack_frame_id=1}
   ROOT q = f32[2] negate(p), metadata={op_name="x" source_file="/tmp/caf\303\251.py" source_line=3}
