@@ -369,6 +369,15 @@ def _float(ln: _Line) -> float:
     return float(np.float32(float(t.text)))  # immediates are fp32 on the device
 
 
+def _number(ln: _Line) -> int | float:
+    """An immediate: an integer literal stays an exact integer (integer tiles use it unrounded),
+    anything else is an fp32 value."""
+    t = ln.peek()
+    if t is not None and t.kind == "num" and re.fullmatch(r"[+-]?\d+", t.text):
+        return ln.int("an integer")
+    return _float(ln)
+
+
 def _attr_value(ln: _Line, a: Attr, prog: Program) -> Any:
     if a.kind == "bool":
         v = ln.name("true or false")
@@ -379,6 +388,8 @@ def _attr_value(ln: _Line, a: Attr, prog: Program) -> Any:
         return ln.int(f"an integer for {a.name}")
     if a.kind == "float":
         return _float(ln)
+    if a.kind == "number":
+        return _number(ln)
     if a.kind == "enum":
         loc = ln.loc()
         v = ln.name(f"one of {', '.join(a.choices)}")
@@ -400,7 +411,7 @@ def _attr_value(ln: _Line, a: Attr, prog: Program) -> Any:
     if a.kind == "scalar":
         t = ln.peek()
         if t is not None and t.kind == "num":
-            return _float(ln)
+            return _number(ln)
         return _access(ln, prog)
     if a.kind in ("in", "out"):
         if ln.peek("none"):
@@ -533,7 +544,7 @@ def fmt_access(a: Access, shape: tuple[int, ...]) -> str:
 def _fmt_attr(a: Attr, v: Any, prog: Program) -> str:
     if a.kind == "bool":
         return "true" if v else "false"
-    if a.kind == "float":
+    if a.kind == "float" or (isinstance(v, float) and a.kind in ("number", "scalar")):
         return fmt_float(v)
     if a.kind == "ints":
         return "(" + ", ".join(map(str, v)) + ")"
@@ -591,8 +602,8 @@ def format_instr(ins: Instr, prog: Program) -> str:
     args = [fmt_access(a, prog.tensors[a.tensor].shape) for a in ins.operands]
     for a in op.attrs:
         v = ins.attrs.get(a.name, a.default)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and a.kind in ("float", "scalar"):
-            v = float(np.float32(v))  # immediates are fp32: compare and print as the device holds them
+        if isinstance(v, float) and a.kind in ("float", "scalar", "number") or a.kind == "float":
+            v = float(np.float32(v))  # float immediates are fp32: compare and print as the device holds them
         if v is None or (a.default is not None and not isinstance(v, Access) and _same_value(v, a.default)):
             continue
         args.append(f"{a.name}={_fmt_attr(a, v, prog)}")

@@ -88,6 +88,7 @@ class LInstr:
     reads: list[RAccess] = field(default_factory=list)
     writes: list[RAccess] = field(default_factory=list)
     ranks: int = 1
+    domains: tuple[str, ...] = ()  # per ALU step: "int" (exact), "f32" or "raw" (bits moved), set when linked
 
     @property
     def line(self) -> int:
@@ -195,6 +196,20 @@ def _scalar(x: ExecCtx, v: Any, dst: RAccess, domain: str) -> Any:
     return np.int64(v) if domain == "int" else np.float32(v)
 
 
+def _alu_domain(c: LInstr, target: Any, op: str | None, *ras: RAccess) -> str:
+    """The domain one ALU step of ``c`` computes in on its engine (see numerics.compute_domain)."""
+    return nm.compute_domain(c.stream, op, [r.dtype for r in ras], target.exact_int_engines, target.exact_int_types)
+
+
+def _convert(v: np.ndarray, src: str, dst: str) -> np.ndarray:
+    """An intermediate value carried from one ALU step's domain to the next's."""
+    if src == dst:
+        return v
+    if dst == "f32":
+        return nm.to_f32(v)
+    return dt.cast(np.asarray(v, dtype=np.float32), dt.S32).astype(np.int64)  # truncate and saturate
+
+
 # --- opcodes -----------------------------------------------------------------------------------
 
 class Op:
@@ -225,6 +240,10 @@ class Op:
         """Reads that must wait for an earlier instruction of the same engine to write them."""
         return c.reads
 
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        """Where each ALU step computes (``int``, ``f32`` or ``raw``); decided once, when linked."""
+        return ()
+
     def cost_key(self, c: LInstr) -> str:
         """The name the target's cost formulas know this instruction by (``costs.KEY@ENGINE`` or
         ``costs.KEY``, falling back to the opcode's): a variant with its own documented cost has one."""
@@ -251,10 +270,6 @@ class Op:
     def transfer(self, c: LInstr, target: Any) -> Transfer | None:
         return None
 
-
-
-def _domain(*ras: RAccess) -> str:
-    return nm.compute_domain(*(r.dtype for r in ras))
 
 
 # TensorE --------------------------------------------------------------------------------------
@@ -439,9 +454,12 @@ class TensorTensor(Op):
         _need_same(dst, b, "tensor_tensor")
         _check_int_op(c.attrs["op"], dst, a, b)
 
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        return (_alu_domain(c, target, c.attrs["op"], *c.ops),)
+
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, a, b = c.ops
-        d = _domain(dst, a, b)
+        d = c.domains[0]
         va = nm.load(x.read(a), d).reshape(dst.shape)
         vb = nm.load(x.read(b), d).reshape(dst.shape)
         with np.errstate(all="ignore"):
@@ -457,9 +475,11 @@ class TensorTensor(Op):
         return v
 
 
-def _check_int_op(op: str, *ras: RAccess) -> None:
+def _check_int_op(op: str, *ras: RAccess, stream: str = "") -> None:
     if op in nm.INT_ONLY_OPS and not all(r.dtype.is_int for r in ras):
         raise CheckFail(f"{op} works on integer tiles only")
+    if op in nm.INT_ONLY_OPS and stream == "act":
+        raise CheckFail(f"ScalarE has no bitwise operators ({op}): run it on dve or pool")
 
 
 class TensorScalar(Op):
@@ -476,19 +496,33 @@ class TensorScalar(Op):
         for k in ("scalar0", "scalar1"):
             if isinstance(c.attrs[k], RAccess):
                 _need_per_partition(c.attrs[k], dst, k)
-        _check_int_op(c.attrs["op0"], dst, src)
+        _check_int_op(c.attrs["op0"], dst, src, stream=c.stream)
         if c.attrs["op1"] != "none":
-            _check_int_op(c.attrs["op1"], dst, src)
+            _check_int_op(c.attrs["op1"], dst, src, stream=c.stream)
+
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        dst, src = c.ops
+        out = []
+        for k in ("0", "1"):
+            op, v = c.attrs["op" + k], c.attrs["scalar" + k]
+            if op == "none":
+                break
+            tiles = (dst, src) + ((v,) if isinstance(v, RAccess) else ())
+            d = _alu_domain(c, target, op, *tiles)
+            if d == "int" and not isinstance(v, RAccess) and float(v) != int(v):
+                raise CheckFail(f"op{k}={op} computes on integers here: scalar{k}={v} must be an integer")
+            out.append(d)
+        return tuple(out)
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
-        scal = [v for k in ("scalar0", "scalar1") if isinstance(v := c.attrs[k], RAccess)]
-        d = _domain(dst, src, *scal)
-        v = nm.load(x.read(src), d).reshape(dst.shape)
+        d0 = c.domains[0]
+        v = nm.load(x.read(src), d0).reshape(dst.shape)
         with np.errstate(all="ignore"):
-            v = nm.BINARY[c.attrs["op0"]](v, _scalar(x, c.attrs["scalar0"], dst, d))
+            v = nm.BINARY[c.attrs["op0"]](v, _scalar(x, c.attrs["scalar0"], dst, d0))
             if c.attrs["op1"] != "none":
-                v = nm.BINARY[c.attrs["op1"]](v, _scalar(x, c.attrs["scalar1"], dst, d))
+                d1 = c.domains[1]
+                v = nm.BINARY[c.attrs["op1"]](_convert(v, d0, d1), _scalar(x, c.attrs["scalar1"], dst, d1))
         x.write(dst, v)
 
 
@@ -513,9 +547,12 @@ class TensorReduce(Op):
         if dst.partitions != src.partitions or _sq(dst.shape[1:]) != _sq(kept[1:]):
             raise CheckFail(f"dst {_shape_str(dst)} must be {list(kept)} (reduced over axes {list(axes)})")
 
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        return (_alu_domain(c, target, c.attrs["op"], *c.ops),)
+
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
-        d = _domain(dst, src)
+        d = c.domains[0]
         v = nm.load(x.read(src), d)
         with np.errstate(all="ignore"):
             r = nm.REDUCE[c.attrs["op"]](v, axis=self.axes(c))
@@ -536,13 +573,19 @@ class TensorCopy(Op):
     def check(self, c: LInstr, target: Any) -> None:
         _need_same(c.ops[0], c.ops[1], "tensor_copy")
 
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        # NKI: VectorE and GpSimd copy bits when the types agree, else cast through fp32; ScalarE
+        # (NeuronCore-v2) always casts through fp32.
+        dst, src = c.ops
+        return ("raw",) if dst.dtype is src.dtype and c.stream != "act" else ("f32",)
+
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
         v = x.read(src).reshape(dst.shape)
-        if dst.dtype is src.dtype:
+        if c.domains[0] == "raw":
             x.write_raw(dst, v)
         else:
-            x.write(dst, nm.load(v, _domain(dst, src)))
+            x.write(dst, nm.to_f32(v))
 
 
 class Select(Op):
@@ -557,12 +600,18 @@ class Select(Op):
         for r in c.ops[1:]:
             _need_same(dst, r, "select")
 
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        dst, _, a, b = c.ops
+        return ("raw",) if dst.dtype is a.dtype is b.dtype else ("f32",)  # a move, unless a type changes
+
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, p, a, b = c.ops
-        d = _domain(dst, a, b)
         cond = x.read(p).reshape(dst.shape) != 0
-        x.write(dst, np.where(cond, nm.load(x.read(a), d).reshape(dst.shape),
-                              nm.load(x.read(b), d).reshape(dst.shape)))
+        va, vb = x.read(a).reshape(dst.shape), x.read(b).reshape(dst.shape)
+        if c.domains[0] == "raw":
+            x.write_raw(dst, np.where(cond, va, vb))
+        else:
+            x.write(dst, np.where(cond, nm.to_f32(va), nm.to_f32(vb)))
 
 
 class Iota(Op):
@@ -595,12 +644,25 @@ class Memset(Op):
     name = "memset"
     engines = ("dve", "pool", "act")
     operands = (Operand("dst", SBPS, write=True),)
-    attrs = (Attr("value", "float", 0.0),)
-    doc = "dst = value"
+    attrs = (Attr("value", "number", 0.0),)
+    doc = "dst = value (exact for an integer tile: the value is not passed through fp32)"
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst = c.ops[0]
+        v = c.attrs["value"]
+        if dst.dtype.is_int:
+            info = np.iinfo(dst.dtype.np)
+            if float(v) != int(v) or not info.min <= int(v) <= info.max:
+                raise CheckFail(f"memset of {dst.dtype.name} tile {dst.name}: value {v} is not a "
+                                f"{dst.dtype.name} integer")
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst = c.ops[0]
-        x.write(dst, np.full(dst.shape, c.attrs["value"], dtype=np.float32))
+        v = c.attrs["value"]
+        if dst.dtype.is_int:
+            x.write_raw(dst, np.full(dst.shape, int(v), dtype=dst.dtype.np))
+        else:
+            x.write(dst, np.full(dst.shape, v, dtype=np.float32))
 
 
 class BnStats(Op):
@@ -746,9 +808,9 @@ class Scatter(_Indirect):
         vals = x.read(src).reshape(i.size, -1)[ok]
         i = i[ok]
         if c.attrs["mode"] == "add":
-            d = nm.compute_domain(table.dtype, src.dtype)
-            acc = nm.load(flat, d).copy()
-            np.add.at(acc, i, nm.load(vals, d))
+            # Scatter with compute runs in fp32 on the device (documented), integer tables included.
+            acc = nm.to_f32(flat).copy()
+            np.add.at(acc, i, nm.to_f32(vals))
             new = acc
         else:
             new = flat.copy()
@@ -874,8 +936,7 @@ class AllReduce(_Collective):
 
     def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
         dst, src = c.ops
-        d = nm.compute_domain(src.dtype)
-        vals = [nm.load(x.read(src), d) for x in xs]
+        vals = [nm.to_f32(x.read(src)) for x in xs]  # collectives compute in fp32 (documented)
         acc = vals[0]
         for v in vals[1:]:
             acc = nm.COLLECTIVE_REDUCE[c.attrs["op"]](acc, v)
@@ -914,8 +975,7 @@ class ReduceScatter(_Collective):
 
     def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
         dst, src = c.ops
-        d = nm.compute_domain(src.dtype)
-        vals = [nm.load(x.read(src), d) for x in xs]
+        vals = [nm.to_f32(x.read(src)) for x in xs]  # collectives compute in fp32 (documented)
         acc = vals[0]
         for v in vals[1:]:
             acc = nm.COLLECTIVE_REDUCE[c.attrs["op"]](acc, v)

@@ -150,9 +150,23 @@ COLLECTIVE_REDUCE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-def compute_domain(*types: dt.DType) -> str:
-    """``int`` when every type is an integer (exact 64-bit arithmetic), else ``f32``."""
-    return "int" if all(t.is_int for t in types) else "f32"
+def compute_domain(engine: str, op: str | None, types: tuple[dt.DType, ...] | list[dt.DType],
+                   exact_engines: frozenset[str] = frozenset(), exact_types: frozenset[str] = frozenset()) -> str:
+    """Where an engine computes ``op`` on tiles of ``types``: ``int`` (exact, in 64 bits, wrapped on
+    writing) or ``f32``.
+
+    The NKI ISA reference documents it: arithmetic on VectorE and ScalarE converts every input to fp32
+    (an int32 above 2**24 loses its low bits), bitwise operators treat integers as bit patterns, and
+    GpSimd uses native integer arithmetic when every tile is a 32-bit integer (``exact_engines`` and
+    ``exact_types``, from the target spec). ``op`` None is a plain move (copy, select, reduce's
+    identity), which is exact when nothing converts."""
+    if not all(t.is_int for t in types):
+        return "f32"
+    if op in INT_ONLY_OPS:
+        return "int"
+    if engine in exact_engines and all(t.name in exact_types for t in types):
+        return "int"
+    return "f32"
 
 
 def load(x: np.ndarray, domain: str) -> np.ndarray:

@@ -155,6 +155,16 @@ class Target:
         """The cost formula of an opcode on an engine: ``opcode@engine`` first, then ``opcode``."""
         return self.costs.get(f"{opcode}@{engine}") or self.costs.get(opcode)
 
+    @property
+    def exact_int_engines(self) -> frozenset[str]:
+        """Engines with native integer arithmetic (others compute integers in fp32)."""
+        return frozenset(self.spec["numerics"].get("exact_int_engines", ()))
+
+    @property
+    def exact_int_types(self) -> frozenset[str]:
+        """The integer types those engines compute on natively."""
+        return frozenset(self.spec["numerics"].get("exact_int_types", ()))
+
     def fp8_saturates(self, dtype_name: str) -> bool:
         """Does an engine's cast to this fp8 type saturate (else it overflows to infinity)?"""
         return bool(self.spec["numerics"].get("fp8_saturate", {}).get(dtype_name, False))

@@ -262,6 +262,10 @@ def _link_instr(prog: Program, target: Target, ins: Instr, index: int,
     except CheckFail as exc:
         msg = str(exc) if str(exc).startswith(ins.opcode) else f"{ins.opcode}: {exc}"
         raise error(exc.code, msg, loc) from None
+    try:
+        c.domains = op.domains(c, target)
+    except CheckFail as exc:
+        raise error(exc.code, f"{ins.opcode}: {exc}", loc) from None
     c.reads, c.writes = op.effects(c)
     for w in c.writes:
         if is_broadcast(w.acc):
@@ -279,6 +283,7 @@ def _attr_value(prog: Program, ins: Instr, a: Attr, loc: Loc) -> object:
         "bool": isinstance(v, bool),
         "int": isinstance(v, int) and not isinstance(v, bool),
         "float": number,
+        "number": number,
         "enum": v in a.choices,
         "ints": isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
         "scalar": number or isinstance(v, Access),
