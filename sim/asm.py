@@ -36,6 +36,7 @@ from nxsat.sim.program import (
 MAX_LINE = 100_000
 MAX_LINES = 4_000_000
 MAX_NAME = 256
+MAX_ORIGIN = 500  # characters of an instruction's origin text
 MAX_INT_DIGITS = 18  # every size, offset and count fits; Python refuses int() of > 4300 digits
 RESERVED = frozenset({"true", "false", "none", "inf", "nan", "sem", "T"} | set(TENSOR_KINDS))
 
@@ -151,23 +152,71 @@ class _RawIdx:
     col: int
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _tail_start(body: str) -> int:
+    """Where an instruction line's waits and signals begin (the comma or blank before the first
+    ``wait=``/``signal=`` key), or -1."""
+    a = body.find("wait=")
+    b = body.find("signal=")
+    at = a if b < 0 or 0 <= a < b else b
+    if at <= 0 or body[at - 1] not in ", \t":
+        return -1
+    k = at - 1
+    while k > 0 and body[k - 1] in " \t":
+        k -= 1
+    if k > 0 and body[k - 1] == ",":
+        k -= 1
+    return k
+
+
 def parse(text: str, source: str = "<program>") -> Program:
-    """Parse a device program's text. Names are resolved here; shapes and semantics in verify."""
+    """Parse a device program's text. Names are resolved here; shapes and semantics in verify.
+
+    Programs repeat their loop bodies: the part of an instruction line before its waits and signals
+    is parsed once and shared; the waits and signals are read by one regular expression. Anything
+    unusual takes the general path, which also gives every error its column."""
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
         raise error("NCC_EVRF007", f"{source}: {len(lines)} lines; at most {MAX_LINES} are accepted")
     prog = Program(source=source)
     seen_isa = False
+    origin: str | None = None
+    heads: dict[str, tuple[str, str, tuple[Access, ...], dict[str, Any]]] = {}
+    sems = prog.semaphores
+    append = prog.instrs.append
     for n, raw in enumerate(lines, 1):
         if len(raw) > MAX_LINE:
             raise error("NCC_EASM001", f"line longer than {MAX_LINE} characters", Loc(source, n))
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
+        body = raw.split("#", 1)[0] if "#" in raw else raw
+        # Fast path: an instruction line seen before, up to its waits and signals.
+        cut = _tail_start(body) if seen_isa else -1
+        if cut > 0:
+            head = heads.get(body[:cut])
+            if head is not None:
+                tail = _fast_tail(body, cut, sems, head[2] != () or head[3] != {})
+                if tail is not None:
+                    append(Instr(head[0], head[1], head[2], head[3], tail[0], tail[1], n, origin))
+                    continue
+        elif seen_isa and body in heads:
+            head = heads[body]
+            append(Instr(head[0], head[1], head[2], head[3], (), (), n, origin))
+            continue
+        stripped = body.strip()
+        if not stripped:
             continue
         if stripped.startswith(".flags"):
             prog.flags = _parse_flags(raw, n, source)
             continue
-        body = raw.split("#", 1)[0]
+        if stripped.startswith(".origin") and (len(stripped) == 7 or stripped[7].isspace()):
+            if not seen_isa:
+                raise error("NCC_EASM001", "a device program starts with '.isa MAJOR.MINOR'", Loc(source, n))
+            rest = raw.strip()[7:].strip()  # the origin text may contain '#'
+            if len(rest) > MAX_ORIGIN:
+                raise error("NCC_EASM001", f".origin text longer than {MAX_ORIGIN} characters", Loc(source, n))
+            origin = None if rest in ("", "-") else rest
+            continue
         ln = _Line(body, n, source)
         if ln.peek(".") is not None:
             ln.next()
@@ -182,10 +231,48 @@ def parse(text: str, source: str = "<program>") -> Program:
         elif first == "sem":
             _semaphore(ln, prog)
         else:
-            _instruction(ln, first, prog)
+            ins = _instruction(ln, first, prog)
+            ins.origin = origin
+            append(ins)
+            cut = _tail_start(body)
+            if cut < 0:
+                heads[body] = (ins.stream, ins.opcode, ins.operands, ins.attrs)
+            elif _fast_tail(body, cut, sems, bool(ins.operands) or bool(ins.attrs)) == (ins.waits, ins.signals):
+                heads[body[:cut]] = (ins.stream, ins.opcode, ins.operands, ins.attrs)
     if not seen_isa:
         raise error("NCC_EASM001", "empty device program (no '.isa' line)", Loc(source, 1))
     return prog
+
+
+def _fast_tail(body: str, at: int, sems: dict[str, int], need_comma: bool
+               ) -> tuple[tuple[Wait, ...], tuple[str, ...]] | None:
+    """The waits and signals ending an instruction line, or None when they need the general parser
+    (something else follows, a name is unknown, a count is not a positive integer, a semaphore is
+    signalled twice)."""
+    tail = body[at:].strip()
+    if tail.startswith(","):
+        tail = tail[1:]
+    elif need_comma:
+        return None
+    waits: list[Wait] = []
+    signals: list[str] = []
+    fullmatch = _NAME.fullmatch
+    for part in tail.split(","):
+        part = part.strip()
+        if part.startswith("wait="):
+            name, sep, count = part[5:].partition(">=")
+            name, count = name.strip(), count.strip()
+            if not sep or name not in sems or not count.isdigit() or len(count) > 18 or count[0] == "0":
+                return None
+            waits.append(Wait(name, int(count)))
+        elif part.startswith("signal="):
+            name = part[7:].strip()
+            if name not in sems or name in signals or not fullmatch(name):
+                return None
+            signals.append(name)
+        else:
+            return None
+    return tuple(waits), tuple(signals)
 
 
 def _parse_flags(raw: str, n: int, source: str) -> tuple[str, ...]:
@@ -294,7 +381,7 @@ def _semaphore(ln: _Line, prog: Program) -> None:
     ln.end()
 
 
-def _instruction(ln: _Line, stream: str, prog: Program) -> None:
+def _instruction(ln: _Line, stream: str, prog: Program) -> Instr:
     if not stream_kind(stream):
         raise error("NCC_EASM002", f"unknown stream {stream!r}", Loc(ln.source, ln.line, 1),
                     "streams: pe act dve pool cc q0..q15; declarations: input output const scratch sbuf psum sem")
@@ -351,7 +438,7 @@ def _instruction(ln: _Line, stream: str, prog: Program) -> None:
                             ("choices: " + ", ".join(a.choices)) if a.choices else None)
             attrs[a.name] = a.default
     ordered = {a.name: attrs[a.name] for a in op.attrs}
-    prog.instrs.append(Instr(stream, opcode, tuple(operands), ordered, tuple(waits), tuple(signals), ln.line))
+    return Instr(stream, opcode, tuple(operands), ordered, tuple(waits), tuple(signals), ln.line)
 
 
 def _sem_ref(ln: _Line, prog: Program) -> str:
@@ -584,9 +671,34 @@ def format_program(prog: Program, bank_bytes: int = 2048) -> str:
     for s in prog.semaphores:
         out.append(f"sem     {s}")
     out.append("")
+    # A program repeats its loop bodies: the text of each distinct (stream, opcode, operands,
+    # attributes) is made once, and waits and signals appended.
+    memo: dict[tuple, str] = {}
+    origin: str | None = None
     for ins in prog.instrs:
-        out.append(format_instr(ins, prog))
+        if ins.origin != origin:
+            origin = ins.origin
+            out.append(f".origin {_origin_text(origin)}")
+        try:
+            key: tuple | None = (ins.stream, ins.opcode, ins.operands,
+                                 tuple((k, v.__class__, v) for k, v in ins.attrs.items()))
+            args = memo.get(key)
+        except TypeError:
+            key, args = None, None
+        if args is None:
+            args = _instr_args(ins, prog)
+            if key is not None:
+                memo[key] = args
+        out.append(_line(ins, args))
     return "\n".join(out) + "\n"
+
+
+def _origin_text(origin: str | None) -> str:
+    """An origin as one line of text (``-`` for none)."""
+    if origin is None:
+        return "-"
+    text = " ".join(origin.split())[:MAX_ORIGIN]
+    return text or "-"
 
 
 def _same_value(v: Any, default: Any) -> bool:
@@ -596,8 +708,8 @@ def _same_value(v: Any, default: Any) -> bool:
     return bool(v == default) and type(v) is type(default)
 
 
-def format_instr(ins: Instr, prog: Program) -> str:
-    """The canonical text of one instruction (also the trace's label for it)."""
+def _instr_args(ins: Instr, prog: Program) -> str:
+    """Operands and attributes of one instruction in canonical text."""
     op = OPS[ins.opcode]
     args = [fmt_access(a, prog.tensors[a.tensor].shape) for a in ins.operands]
     for a in op.attrs:
@@ -607,6 +719,16 @@ def format_instr(ins: Instr, prog: Program) -> str:
         if v is None or (a.default is not None and not isinstance(v, Access) and _same_value(v, a.default)):
             continue
         args.append(f"{a.name}={_fmt_attr(a, v, prog)}")
-    args += [f"wait={w.sem}>={w.value}" for w in ins.waits]
-    args += [f"signal={s}" for s in ins.signals]
-    return f"{ins.stream:<5} {ins.opcode:<14} {', '.join(args)}".rstrip()
+    return ", ".join(args)
+
+
+def _line(ins: Instr, args: str) -> str:
+    parts = [args] if args else []
+    parts += [f"wait={w.sem}>={w.value}" for w in ins.waits]
+    parts += [f"signal={x}" for x in ins.signals]
+    return f"{ins.stream:<5} {ins.opcode:<14} {', '.join(parts)}".rstrip()
+
+
+def format_instr(ins: Instr, prog: Program) -> str:
+    """The canonical text of one instruction (also the trace's label for it)."""
+    return _line(ins, _instr_args(ins, prog))

@@ -15,70 +15,89 @@ from typing import Any, Protocol
 import numpy as np
 
 from nxsat import dtypes as dt
+from nxsat.diagnostics import error
 from nxsat.sim import numerics as nm
-from nxsat.sim.program import AP, Access, Instr, Tensor
+from nxsat.sim.program import AP, Access, Instr, Tensor, boxes_overlap, stream_kind
 
 # --- resolved instructions ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
 class RAccess:
-    """An access resolved against its tensor: shape, memory, access pattern."""
+    """An access resolved against its tensor: shape, memory, access pattern, and where it lies.
 
-    acc: Access
-    tensor: Tensor
-    ap: AP
-    box: tuple[tuple[int, int, int], ...]
+    Built once per distinct access of a program (the verifier shares them), so everything the
+    checks, the executor and the timing model ask of it is computed here, once. ``p0:p1`` are its
+    absolute partitions and ``lo:hi`` the row bytes it may touch (on chip), or ``lo:hi`` its flat
+    element span (HBM). ``overlaps`` and ``covers`` are the one definition of when two accesses
+    meet: exactly (strided index boxes) within a tensor, by partitions and bytes between on-chip
+    tensors that share memory."""
 
-    @property
-    def name(self) -> str:
-        return self.tensor.name
+    __slots__ = ("acc", "tensor", "ap", "box", "name", "dtype", "memory", "onchip", "shape", "size", "nbytes",
+                 "partitions", "free", "p0", "p1", "lo", "hi", "dense")
 
-    @property
-    def dtype(self) -> dt.DType:
-        return self.tensor.dtype
-
-    @property
-    def memory(self) -> str:
-        return self.tensor.memory
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.ap.shape
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-    @property
-    def partitions(self) -> int:
-        """Partition count (on-chip) or the size of the first dimension (HBM)."""
-        return self.ap.part[1] if self.ap.part else (self.shape[0] if self.shape else 1)
-
-    @property
-    def free(self) -> int:
-        """Elements per partition (on-chip); all elements over the first dimension (HBM)."""
-        return self.ap.free_elems if self.ap.part else self.size // max(1, self.partitions)
+    def __init__(self, acc: Access, tensor: Tensor, ap: AP, box: tuple[tuple[int, int, int], ...]) -> None:
+        self.acc = acc
+        self.tensor = tensor
+        self.ap = ap
+        self.box = box
+        self.name = tensor.name
+        self.dtype = tensor.dtype
+        self.memory = tensor.memory
+        self.onchip = tensor.onchip
+        self.shape = ap.shape
+        self.size = math.prod(self.shape)
+        self.nbytes = self.size * self.dtype.itemsize
+        if ap.part:
+            self.partitions = ap.part[1]
+            self.free = ap.free_elems
+            lo, hi = ap.span()
+            item = self.dtype.itemsize
+            base = tensor.offset or 0
+            self.p0 = tensor.partition + ap.part[0]
+            self.p1 = self.p0 + ap.part[1]
+            self.lo, self.hi = base + lo * item, base + hi * item
+            self.dense = (hi - lo) == self.free
+        else:
+            self.partitions = self.shape[0] if self.shape else 1
+            self.free = self.size // max(1, self.partitions)
+            self.p0 = self.p1 = 0
+            self.lo, self.hi = ap.span()
+            self.dense = (self.hi - self.lo) == self.size
 
     def byte_range(self) -> tuple[int, int]:
         """(lo, hi) bytes within a partition row that this access may touch (on-chip only)."""
-        lo, hi = self.ap.span()
-        base = self.tensor.offset or 0
-        size = self.dtype.itemsize
-        return base + lo * size, base + hi * size
+        return self.lo, self.hi
 
     def abs_partitions(self) -> tuple[int, int]:
         """(first, count) absolute partitions (on-chip only)."""
-        assert self.ap.part is not None
-        return self.tensor.partition + self.ap.part[0], self.ap.part[1]
+        return self.p0, self.p1 - self.p0
+
+    def overlaps(self, o: RAccess) -> bool:
+        """Do the two accesses share an element (a byte, between on-chip tensors sharing memory)?"""
+        if self.name == o.name:
+            return boxes_overlap(self.box, o.box)
+        if not self.onchip or self.memory != o.memory:
+            return False
+        return self.p0 < o.p1 and o.p0 < self.p1 and self.lo < o.hi and o.lo < self.hi
+
+    def covers(self, o: RAccess) -> bool:
+        """Does this access touch every element (byte) that ``o`` touches?"""
+        if self.name == o.name:
+            return all(k == 1 and s <= s2 and e2 <= e for (s, e, k), (s2, e2, _) in zip(self.box, o.box))
+        if not self.onchip or not self.dense or self.memory != o.memory:
+            return False
+        return self.p0 <= o.p0 and o.p1 <= self.p1 and self.lo <= o.lo and o.hi <= self.hi
+
+    def __repr__(self) -> str:
+        return f"RAccess({self.name}{list(self.shape)})"
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class LInstr:
-    """An instruction linked to its resolved operands; ``index`` is its place in the program."""
+    """An instruction linked to its resolved operands; ``index`` is its place in the program.
+
+    Instructions with the same stream, opcode, operands and attributes share one ``template``
+    (their operands, attributes and effects are the same objects): they are checked once, and the
+    timing model prices them once."""
 
     instr: Instr
     index: int
@@ -89,6 +108,7 @@ class LInstr:
     writes: list[RAccess] = field(default_factory=list)
     ranks: int = 1
     domains: tuple[str, ...] = ()  # per ALU step: "int" (exact), "f32" or "raw" (bits moved), set when linked
+    template: int = -1
 
     @property
     def line(self) -> int:
@@ -248,6 +268,20 @@ class Op:
         """The name the target's cost formulas know this instruction by (``costs.KEY@ENGINE`` or
         ``costs.KEY``, falling back to the opcode's): a variant with its own documented cost has one."""
         return self.name
+
+    def cycles(self, c: LInstr, target: Any) -> float:
+        """The engine cycles this instruction occupies: the target spec's cost formula (the one place
+        each cost is written) evaluated on this instruction's ``cost_vars``."""
+        kind = stream_kind(c.stream)
+        key = self.cost_key(c)
+        f = target.cost(key, kind) or (target.cost(self.name, kind) if key != self.name else None)
+        if f is None:
+            raise error("NCC_ETGT001", f"target {target.name} has no cost for {self.name} on {kind}",
+                        hint=f"add costs.{self.name} or costs.{self.name}@{kind} to the target spec")
+        cycles = f({**target.constants, **self.cost_vars(c, target)})
+        if not math.isfinite(cycles) or cycles < 0:
+            raise error("NCC_ETGT001", f"cost of {self.name} on {kind} is {cycles} cycles")
+        return cycles
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
         raise NotImplementedError

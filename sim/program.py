@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from nxsat.dtypes import DType
 
@@ -85,9 +85,11 @@ class Tensor:
         return self.row_elems * self.dtype.itemsize
 
 
-@dataclass(frozen=True)
-class Idx:
-    """One dimension of an index: a slice ``start:stop:step`` or, with ``single``, the index ``start``."""
+class Idx(NamedTuple):
+    """One dimension of an index: a slice ``start:stop:step`` or, with ``single``, the index ``start``.
+
+    Index, access and wait records are named tuples: programs hold millions of them, and they are
+    hashed (the verifier links each distinct access once) at C speed."""
 
     start: int
     stop: int
@@ -99,8 +101,7 @@ class Idx:
         return len(range(self.start, self.stop, self.step))
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
     """``tensor[index]`` then view operations (``("permute", perm)``, ``("reshape", shape)``,
     ``("broadcast", (dim, size))``).
 
@@ -112,17 +113,21 @@ class Access:
     views: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
-@dataclass(frozen=True)
-class Wait:
+class Wait(NamedTuple):
     """``wait=SEM>=VALUE``: the instruction starts once the semaphore has counted to ``value``."""
 
     sem: str
     value: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Instr:
-    """One instruction as written: stream, opcode, operands, attributes, waits, signals, source line."""
+    """One instruction: stream, opcode, operands, attributes, waits, signals, where it came from.
+
+    ``line`` is its line in the program text (0 for a program built in Python); ``origin`` names what
+    produced it, e.g. the IR node and model source line a compiler lowered (``dot.12 model.hlo:34``):
+    errors, the disassembly (``.origin`` lines) and the trace show it.
+    """
 
     stream: str
     opcode: str
@@ -131,6 +136,7 @@ class Instr:
     waits: tuple[Wait, ...] = ()
     signals: tuple[str, ...] = ()
     line: int = 0
+    origin: str | None = None
 
 
 @dataclass
@@ -359,6 +365,11 @@ def index_box(acc: Access, t: Tensor) -> tuple[tuple[int, int, int], ...]:
 
 def boxes_overlap(a: tuple[tuple[int, int, int], ...], b: tuple[tuple[int, int, int], ...]) -> bool:
     """Do two index boxes of the same tensor share an element? Exact for strided boxes."""
+    if a == b:
+        return True
+    for (s1, e1, _), (s2, e2, _) in zip(a, b):
+        if s1 >= e2 or s2 >= e1:
+            return False
     for (s1, e1, k1), (s2, e2, k2) in zip(a, b):
         lo, hi = max(s1, s2), min(e1, e2)
         if lo >= hi:

@@ -31,16 +31,24 @@ def roofline(lk: Linked, hbm_bytes: float) -> dict[str, Any]:
 def _live_peak(lk: Linked, tl: Timeline, memory: str) -> int:
     """Peak bytes of ``memory`` held by live tensors (first write to last access), counting memory
     shared by aliasing tensors once."""
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    start, end = tl.start_ps, tl.end_ps
+    touched: dict[int, tuple[list[str], list[str]]] = {}
     for c in lk.instrs:
-        s, e = tl.start[c.index], tl.end[c.index]
-        for ra in c.writes:
-            if ra.memory == memory:
-                first[ra.name] = min(first.get(ra.name, s), s)
-        for ra in (*c.reads, *c.writes):
-            if ra.memory == memory:
-                last[ra.name] = max(last.get(ra.name, e), e)
+        names = touched.get(c.template)
+        if names is None:
+            names = touched[c.template] = ([ra.name for ra in c.writes if ra.memory == memory],
+                                          [ra.name for ra in (*c.reads, *c.writes) if ra.memory == memory])
+        if not names[1]:
+            continue
+        s, e = int(start[c.index]), int(end[c.index])
+        for name in names[0]:
+            if first.get(name, s) >= s:
+                first[name] = s
+        for name in names[1]:
+            if last.get(name, e) <= e:
+                last[name] = e
     ts = [lk.program.tensors[n] for n in first]
     if not ts:
         return 0
@@ -148,21 +156,31 @@ def chrome_trace(lk: Linked, tl: Timeline) -> str:
         ev.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid[s], "args": {"name": label}})
         ev.append({"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": tid[s],
                    "args": {"sort_index": tid[s]}})
-    for sl in sorted(tl.slices, key=lambda x: (x.start, tid[x.stream], x.instr)):
-        c = lk.instrs[sl.instr]
-        args: dict[str, Any] = {"line": c.line, "instruction": format_instr(c.instr, prog)}
-        tr = tl.transfers.get(sl.instr)
-        if tr is not None and (stream_kind(sl.stream) == "dma" or sl.phase):
+    order = sorted(range(len(tl.spans)), key=lambda r: (int(tl.spans[r, 1]), tid[tl.streams[int(tl.spans[r, 0])]],
+                                                        int(tl.spans[r, 3])))
+    labels: dict[int, str] = {}
+    for r in order:
+        k, a, b, i, phase = (int(x) for x in tl.spans[r])
+        stream = tl.streams[k]
+        c = lk.instrs[i]
+        label = labels.get(i)
+        if label is None:
+            label = labels[i] = format_instr(c.instr, prog)
+        args: dict[str, Any] = {"line": c.line, "instruction": label}
+        if c.instr.origin:
+            args["origin"] = c.instr.origin
+        tr = tl.transfers.get(i)
+        if tr is not None and (stream_kind(stream) == "dma" or phase):
             args.update({"bytes": tr.nbytes, "descriptor_bytes": tr.descriptor_bytes, "dma_engines": tr.engines})
-            if stream_kind(sl.stream) == "dma":
-                args["triggered_us"] = round(tl.start[sl.instr] / 1000, 6)
+            if stream_kind(stream) == "dma":
+                args["triggered_us"] = round(int(tl.start_ps[i]) / 1e6, 6)
         f = c.op.flops(c)
         if f:
             args["flops"] = f[1]
             args["precision"] = f[0]
-        ev.append({"name": c.op.name + (" (transfer)" if sl.phase else ""), "cat": sl.stream, "ph": "X",
-                   "pid": 1, "tid": tid[sl.stream], "ts": round(sl.start / 1000, 6),
-                   "dur": round((sl.end - sl.start) / 1000, 6), "args": args})
+        ev.append({"name": c.op.name + (" (transfer)" if phase else ""), "cat": stream, "ph": "X",
+                   "pid": 1, "tid": tid[stream], "ts": round(a / 1e6, 6), "dur": round((b - a) / 1e6, 6),
+                   "args": args})
     doc = {"traceEvents": ev, "displayTimeUnit": "ns",
            "otherData": {"target": t.name, "latency_us": round(tl.latency / 1000, 6), "source": prog.source}}
     return json.dumps(doc, separators=(",", ":"), allow_nan=False)  # strict JSON: trace viewers reject NaN

@@ -88,12 +88,11 @@ def _exact(a: np.ndarray, t: Tensor, what: str, code: str) -> np.ndarray:
 
 
 def build_neff(prog: Program, target: Target, constants: Mapping[str, np.ndarray] | None = None) -> bytes:
-    """Check a program for ``target`` and write its NEFF bytes (deterministic)."""
-    prog.target = target.name
-    prog.lnc = target.lnc
+    """Check a program for ``target`` and write its NEFF bytes (deterministic). ``prog`` is not modified."""
     lk = link(prog, target)
+    prog = lk.program
     consts = conform_constants(prog, constants)
-    text = format_program(lk.program, target.psum_bank_bytes)
+    text = format_program(prog, target.psum_bank_bytes)
     manifest = {
         "format": "nxsat-neff",
         "format_version": f"{neff.FORMAT_VERSION[0]}.{neff.FORMAT_VERSION[1]}",
@@ -103,6 +102,7 @@ def build_neff(prog: Program, target: Target, constants: Mapping[str, np.ndarray
         "lnc": target.lnc,
         "ranks": prog.ranks,
         "compile_flags": list(prog.flags),
+        "verified_by": __version__,
         "inputs": _signature(prog, ("input",)),
         "outputs": _signature(prog, ("output",)),
         "constants": [{"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape),
@@ -207,9 +207,14 @@ def _manifest_field(man: dict[str, Any], key: str, kind: type, source: str) -> A
     return v
 
 
-def load(data: bytes, source: str = "<neff>", target: str | None = None, lnc: int | None = None) -> Model:
-    """Validate a NEFF completely and return the runnable model.
+def load(data: bytes, source: str = "<neff>", target: str | None = None, lnc: int | None = None,
+         verify: bool = False) -> Model:
+    """Validate a NEFF and return the runnable model.
 
+    Integrity (checksums) and structure (every declaration, access and instruction, deadlocks,
+    accumulation groups, output coverage) are always checked. The race and read-before-write
+    analysis was done when the NEFF was built; it is redone when ``verify`` is set or when another
+    nxsat version built the file, and the program text must then be in canonical form.
     ``target``/``lnc`` name the device this runtime simulates; a NEFF built for another target is
     refused (NCC_ENEF005). By default the runtime takes the NEFF's own target.
     """
@@ -242,8 +247,10 @@ def load(data: bytes, source: str = "<neff>", target: str | None = None, lnc: in
         raise error("NCC_ENEF003", f"{source}: the manifest disagrees with the program (ISA version or flags)",
                     hint="the manifest was tampered with; recompile")
     tgt = load_target(tname, mlnc)
-    lk = link(prog, tgt)
-    if text != format_program(lk.program, tgt.psum_bank_bytes):
+    full = verify or man.get("verified_by") != __version__
+    lk = link(prog, tgt, races=full)
+    prog = lk.program
+    if full and text != format_program(prog, tgt.psum_bank_bytes):
         raise error("NCC_ENEF003", f"{source}: the program member is not in canonical form",
                     hint="the NEFF was edited; recompile")
     for key, kinds in (("inputs", ("input",)), ("outputs", ("output",))):
@@ -263,9 +270,10 @@ def load(data: bytes, source: str = "<neff>", target: str | None = None, lnc: in
     return Model(source, man, text, lk, consts)
 
 
-def load_file(path: str | os.PathLike, target: str | None = None, lnc: int | None = None) -> Model:
+def load_file(path: str | os.PathLike, target: str | None = None, lnc: int | None = None,
+              verify: bool = False) -> Model:
     """:func:`load` of a file (the commands' entry point)."""
-    return load(read_file(path), str(path), target, lnc)
+    return load(read_file(path), str(path), target, lnc, verify)
 
 
 def disassemble(data: bytes, source: str = "<neff>") -> tuple[str, dict[str, np.ndarray]]:

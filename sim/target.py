@@ -20,6 +20,7 @@ from typing import Any
 from nxsat import dtypes as dt
 from nxsat.diagnostics import error
 from nxsat.sim.expr import Formula
+from nxsat.sim.program import ENGINE_STREAMS
 
 MAX_EXTENDS_DEPTH = 8
 
@@ -31,6 +32,7 @@ class Engine:
     stream: str
     name: str
     clock_ghz: float
+    idle_restart_cycles: float = 0.0  # paid by an instruction that starts after the engine sat idle
 
     def ns(self, cycles: float) -> float:
         """Nanoseconds of ``cycles`` of this engine's clock."""
@@ -302,7 +304,7 @@ _REQUIRED = {
     "chip": ("cores", "hbm_bytes", "hbm_gbps"),
     "sbuf": ("partitions", "bytes_per_partition"),
     "psum": ("partitions", "bytes_per_partition", "banks", "dtypes"),
-    "matmul": ("rows", "cols", "max_moving", "first_latency_cycles", "dtype_cycle_factor"),
+    "matmul": ("rows", "cols", "max_moving", "dtype_cycle_factor"),
     "dma": ("engines", "engine_gbps", "practical_core_gbps", "fixed_latency_ns", "partitions_per_engine", "queues",
             "descriptor_overhead_ns", "hbm_hbm_engines_per_bytes"),
     "latency": ("access_cycles", "dependent_stall_cycles", "dependent_stall_engines", "semaphore_ns"),
@@ -311,7 +313,6 @@ _REQUIRED = {
     "numerics": ("matmul_dtypes",),
     "lnc": ("default", "configs"),
 }
-ENGINE_STREAMS = ("pe", "act", "dve", "pool", "cc")
 
 # Modeling choices the spec names and the code implements: a spec that asks for another is refused
 # rather than silently modeled differently.
@@ -351,7 +352,8 @@ def load_target(name: str, lnc: int | None = None) -> Target:
         e = spec.get("engines", {}).get(stream)
         if not isinstance(e, dict) or not isinstance(e.get("clock_ghz"), (int, float)) or e["clock_ghz"] <= 0:
             raise error("NCC_ETGT001", f"target {name}: engine {stream} needs a positive clock_ghz")
-        engines[stream] = Engine(stream, str(e.get("name", stream)), float(e["clock_ghz"]))
+        engines[stream] = Engine(stream, str(e.get("name", stream)), float(e["clock_ghz"]),
+                                 float(e.get("idle_restart_cycles", 0)))
     costs = {k: Formula(v, f"{name}.costs.{k}") for k, v in sorted(spec.get("costs", {}).items())}
     configs = {int(k): v for k, v in spec["lnc"]["configs"].items()}
     chosen = int(spec["lnc"]["default"]) if lnc is None else int(lnc)

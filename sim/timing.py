@@ -6,33 +6,41 @@ semaphore waits are met, the instruction before it on the same engine has writte
 port; it occupies the engine for its cost (the target spec's formula, in cycles of the engine's
 clock) and signals its semaphores after the fixed access latency. DMA queues trigger their
 transfers in order; after the fixed trigger latency a transfer flows through the DMA engines,
-sharing the 16 engines and the core's HBM bandwidth with every other transfer in flight (max-min
-fair rates, recomputed whenever a transfer starts or ends). Everything the model assumes beyond the
+sharing the engines and the core's HBM bandwidth with every other transfer in flight (max-min fair
+rates, recomputed whenever a transfer starts or ends). Everything the model assumes beyond the
 published facts is in the target spec's ``assumptions``.
+
+Time is kept exactly, in integer picoseconds: a replay of any length (a training step simulates
+hundreds of milliseconds) advances by whole picoseconds and never stalls on float resolution. An
+instruction's cost is rounded to the nearest picosecond once; a transfer finishes at the first
+picosecond by which its bytes have moved. Everything static (costs, transfers, which earlier
+instruction of the same engine an instruction waits for) is worked out once per distinct
+instruction before the replay.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
 
 import numpy as np
 
 from nxsat.diagnostics import error
-from nxsat.sim.isa import LInstr, RAccess, Transfer
-from nxsat.sim.program import boxes_overlap, stream_kind
+from nxsat.sim.isa import Transfer
+from nxsat.sim.program import stream_kind
 from nxsat.sim.verify import Linked
 
-EPS = 1e-9
-MAX_EVENTS_PER_INSTR = 64
+PS = 1000  # picoseconds per nanosecond
+STALL_WINDOW = 4  # earlier instructions of the same engine an instruction may wait on for its data
+_SBUF, _PSUM = 1, 2
 
 
 @dataclass
 class Slice:
-    """One interval on one track of the trace."""
+    """One interval on one track of the trace (nanoseconds)."""
 
     stream: str
     start: float
@@ -43,325 +51,386 @@ class Slice:
 
 @dataclass
 class Timeline:
-    """What the replay produced: when each instruction ran, and the totals the report needs."""
+    """What the replay produced: when each instruction ran, and the totals the report needs.
 
-    latency: float
-    slices: list[Slice]
-    start: list[float]
-    end: list[float]
-    busy: dict[str, float]
+    Times are kept in integer picoseconds (``start_ps``: an engine instruction's issue or a DMA's
+    trigger; ``end_ps``: when its semaphores are signalled) and shown in nanoseconds."""
+
+    latency_ps: int
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    busy_ps: dict[str, int]
     hbm_bytes: float
     spill_bytes: float
-    dma_engine_ns: float
+    dma_engine_ps: float
+    streams: list[str]
+    spans: np.ndarray  # (stream index, start ps, end ps, instruction, phase 0|1) per trace slice
     transfers: dict[int, Transfer] = field(default_factory=dict)
 
+    @property
+    def latency(self) -> float:
+        return self.latency_ps / PS
 
-@dataclass
+    @cached_property
+    def start(self) -> np.ndarray:
+        return self.start_ps / PS
+
+    @cached_property
+    def end(self) -> np.ndarray:
+        return self.end_ps / PS
+
+    @property
+    def busy(self) -> dict[str, float]:
+        return {k: v / PS for k, v in self.busy_ps.items()}
+
+    @property
+    def dma_engine_ns(self) -> float:
+        return self.dma_engine_ps / PS
+
+    @cached_property
+    def slices(self) -> list[Slice]:
+        return [Slice(self.streams[int(s)], a / PS, b / PS, int(i), "transfer" if ph else "")
+                for s, a, b, i, ph in self.spans.tolist()]
+
+
 class _Flow:
-    instr: int
-    owner: str
-    remaining: float
-    cap: float
-    engine_cost: float  # DMA-engine ns per byte
-    hbm_factor: float  # HBM bytes per byte moved
-    start: float
-    rate: float = 0.0
+    __slots__ = ("instr", "owner", "remaining", "ecost", "cap", "hfac", "rate", "start", "version", "tr")
+
+    def __init__(self, instr: int, owner: int, tr: Transfer, ecost: float, start: int) -> None:
+        self.instr = instr
+        self.owner = owner  # stream index
+        self.tr = tr
+        self.remaining = float(tr.nbytes)
+        self.ecost = ecost  # DMA-engine picoseconds per byte
+        self.cap = float(tr.engines)  # DMA engines the transfer's shape can use
+        self.hfac = (tr.hbm_bytes / tr.nbytes) / ecost if tr.nbytes else 0.0  # HBM bytes per engine-ps
+        self.rate = 0.0  # bytes per ps
+        self.start = start
+        self.version = 0
 
 
-class _Stream:
-    def __init__(self, name: str, queue: list[int]) -> None:
-        self.name = name
-        self.kind = stream_kind(name)
-        self.queue = queue
-        self.head = 0
-        self.free_at = 0.0
-        self.last_end = -math.inf  # when the previous instruction's busy period ended
-        self.recent: list[tuple[float, LInstr]] = []  # (ready-for-dependents time, instr)
-        self.pending: list[tuple[int, float]] = []  # DMA: triggered (instr, transfer may start at)
-        self.active = False  # DMA: a transfer of this queue is flowing
-        self.blocked_flow = False  # engine waiting for its own transfer (gather/scatter)
-
-    def done(self) -> bool:
-        return self.head >= len(self.queue) and not self.pending and not self.active and not self.blocked_flow
-
-
-def _regions_overlap(a: RAccess, b: RAccess) -> bool:
-    if a.name == b.name:
-        return boxes_overlap(a.box, b.box)
-    if not (a.tensor.onchip and b.tensor.onchip) or a.memory != b.memory:
-        return False
-    pa, na = a.abs_partitions()
-    pb, nb = b.abs_partitions()
-    la, ha = a.byte_range()
-    lb, hb = b.byte_range()
-    return pa < pb + nb and pb < pa + na and la < hb and lb < ha
-
-
-class _Costs:
-    """Per-instruction engine time from the target's formulas, memoised on the formula's inputs."""
-
-    def __init__(self, lk: Linked) -> None:
-        self.lk = lk
-        self.t = lk.target
-        self.memo: dict[tuple[Any, ...], float] = {}
-
-    def busy_ns(self, c: LInstr) -> float:
-        kind = stream_kind(c.stream)
-        key = c.op.cost_key(c)
-        f = self.t.cost(key, kind) or (self.t.cost(c.op.name, kind) if key != c.op.name else None)
-        if f is None:
-            raise error("NCC_ETGT001", f"target {self.t.name} has no cost for {c.op.name} on {kind}",
-                        hint=f"add costs.{c.op.name} or costs.{c.op.name}@{kind} to the target spec")
-        v = c.op.cost_vars(c, self.t)
-        key = (f.text, kind, tuple(sorted(v.items())))
-        ns = self.memo.get(key)
-        if ns is None:
-            cycles = f({**self.t.constants, **v})
-            if not math.isfinite(cycles) or cycles < 0:
-                raise error("NCC_ETGT001", f"cost of {c.op.name} on {kind} is {cycles} cycles")
-            ns = self.t.engines[kind].ns(cycles)
-            self.memo[key] = ns
-        return ns
+def _fair_share(flows: list[_Flow], engines: float, hbm: float) -> None:
+    """Max-min fair shares of DMA-engine time: every transfer in flight gets an equal number of engines
+    (engines serve them round-robin), up to the engines its shape allows, the core's engines and its
+    HBM bandwidth; a transfer's byte rate is its engine time over its engine cost per byte."""
+    free = sorted(flows, key=lambda f: f.cap)
+    used_e = used_h = 0.0
+    while free:
+        n = len(free)
+        sh = sum(f.hfac for f in free)
+        lam = free[0].cap
+        lim_e = (engines - used_e) / n
+        lim_h = (hbm - used_h) / sh if sh > 0 else math.inf
+        level = max(0.0, min(lam, lim_e, lim_h))
+        if level == lam and lam <= lim_e and lam <= lim_h:
+            # the transfers with the smallest cap are satisfied; the rest keep rising
+            while free and free[0].cap <= level:
+                f = free.pop(0)
+                f.rate = f.cap / f.ecost
+                used_e += f.cap
+                used_h += f.hfac * f.cap
+            continue
+        if lim_e <= lim_h:
+            for f in free:
+                f.rate = level / f.ecost
+            return
+        rest = []
+        for f in free:  # HBM is saturated: transfers that touch it stop here
+            if f.hfac > 0:
+                f.rate = level / f.ecost
+                used_e += level
+            else:
+                rest.append(f)
+        used_h = hbm
+        free = rest
 
 
 def simulate(lk: Linked) -> Timeline:
     """Replay the program in time; deterministic (ties are broken by stream order)."""
     t = lk.target
     n = len(lk.instrs)
-    costs = _Costs(lk)
-    streams = [_Stream(s, lk.by_stream[s]) for s in lk.streams]
-    by_name = {s.name: s for s in streams}
+    instrs = lk.instrs
+    streams = lk.streams
+    kinds = [stream_kind(s) for s in streams]
+    ns = len(streams)
+    sid = lk.sid
+    spec_lat = t.spec["latency"]
     dma = t.dma
-    lat_cycles = t.spec["latency"]["access_cycles"]
-    stall_cycles = t.spec["latency"]["dependent_stall_cycles"]
-    stall_engines = frozenset(t.spec["latency"]["dependent_stall_engines"])
-    sem_ns = float(t.spec["latency"]["semaphore_ns"])
-    first_mm = t.matmul["first_latency_cycles"]
-    pipelined = bool(dma.get("queue_pipelined", True))
-    conflicts = [(tuple(r["engines"]), r["memory"]) for r in t.spec.get("port_conflicts", [])]
-    port_busy: dict[tuple[str, str], float] = defaultdict(float)
 
-    count: dict[str, int] = defaultdict(int)
-    waiting: dict[str, set[int]] = defaultdict(set)
-    start = [math.nan] * n
-    end = [math.nan] * n
-    slices: list[Slice] = []
-    busy: dict[str, float] = defaultdict(float)
+    # --- static: per distinct instruction (template), then per instruction ------------------------
+    tmpl_cost: dict[int, int] = {}
+    tmpl_tr: dict[int, Transfer | None] = {}
+    tmpl_mem: dict[int, int] = {}
+    cost = [0] * n
+    mems = [0] * n
+    for c in instrs:
+        k = c.template
+        if k not in tmpl_cost:
+            kind = stream_kind(c.stream)
+            tr = c.op.transfer(c, t)
+            tmpl_tr[k] = tr
+            if kind == "dma":
+                tmpl_cost[k] = 0
+            else:
+                tmpl_cost[k] = round(t.engines[kind].ns(c.op.cycles(c, t)) * PS)
+            m = 0
+            for ra in (*c.reads, *c.writes):
+                if ra.memory == "sbuf":
+                    m |= _SBUF
+                elif ra.memory == "psum":
+                    m |= _PSUM
+            tmpl_mem[k] = m
+        cost[c.index] = tmpl_cost[k]
+        mems[c.index] = tmpl_mem[k]
+    access_ps = {s: round(t.engines[s].ns(spec_lat["access_cycles"]) * PS) if s != "cc" else 0
+                 for s in t.engines}
+    stall_ps = {s: round(t.engines[s].ns(spec_lat["dependent_stall_cycles"]) * PS)
+                for s in spec_lat["dependent_stall_engines"] if s in t.engines}
+    restart_ps = {s: round(e.ns(e.idle_restart_cycles) * PS) for s, e in t.engines.items() if e.idle_restart_cycles}
+    sem_ps = round(float(spec_lat["semaphore_ns"]) * PS)
+    fixed_ps = round(float(dma["fixed_latency_ns"]) * PS)
+    pipelined = bool(dma.get("queue_pipelined", True))
+    overhead_ps = float(dma["descriptor_overhead_ns"]) * PS
+    engine_bpps = float(dma["engine_gbps"]) / PS  # bytes per ps per engine at full speed
+    n_engines = float(dma["engines"])
+    hbm_bpps = t.hbm_bw / PS
+
+    # Which recent instruction of the same engine each instruction waits on for its data.
+    deps: dict[int, list[int]] = {}
+    pair: dict[tuple[int, int], bool] = {}
+    for s in streams:
+        if s not in stall_ps:
+            continue
+        lst = lk.by_stream[s]
+        for p, i in enumerate(lst):
+            c = instrs[i]
+            found = []
+            for j in lst[max(0, p - STALL_WINDOW):p]:
+                prev = instrs[j]
+                key = (prev.template, c.template)
+                hit = pair.get(key)
+                if hit is None:
+                    reads = c.op.data_reads(c)
+                    hit = pair[key] = any(w.overlaps(r) for w in prev.writes for r in reads)
+                if hit:
+                    found.append(j)
+            if found:
+                deps[i] = found
+    conflicts: list[list[tuple[int, int]]] = [[] for _ in range(ns)]  # stream -> [(other stream, memory bit)]
+    index = {s: k for k, s in enumerate(streams)}
+    for rule in t.spec.get("port_conflicts", []):
+        bit = _SBUF if rule["memory"] == "sbuf" else _PSUM
+        engs = [e for e in rule["engines"] if e in index]
+        for a in engs:
+            for b in engs:
+                if a != b:
+                    conflicts[index[a]].append((index[b], bit))
+
+    # --- the replay --------------------------------------------------------------------------------
+    queue = [lk.by_stream[s] for s in streams]
+    head = [0] * ns
+    free_at = [0] * ns
+    last_end = [-1] * ns
+    blocked = [False] * ns  # an engine waiting for its own transfer (gather/scatter)
+    wake_at = [-1] * ns
+    pending: list[deque[tuple[int, int]]] = [deque() for _ in range(ns)]  # DMA: (instr, may start at)
+    active = [False] * ns  # DMA: a transfer of this queue is flowing
+    port_busy = [[0, 0, 0] for _ in range(ns)]  # per stream: busy until, by memory bit (1: sbuf, 2: psum)
+    count = dict.fromkeys(lk.program.semaphores, 0)
+    waiters: dict[str, list[tuple[int, int]]] = {}
+    start = np.full(n, -1, dtype=np.int64)
+    end = np.full(n, -1, dtype=np.int64)
+    busy = [0] * ns
+    spans: list[tuple[int, int, int, int, int]] = []
     transfers: dict[int, Transfer] = {}
     flows: list[_Flow] = []
-    heap: list[tuple[float, int, str, int]] = []
+    heap: list[tuple[int, int, int, int, int]] = []  # (time, seq, kind, payload, version)
     seq = 0
     hbm_bytes = 0.0
     spill = 0.0
-    engine_ns = 0.0
-    stream_index = {s.name: k for k, s in enumerate(streams)}
-    dirty: set[int] = set(range(len(streams)))
+    engine_ps = 0.0
+    last_flow_t = 0
+    dirty: set[int] = set(range(ns))
+    WAKE, DONE, FLOWEND, FLOWSTART = 0, 1, 2, 3
 
-    def push(time: float, kind: str, payload: int) -> None:
+    def push(time: int, kind: int, payload: int, version: int = 0) -> None:
         nonlocal seq
-        heapq.heappush(heap, (time, seq, kind, payload))
+        heapq.heappush(heap, (time, seq, kind, payload, version))
         seq += 1
 
-    def waits_met(c: LInstr, k: int) -> bool:
-        for w in c.instr.waits:
+    def wake(k: int, time: int) -> None:
+        if wake_at[k] != time:
+            wake_at[k] = time
+            push(time, WAKE, k)
+
+    def waits_met(i: int, k: int) -> bool:
+        for w in instrs[i].instr.waits:
             if count[w.sem] < w.value:
-                waiting[w.sem].add(k)
+                heapq.heappush(waiters.setdefault(w.sem, []), (w.value, k))
                 return False
         return True
 
-    def mems(c: LInstr) -> set[str]:
-        return {ra.memory for ra in (*c.reads, *c.writes) if ra.tensor.onchip}
+    def advance_flows(now: int) -> None:
+        nonlocal last_flow_t, engine_ps
+        dt = now - last_flow_t
+        if dt and flows:
+            use = 0.0
+            for f in flows:
+                f.remaining -= f.rate * dt
+                use += f.rate * f.ecost
+            engine_ps += use * dt
+        last_flow_t = now
 
-    def make_flow(i: int, owner: str, now: float, tr: Transfer) -> _Flow:
-        per_engine = dma["engine_gbps"]
-        desc = max(1.0, tr.descriptor_bytes)
-        eff = desc / (desc / per_engine + dma["descriptor_overhead_ns"])  # bytes per ns per engine
-        return _Flow(i, owner, float(tr.nbytes), tr.engines * eff, 1.0 / eff,
-                     tr.hbm_bytes / tr.nbytes if tr.nbytes else 0.0, now)
-
-    def try_start(k: int, now: float) -> bool:
-        st = streams[k]
-        if st.kind == "dma":
-            return try_dma(k, now)
-        if st.head >= len(st.queue) or st.blocked_flow:
-            return False
-        i = st.queue[st.head]
-        c = lk.instrs[i]
-        if now + EPS < st.free_at:
-            push(st.free_at, "wake", k)
-            return False
-        if not waits_met(c, k):
-            return False
-        eng = t.engines[st.kind]
-        ready = now
-        for r_time, prev in st.recent:
-            if r_time > ready and any(_regions_overlap(w, r) for w in prev.writes for r in c.op.data_reads(c)):
-                ready = r_time
-        used = mems(c)
-        for engs, mem in conflicts:
-            if st.kind in engs and mem in used:
-                for other in engs:
-                    if other != st.kind:
-                        ready = max(ready, port_busy[(other, mem)])
-        if ready > now + EPS:
-            push(ready, "wake", k)
-            return False
-        b = costs.busy_ns(c)
-        if st.kind == "pe" and c.op.name == "matmul" and now > st.last_end + EPS:
-            b += eng.ns(first_mm)  # the array was idle: first-matmul latency
-        start[i] = now
-        st.free_at = now + b
-        st.last_end = now + b
-        for mem in used:
-            port_busy[(st.kind, mem)] = max(port_busy[(st.kind, mem)], now + b)
-        if st.kind in stall_engines:
-            st.recent = [(rt, p) for rt, p in st.recent if rt > now][-3:] + [(now + b + eng.ns(stall_cycles), c)]
-        slices.append(Slice(st.name, now, now + b, i))
-        busy[st.name] += b
-        st.head += 1
-        tr = c.op.transfer(c, t)
-        if tr is not None:
-            st.blocked_flow = True
-            transfers[i] = tr
-            push(now + b, "flow", i)
-        else:
-            push(now + b + (eng.ns(lat_cycles) if st.kind != "cc" else 0.0) + sem_ns, "done", i)
-        return True
-
-    def try_dma(k: int, now: float) -> bool:
-        st = streams[k]
-        progressed = False
-        while st.head < len(st.queue):
-            if not pipelined and (st.pending or st.active):
-                break
-            i = st.queue[st.head]
-            c = lk.instrs[i]
-            if not waits_met(c, k):
-                break
-            start[i] = now  # trigger time; the transfer start is recorded separately
-            st.pending.append((i, now + dma["fixed_latency_ns"]))
-            st.head += 1
-            progressed = True
-        if not st.active and st.pending:
-            i, ready = st.pending[0]
-            if ready > now + EPS:
-                push(ready, "wake", k)
-            else:
-                st.pending.pop(0)
-                c = lk.instrs[i]
-                tr = c.op.transfer(c, t)
-                if tr is None or tr.nbytes == 0:  # a nop on a queue
-                    push(now + sem_ns, "done", i)
-                    slices.append(Slice(st.name, now, now, i))
-                    st.active = True
-                    push(now, "qfree", k)
-                else:
-                    transfers[i] = tr
-                    flows.append(make_flow(i, st.name, now, tr))
-                    st.active = True
-                progressed = True
-        return progressed
-
-    def rates() -> None:
-        """Max-min fair shares of DMA-engine time: every transfer in flight gets an equal share of
-        engine time (engines serve queues round-robin), up to its own engine count, the 16 engines
-        and the core's HBM bandwidth; byte rate = engine time / engine cost per byte."""
+    def reflow(now: int) -> None:
         if not flows:
             return
-        ecost = np.array([f.engine_cost for f in flows])
-        caps = np.array([f.cap * f.engine_cost for f in flows])  # = engines the transfer can use
-        hfac = np.array([f.hbm_factor for f in flows]) / ecost  # HBM bytes per engine-ns
-        use = np.zeros(len(flows))  # engine-ns per ns
-        free = np.ones(len(flows), dtype=bool)
-        res = [(np.ones(len(flows)), float(dma["engines"])), (hfac, t.hbm_bw)]
-        for _ in range(2 * len(flows) + 4):
-            if not free.any():
+        _fair_share(flows, n_engines, hbm_bpps)
+        for f in flows:
+            f.version += 1
+            left = max(0.0, f.remaining)
+            push(now + max(1, math.ceil(left / f.rate)) if f.rate > 0 else now + 1, FLOWEND, f.instr, f.version)
+
+    def start_flow(i: int, k: int, tr: Transfer, now: int) -> None:
+        advance_flows(now)
+        desc = max(1.0, tr.descriptor_bytes)
+        ecost = (desc / engine_bpps + overhead_ps) / desc  # engine-ps per byte with this descriptor size
+        transfers[i] = tr
+        flows.append(_Flow(i, k, tr, ecost, now))
+        reflow(now)
+
+    def try_engine(k: int, now: int) -> bool:
+        if blocked[k] or head[k] >= len(queue[k]):
+            return False
+        i = queue[k][head[k]]
+        if now < free_at[k]:
+            wake(k, free_at[k])
+            return False
+        if not waits_met(i, k):
+            return False
+        ready = now
+        d = deps.get(i)
+        if d is not None:
+            st = stall_ps[streams[k]]
+            for j in d:
+                r = start[j] + cost[j] + st
+                if r > ready:
+                    ready = r
+        m = mems[i]
+        for other, bit in conflicts[k]:
+            if m & bit:
+                r = port_busy[other][bit]
+                if r > ready:
+                    ready = r
+        if ready > now:
+            wake(k, int(ready))
+            return False
+        b = cost[i]
+        rs = restart_ps.get(kinds[k])
+        if rs and now > last_end[k] and instrs[i].op.name != "nop":
+            b += rs
+        start[i] = now
+        fin = now + b
+        free_at[k] = last_end[k] = fin
+        if m & _SBUF and port_busy[k][_SBUF] < fin:
+            port_busy[k][_SBUF] = fin
+        if m & _PSUM and port_busy[k][_PSUM] < fin:
+            port_busy[k][_PSUM] = fin
+        spans.append((k, now, fin, i, 0))
+        busy[k] += b
+        head[k] += 1
+        tr = tmpl_tr[instrs[i].template]
+        if tr is not None:
+            blocked[k] = True
+            push(fin, FLOWSTART, i)
+        else:
+            push(fin + access_ps[kinds[k]] + sem_ps, DONE, i)
+        return True
+
+    def try_queue(k: int, now: int) -> bool:
+        progressed = False
+        lst = queue[k]
+        pend = pending[k]
+        while head[k] < len(lst):
+            if not pipelined and (pend or active[k]):
                 break
-            limits = [float(np.min(caps[free] - use[free]))]
-            for w, cap in res:
-                denom = float(w[free].sum())
-                if denom > EPS:
-                    limits.append((cap - float(w @ use)) / denom)
-            use[free] += max(0.0, min(limits))
-            free &= use < caps * (1 - 1e-9)
-            for w, cap in res:
-                if float(w @ use) >= cap * (1 - 1e-9):
-                    free &= w <= 0
-        for f, u, e in zip(flows, use, ecost):
-            f.rate = float(u / e)
+            i = lst[head[k]]
+            if not waits_met(i, k):
+                break
+            start[i] = now  # the trigger; the transfer is a slice of its own
+            pend.append((i, now + fixed_ps))
+            head[k] += 1
+            progressed = True
+        while not active[k] and pend:
+            i, ready = pend[0]
+            if ready > now:
+                wake(k, ready)
+                break
+            pend.popleft()
+            tr = tmpl_tr[instrs[i].template]
+            if tr is None or tr.nbytes == 0:  # a nop on a queue: done when its turn comes
+                spans.append((k, now, now, i, 0))
+                push(now + sem_ps, DONE, i)
+                continue
+            active[k] = True
+            start_flow(i, k, tr, now)
+            progressed = True
+        return progressed
 
-    def signal(i: int, now: float) -> None:
-        c = lk.instrs[i]
+    def signal(i: int, now: int) -> None:
         end[i] = now
-        for sem in c.instr.signals:
-            count[sem] += 1
-            dirty.update(waiting.pop(sem, ()))
+        for sem in instrs[i].instr.signals:
+            c = count[sem] + 1
+            count[sem] = c
+            h = waiters.get(sem)
+            while h and h[0][0] <= c:
+                dirty.add(heapq.heappop(h)[1])
 
-    now = 0.0
-    steps = 0
-    limit = MAX_EVENTS_PER_INSTR * (n + 1)
+    now = 0
+    is_dma = [kk == "dma" for kk in kinds]
     while True:
-        steps += 1
-        if steps > limit:
-            raise error("NCC_IINT001", "internal compiler error: the timing replay did not converge")
-        started_flow = len(flows)
         while dirty:
             k = min(dirty)
             dirty.discard(k)
-            if try_start(k, now):
+            if (try_queue if is_dma[k] else try_engine)(k, now):
                 dirty.add(k)
-        if len(flows) != started_flow or any(f.rate == 0 for f in flows):
-            rates()
-        if all(s.done() for s in streams) and not heap:
+        if not heap:
             break
-        t_next = heap[0][0] if heap else math.inf
-        for f in flows:
-            if f.rate > 0:
-                t_next = min(t_next, now + f.remaining / f.rate)
-        if not math.isfinite(t_next):
-            raise error("NCC_IINT001", "internal compiler error: the timing replay is stuck "
-                        "(the verifier should have found this deadlock)")
-        dt = max(0.0, t_next - now)
-        if flows:
-            use = sum(f.rate * f.engine_cost for f in flows)
-            engine_ns += use * dt
-            for f in flows:
-                f.remaining -= f.rate * dt
-        now = max(now, t_next)
-        finished = [f for f in flows if f.remaining <= max(1e-6, 1e-12 * f.cap)]
-        if finished:
-            for f in finished:
-                flows.remove(f)
-                f.remaining = 0.0
-                i = f.instr
-                tr = transfers[i]
-                hbm_bytes += tr.hbm_bytes
-                spill += tr.spill_bytes
-                st = by_name[f.owner]
-                if st.kind == "dma":
-                    slices.append(Slice(st.name, f.start, now, i))
-                    busy[st.name] += now - f.start
-                    st.active = False
-                    push(now + sem_ns, "done", i)
-                else:
-                    slices.append(Slice(st.name, f.start, now, i, "transfer"))
-                    busy[st.name] += now - f.start
-                    st.blocked_flow = False
-                    st.free_at = max(st.free_at, now)
-                    push(now + sem_ns, "done", i)
-                dirty.add(stream_index[st.name])
-            rates()
-        while heap and heap[0][0] <= now + EPS:
-            _, _, kind, payload = heapq.heappop(heap)
-            if kind == "done":
+        now = heap[0][0]
+        while heap and heap[0][0] == now:
+            _, _, kind, payload, version = heapq.heappop(heap)
+            if kind == DONE:
                 signal(payload, now)
-            elif kind == "wake":
+            elif kind == WAKE:
+                if wake_at[payload] == now:
+                    wake_at[payload] = -1
                 dirty.add(payload)
-            elif kind == "qfree":
-                streams[payload].active = False
-                dirty.add(payload)
-            elif kind == "flow":
-                c = lk.instrs[payload]
-                flows.append(make_flow(payload, c.stream, now, transfers[payload]))
-    latency = max((e for e in end if not math.isnan(e)), default=0.0)
-    return Timeline(latency, slices, start, end, dict(busy), hbm_bytes, spill, engine_ns, transfers)
+            elif kind == FLOWSTART:
+                c = instrs[payload]
+                start_flow(payload, sid[payload], tmpl_tr[c.template], now)
+            else:  # FLOWEND
+                f = next((f for f in flows if f.instr == payload), None)
+                if f is None or f.version != version:
+                    continue
+                advance_flows(now)
+                flows.remove(f)
+                hbm_bytes += f.tr.hbm_bytes
+                spill += f.tr.spill_bytes
+                k = f.owner
+                spans.append((k, f.start, now, payload, 0 if is_dma[k] else 1))
+                busy[k] += now - f.start
+                if is_dma[k]:
+                    active[k] = False
+                else:
+                    blocked[k] = False
+                    if free_at[k] < now:
+                        free_at[k] = now
+                push(now + sem_ps, DONE, payload)
+                dirty.add(k)
+                reflow(now)
+    if (end < 0).any():
+        raise error("NCC_IINT001", "internal compiler error: the timing replay is stuck "
+                    "(the verifier should have found this deadlock)")
+    latency = int(end.max()) if n else 0
+    span_arr = np.array(spans, dtype=np.int64).reshape(-1, 5)
+    return Timeline(latency, start, end, {s: busy[k] for k, s in enumerate(streams)}, hbm_bytes, spill, engine_ps,
+                    list(streams), span_arr, transfers)

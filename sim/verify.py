@@ -3,11 +3,17 @@
 ``link`` places on-chip tensors, resolves every access, checks every instruction's operands, then
 analyses synchronisation: it replays the streams in zero time (a wait proceeds once enough signals
 have happened) to find deadlocks and an execution order, and computes exactly which instructions
-are *guaranteed* to happen before which (per stream, the same replay with that stream held back).
-With that it refuses a read that no write is guaranteed to precede ("read before any write"), two
-conflicting accesses on different streams that no semaphore orders (a race), and misused PSUM
-accumulation groups. A program that passes is deterministic: the functional result does not
-depend on timing.
+are *guaranteed* to happen before which. With that it refuses a read that no write is guaranteed
+to precede ("read before any write"), two conflicting accesses on different streams that no
+semaphore orders (a race), and misused PSUM accumulation groups. A program that passes is
+deterministic: the functional result does not depend on timing.
+
+Built for programs of millions of instructions: instructions that repeat (same stream, opcode,
+operands and attributes: a loop's body) are checked once; the happens-before relation is computed
+in one pass when every semaphore has a single signalling stream (what the backend emits), and with
+one pass per signalling stream otherwise; the race check keeps, per memory, only the accesses a
+later one can still conflict with. ``races=False`` (a NEFF this nxsat wrote and checked) skips the
+happens-before and race analysis and keeps everything else.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ from nxsat.sim.program import (
     Instr,
     Program,
     Tensor,
-    boxes_overlap,
     index_box,
     is_broadcast,
     resolve,
@@ -44,7 +49,10 @@ ALIGN = 64
 
 @dataclass
 class Linked:
-    """A checked program: resolved instructions, streams, execution order, happens-before clocks."""
+    """A checked program: resolved instructions, streams, execution order, happens-before clocks.
+
+    ``program`` is the checked copy (on-chip tensors placed, ranks resolved); the program given to
+    :func:`link` is never modified. ``vc`` is None when the race analysis was skipped."""
 
     program: Program
     target: Target
@@ -54,64 +62,75 @@ class Linked:
     sid: list[int]
     pos: list[int]
     order: list[int]
-    vc: np.ndarray = field(repr=False)
+    vc: np.ndarray | None = field(default=None, repr=False)
+    templates: int = 0  # distinct (stream, opcode, operands, attributes): LInstr.template < templates
 
     def hb(self, a: int, b: int) -> bool:
         """Is instruction ``a`` guaranteed to complete before ``b`` starts (or precede it in its stream)?"""
         if self.sid[a] == self.sid[b]:
             return self.pos[a] < self.pos[b]
+        if self.vc is None:
+            raise ValueError("happens-before is only known when linked with races=True")
         return self.pos[a] < int(self.vc[b, self.sid[a]])
 
 
-def _loc(prog: Program, line: int) -> Loc:
-    return Loc(prog.source, line)
+def _loc(prog: Program, line: int, origin: str | None = None) -> Loc:
+    return Loc(prog.source, line, origin=origin)
 
 
-def link(prog: Program, target: Target) -> Linked:
+def _iloc(prog: Program, ins: Instr) -> Loc:
+    return Loc(prog.source, ins.line, origin=ins.origin)
+
+
+def link(prog: Program, target: Target, races: bool = True) -> Linked:
     """Check ``prog`` for ``target``; raise a coded error at the offending line, or return it linked."""
-    _check_header(prog, target)
-    placed = _place(prog, target)
-    prog.tensors = placed
-    if len(prog.instrs) > MAX_INSTRUCTIONS:
-        raise error("NCC_EVRF007", f"{len(prog.instrs)} instructions; the simulator accepts at most "
-                    f"{MAX_INSTRUCTIONS}", _loc(prog, prog.instrs[MAX_INSTRUCTIONS].line))
-    cache: dict[tuple[Access, str], RAccess] = {}
-    instrs = [_link_instr(prog, target, ins, i, cache) for i, ins in enumerate(prog.instrs)]
+    ranks = _check_header(prog, target)
+    prog = replace(prog, target=target.name, lnc=target.lnc, ranks=ranks)
+    prog.tensors = _place(prog, target)
+    n = len(prog.instrs)
+    if n > MAX_INSTRUCTIONS:
+        raise error("NCC_EVRF007", f"{n} instructions; the simulator accepts at most {MAX_INSTRUCTIONS}",
+                    _iloc(prog, prog.instrs[MAX_INSTRUCTIONS]))
+    linker = _Linker(prog, target)
+    instrs = [linker.link(ins, i) for i, ins in enumerate(prog.instrs)]
     streams = sorted({ins.stream for ins in prog.instrs}, key=stream_order)
     by_stream: dict[str, list[int]] = {s: [] for s in streams}
-    sid = [0] * len(instrs)
-    pos = [0] * len(instrs)
+    sid = [0] * n
+    pos = [0] * n
     index = {s: k for k, s in enumerate(streams)}
     for i, ins in enumerate(prog.instrs):
-        pos[i] = len(by_stream[ins.stream])
-        by_stream[ins.stream].append(i)
+        lst = by_stream[ins.stream]
+        pos[i] = len(lst)
+        lst.append(i)
         sid[i] = index[ins.stream]
-    order = _replay(prog, by_stream, streams)
-    vc = _clocks(prog, streams, by_stream, sid, pos, order)
-    linked = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, vc)
-    _dataflow(linked)
-    _accumulation(linked)
-    _coverage(linked)
-    return linked
+    order, single = _replay(prog, by_stream, streams)
+    lk = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, templates=len(linker.templates))
+    if races:
+        lk.vc = _clocks_fast(lk) if single else _clocks(prog, streams, by_stream, sid, pos, order)
+        _dataflow(lk)
+    _accumulation(lk)
+    _coverage(lk)
+    return lk
 
 
 # --- header and placement ----------------------------------------------------------------------
 
-def _check_header(prog: Program, target: Target) -> None:
+def _check_header(prog: Program, target: Target) -> int:
+    """The program's SPMD rank count, after checking its header against the target."""
     if prog.target is not None and prog.target != target.name:
         raise error("NCC_EASM004", f"the program is for {prog.target}, not {target.name}", _loc(prog, 1))
     if prog.lnc is not None and prog.lnc != target.lnc:
         raise error("NCC_EASM004", f"the program is for logical core config {prog.lnc}, the target uses "
                     f"{target.lnc}", _loc(prog, 1))
-    if prog.ranks is None:
-        prog.ranks = target.lnc
-    if prog.ranks % target.lnc:
+    ranks = target.lnc if prog.ranks is None else prog.ranks
+    if ranks % target.lnc:
         raise error("NCC_EARG001", f"{target.name} with lnc={target.lnc} runs a program on {target.lnc} "
-                    f"physical cores: .ranks must be a multiple of {target.lnc}, not {prog.ranks}", _loc(prog, 1))
+                    f"physical cores: .ranks must be a multiple of {target.lnc}, not {ranks}", _loc(prog, 1))
     if len(prog.semaphores) > target.max_semaphores:
         name = list(prog.semaphores)[target.max_semaphores]
         raise error("NCC_EASM004", f"{len(prog.semaphores)} semaphores; {target.name} has "
                     f"{target.max_semaphores}", _loc(prog, prog.semaphores[name]))
+    return ranks
 
 
 def _place(prog: Program, target: Target) -> dict[str, Tensor]:
@@ -197,101 +216,136 @@ def _check_fits(t: Tensor, target: Target, prog: Program) -> None:
 
 # --- instructions -------------------------------------------------------------------------------
 
-def _link_instr(prog: Program, target: Target, ins: Instr, index: int,
-                cache: dict[tuple[Access, str], RAccess]) -> LInstr:
-    loc = _loc(prog, ins.line)
-    op = OPS.get(ins.opcode)
-    kind = stream_kind(ins.stream)
-    # The parser guarantees these for text; programs built in Python are checked here.
-    if op is None:
-        raise error("NCC_EASM002", f"unknown instruction {ins.opcode!r}", loc)
-    if not kind:
-        raise error("NCC_EASM002", f"unknown stream {ins.stream!r}", loc)
-    if len(ins.operands) != len(op.operands):
-        raise error("NCC_EASM004", f"{ins.opcode} takes {len(op.operands)} operand(s), got {len(ins.operands)}", loc)
-    for acc in ins.operands:
-        if not isinstance(acc, Access) or acc.tensor not in prog.tensors:
-            raise error("NCC_EASM003", f"undefined tensor {getattr(acc, 'tensor', acc)}", loc)
-    for sem in [w.sem for w in ins.waits] + list(ins.signals):
-        if sem not in prog.semaphores:
-            raise error("NCC_EASM003", f"undefined semaphore {sem}", loc)
-    if any(w.value < 1 for w in ins.waits) or len(set(ins.signals)) != len(ins.signals):
-        raise error("NCC_EASM004", "a wait needs a count of at least 1, and a semaphore is signalled once", loc)
-    if kind == "dma" and int(ins.stream[1:]) >= target.dma_queues:
-        raise error("NCC_EASM002", f"stream {ins.stream}: {target.name} has DMA queues q0..q{target.dma_queues - 1}",
-                    loc)
-    if kind not in op.engines:
-        names = ", ".join("q<n>" if e == "dma" else e for e in op.engines)
-        raise error("NCC_EASM004", f"{ins.opcode} does not run on {ins.stream}", loc, f"it runs on {names}")
+class _Linker:
+    """Links instructions, checking each distinct (stream, opcode, operands, attributes) once."""
 
-    def res(acc: Access, what: str) -> RAccess:
-        t = prog.tensors[acc.tensor]
-        ra = cache.get((acc, t.name))
-        if ra is None:
-            try:
-                ap = resolve(acc, t)
-            except AccessError as exc:
-                raise error("NCC_EASM004", f"{ins.opcode} {what}: {exc}", loc) from None
-            ra = RAccess(acc, t, ap, index_box(acc, t))
-            cache[(acc, t.name)] = ra
-        if kind == "pool" and t.memory == "psum":
-            raise error("NCC_EASM004", f"{ins.opcode} {what}: GpSimd cannot access PSUM ({t.name})", loc)
-        return ra
+    def __init__(self, prog: Program, target: Target) -> None:
+        self.prog = prog
+        self.target = target
+        self.access: dict[Access, RAccess] = {}
+        self.templates: dict[tuple, LInstr] = {}
+        self.sems = prog.semaphores
+        self.queues = target.dma_queues
 
-    ops = []
-    for spec, acc in zip(op.operands, ins.operands):
-        ra = res(acc, spec.name)
-        if ra.memory not in spec.memories:
-            raise error("NCC_EASM004", f"{ins.opcode} {spec.name} must be in {' or '.join(sorted(spec.memories))}; "
-                        f"{ra.name} is in {ra.memory}", loc)
-        ops.append(ra)
-    unknown = sorted(set(ins.attrs) - {a.name for a in op.attrs})
-    if unknown:
-        raise error("NCC_EASM004", f"{ins.opcode} has no attribute {unknown[0]}", loc)
-    attrs = {a.name: _attr_value(prog, ins, a, loc) for a in op.attrs}
-    for a in op.attrs:
-        v = attrs.get(a.name)
-        if a.kind in ("scalar", "in", "out") and v is not None and not isinstance(v, (int, float)):
-            ra = res(v, a.name)
-            if not ra.tensor.onchip:
-                raise error("NCC_EASM004", f"{ins.opcode} {a.name} must be an on-chip tile", loc)
-            attrs[a.name] = ra
-    c = LInstr(ins, index, op, ops, attrs, ranks=prog.ranks)
-    try:
-        op.check(c, target)
-    except CheckFail as exc:
-        msg = str(exc) if str(exc).startswith(ins.opcode) else f"{ins.opcode}: {exc}"
-        raise error(exc.code, msg, loc) from None
-    try:
-        c.domains = op.domains(c, target)
-    except CheckFail as exc:
-        raise error(exc.code, f"{ins.opcode}: {exc}", loc) from None
-    c.reads, c.writes = op.effects(c)
-    for w in c.writes:
-        if is_broadcast(w.acc):
-            raise error("NCC_EASM004", f"{ins.opcode} writes {w.name} through a broadcast view", loc)
-        if w.tensor.kind in ("input", "const"):
-            raise error("NCC_EASM004", f"{ins.opcode} writes {w.name}, a read-only {w.tensor.kind}", loc)
-    return c
+    def link(self, ins: Instr, index: int) -> LInstr:
+        try:
+            key = (ins.stream, ins.opcode, ins.operands,
+                   tuple((k, v.__class__, v) for k, v in ins.attrs.items()) if ins.attrs else ())
+            proto = self.templates.get(key)
+        except TypeError:  # an unhashable attribute (a program built in Python): check it the long way
+            key, proto = None, None
+        sems = self.sems
+        for w in ins.waits:
+            if w.sem not in sems:
+                raise error("NCC_EASM003", f"undefined semaphore {w.sem}", _iloc(self.prog, ins))
+            if w.value < 1:
+                raise error("NCC_EASM004", "a wait needs a count of at least 1", _iloc(self.prog, ins))
+        for sem in ins.signals:
+            if sem not in sems:
+                raise error("NCC_EASM003", f"undefined semaphore {sem}", _iloc(self.prog, ins))
+        if len(ins.signals) > 1 and len(set(ins.signals)) != len(ins.signals):
+            raise error("NCC_EASM004", "a semaphore is signalled once by one instruction", _iloc(self.prog, ins))
+        if proto is None:
+            proto = self._link_new(ins, index)
+            proto.template = len(self.templates)
+            if key is not None:
+                self.templates[key] = proto
+            return proto
+        return LInstr(ins, index, proto.op, proto.ops, proto.attrs, proto.reads, proto.writes, proto.ranks,
+                      proto.domains, proto.template)
+
+    def _link_new(self, ins: Instr, index: int) -> LInstr:
+        prog, target = self.prog, self.target
+        loc = _iloc(prog, ins)
+        op = OPS.get(ins.opcode)
+        kind = stream_kind(ins.stream)
+        # The parser guarantees these for text; programs built in Python are checked here.
+        if op is None:
+            raise error("NCC_EASM002", f"unknown instruction {ins.opcode!r}", loc)
+        if not kind:
+            raise error("NCC_EASM002", f"unknown stream {ins.stream!r}", loc)
+        if len(ins.operands) != len(op.operands):
+            raise error("NCC_EASM004", f"{ins.opcode} takes {len(op.operands)} operand(s), got {len(ins.operands)}",
+                        loc)
+        for acc in ins.operands:
+            if not isinstance(acc, Access) or acc.tensor not in prog.tensors:
+                raise error("NCC_EASM003", f"undefined tensor {getattr(acc, 'tensor', acc)}", loc)
+        if kind == "dma" and int(ins.stream[1:]) >= self.queues:
+            raise error("NCC_EASM002", f"stream {ins.stream}: {target.name} has DMA queues q0..q{self.queues - 1}",
+                        loc)
+        if kind not in op.engines:
+            names = ", ".join("q<n>" if e == "dma" else e for e in op.engines)
+            raise error("NCC_EASM004", f"{ins.opcode} does not run on {ins.stream}", loc, f"it runs on {names}")
+
+        def res(acc: Access, what: str) -> RAccess:
+            ra = self.access.get(acc)
+            if ra is None:
+                t = prog.tensors[acc.tensor]
+                try:
+                    ap = resolve(acc, t)
+                except AccessError as exc:
+                    raise error("NCC_EASM004", f"{ins.opcode} {what}: {exc}", loc) from None
+                ra = RAccess(acc, t, ap, index_box(acc, t))
+                self.access[acc] = ra
+            if kind == "pool" and ra.memory == "psum":
+                raise error("NCC_EASM004", f"{ins.opcode} {what}: GpSimd cannot access PSUM ({ra.name})", loc)
+            return ra
+
+        ops = []
+        for spec, acc in zip(op.operands, ins.operands):
+            ra = res(acc, spec.name)
+            if ra.memory not in spec.memories:
+                raise error("NCC_EASM004", f"{ins.opcode} {spec.name} must be in "
+                            f"{' or '.join(sorted(spec.memories))}; {ra.name} is in {ra.memory}", loc)
+            ops.append(ra)
+        unknown = sorted(set(ins.attrs) - {a.name for a in op.attrs})
+        if unknown:
+            raise error("NCC_EASM004", f"{ins.opcode} has no attribute {unknown[0]}", loc)
+        attrs = {a.name: _attr_value(prog, ins, a, loc) for a in op.attrs}
+        for a in op.attrs:
+            v = attrs.get(a.name)
+            if a.kind in ("scalar", "in", "out") and isinstance(v, Access):
+                ra = res(v, a.name)
+                if not ra.onchip:
+                    raise error("NCC_EASM004", f"{ins.opcode} {a.name} must be an on-chip tile", loc)
+                attrs[a.name] = ra
+        c = LInstr(ins, index, op, ops, attrs, ranks=prog.ranks)
+        try:
+            op.check(c, target)
+            c.domains = op.domains(c, target)
+        except CheckFail as exc:
+            msg = str(exc) if str(exc).startswith(ins.opcode) else f"{ins.opcode}: {exc}"
+            raise error(exc.code, msg, loc) from None
+        c.reads, c.writes = op.effects(c)
+        for w in c.writes:
+            if is_broadcast(w.acc):
+                raise error("NCC_EASM004", f"{ins.opcode} writes {w.name} through a broadcast view", loc)
+            if w.tensor.kind in ("input", "const"):
+                raise error("NCC_EASM004", f"{ins.opcode} writes {w.name}, a read-only {w.tensor.kind}", loc)
+        return c
 
 
 def _attr_value(prog: Program, ins: Instr, a: Attr, loc: Loc) -> object:
     """An attribute's value, defaulted and checked against its kind (programs built in Python too)."""
     v = ins.attrs.get(a.name, a.default)
+    k = a.kind
     number = isinstance(v, (int, float)) and not isinstance(v, bool)
-    ok = {
-        "bool": isinstance(v, bool),
-        "int": isinstance(v, int) and not isinstance(v, bool),
-        "float": number,
-        "number": number,
-        "enum": v in a.choices,
-        "ints": isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
-        "scalar": number or isinstance(v, Access),
-        "in": v is None or isinstance(v, Access),
-        "out": v is None or isinstance(v, Access),
-    }[a.kind]
+    if k == "bool":
+        ok = isinstance(v, bool)
+    elif k == "int":
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif k in ("float", "number"):
+        ok = number
+    elif k == "enum":
+        ok = v in a.choices
+    elif k == "ints":
+        ok = isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    elif k == "scalar":
+        ok = number or isinstance(v, Access)
+    else:  # in, out
+        ok = v is None or isinstance(v, Access)
     if not ok:
-        want = f"one of {', '.join(a.choices)}" if a.kind == "enum" else a.kind
+        want = f"one of {', '.join(a.choices)}" if k == "enum" else k
         raise error("NCC_EASM004", f"{ins.opcode} attribute {a.name}={v!r} must be {want}", loc)
     if isinstance(v, Access) and v.tensor not in prog.tensors:
         raise error("NCC_EASM003", f"undefined tensor {v.tensor}", loc)
@@ -300,42 +354,58 @@ def _attr_value(prog: Program, ins: Instr, a: Attr, loc: Loc) -> object:
 
 # --- synchronisation ----------------------------------------------------------------------------
 
-def _replay(prog: Program, by_stream: dict[str, list[int]], streams: list[str]) -> list[int]:
+def _replay(prog: Program, by_stream: dict[str, list[int]], streams: list[str]) -> tuple[list[int], bool]:
     """A zero-time execution: every stream runs while its waits are met. Semaphores only count up,
-    so any maximal run reaches the same end: stuck streams mean a deadlock in every schedule."""
+    so any maximal run reaches the same end: stuck streams mean a deadlock in every schedule.
+    Returns the execution order and whether every semaphore has a single signalling stream."""
+    instrs = prog.instrs
     total: dict[str, int] = defaultdict(int)
-    for ins in prog.instrs:
+    signallers: dict[str, set[str]] = defaultdict(set)
+    for ins in instrs:
         for s in ins.signals:
             total[s] += 1
-    for ins in prog.instrs:
+            signallers[s].add(ins.stream)
+    for ins in instrs:
         for w in ins.waits:
             if w.value > total[w.sem]:
                 raise error("NCC_EASM009", f"{ins.stream} {ins.opcode} waits for {w.sem}>={w.value} but the program "
-                            f"signals {w.sem} only {total[w.sem]} time(s)", _loc(prog, ins.line))
-    count: dict[str, int] = defaultdict(int)
-    head = dict.fromkeys(streams, 0)
+                            f"signals {w.sem} only {total[w.sem]} time(s)", _iloc(prog, ins))
+    count: dict[str, int] = dict.fromkeys(prog.semaphores, 0)
+    # Event-driven: a blocked stream is parked on the semaphore it waits for and resumed when that
+    # semaphore reaches the count (a heap per semaphore), so the replay is linear in the program.
+    parked: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    lists = [by_stream[s] for s in streams]
+    head = [0] * len(lists)
     order: list[int] = []
-    progress = True
-    while progress:
-        progress = False
-        for s in streams:
-            lst = by_stream[s]
-            k = head[s]
-            while k < len(lst):
-                ins = prog.instrs[lst[k]]
-                if any(count[w.sem] < w.value for w in ins.waits):
+    ready = list(range(len(lists) - 1, -1, -1))
+    while ready:
+        k = ready.pop()
+        lst = lists[k]
+        h = head[k]
+        while h < len(lst):
+            ins = instrs[lst[h]]
+            blocked = None
+            for w in ins.waits:
+                if count[w.sem] < w.value:
+                    blocked = w
                     break
-                order.append(lst[k])
-                for sig in ins.signals:
-                    count[sig] += 1
-                k += 1
-                progress = True
-            head[s] = k
-    if len(order) < len(prog.instrs):
+            if blocked is not None:
+                heapq.heappush(parked[blocked.sem], (blocked.value, k))
+                break
+            order.append(lst[h])
+            for sig in ins.signals:
+                c = count[sig] + 1
+                count[sig] = c
+                p = parked.get(sig)
+                while p and p[0][0] <= c:
+                    ready.append(heapq.heappop(p)[1])
+            h += 1
+        head[k] = h
+    if len(order) < len(instrs):
         stuck = []
-        for s in streams:
-            if head[s] < len(by_stream[s]):
-                ins = prog.instrs[by_stream[s][head[s]]]
+        for k in range(len(streams)):
+            if head[k] < len(lists[k]):
+                ins = instrs[lists[k][head[k]]]
                 w = next(w for w in ins.waits if count[w.sem] < w.value)
                 stuck.append((ins, w))
         ins, w = stuck[0]
@@ -343,13 +413,51 @@ def _replay(prog: Program, by_stream: dict[str, list[int]], streams: list[str]) 
                            for i, x in stuck[1:4])
         raise error("NCC_EASM009", f"deadlock: {ins.stream} {ins.opcode} waits for {w.sem}>={w.value} but only "
                     f"{count[w.sem]} signal(s) can ever happen before it" + (f"; also {others}" if others else ""),
-                    _loc(prog, ins.line), "check the wait counts and which stream signals each semaphore")
-    return order
+                    _iloc(prog, ins), "check the wait counts and which stream signals each semaphore")
+    return order, all(len(v) == 1 for v in signallers.values())
+
+
+def _clocks_fast(lk: Linked) -> np.ndarray:
+    """vc[i, k] = how many instructions of stream k are guaranteed to complete before i starts,
+    when every semaphore has one signalling stream.
+
+    Then ``wait S>=v`` is met exactly when the v-th signal of S's stream has completed, so the
+    instructions that must precede i are its stream predecessors, those signallers, and everything
+    that must precede them: one pass in execution order, taking maxima of the predecessors' clocks.
+    (Exact: every instruction outside that closure can be held back without stopping i.)"""
+    prog = lk.program
+    instrs = prog.instrs
+    sid, pos = lk.sid, lk.pos
+    n = len(instrs)
+    vc = np.zeros((n, max(1, len(lk.streams))), dtype=np.int32)
+    nth: dict[str, list[int]] = defaultdict(list)  # sem -> its signalling instructions in stream order
+    for s in lk.streams:
+        for i in lk.by_stream[s]:
+            for sig in instrs[i].signals:
+                nth[sig].append(i)
+    prev = [-1] * len(lk.streams)
+    for i in lk.order:
+        ins = instrs[i]
+        s = sid[i]
+        p = prev[s]
+        row = vc[i]
+        if p >= 0:
+            row[:] = vc[p]
+        for w in ins.waits:
+            j = nth[w.sem][w.value - 1]
+            np.maximum(row, vc[j], out=row)
+            sj = sid[j]
+            if row[sj] <= pos[j]:
+                row[sj] = pos[j] + 1
+        row[s] = pos[i]
+        prev[s] = i
+    return vc
 
 
 def _clocks(prog: Program, streams: list[str], by_stream: dict[str, list[int]], sid: list[int], pos: list[int],
             order: list[int]) -> np.ndarray:
-    """vc[i, k] = how many instructions of stream k are guaranteed to complete before i starts.
+    """vc[i, k] = how many instructions of stream k are guaranteed to complete before i starts, for
+    semaphores signalled from several streams.
 
     Exact, by the same argument as the deadlock check: instruction j must complete before i starts
     exactly when the zero-time replay with j's stream stopped at j never reaches i (had some
@@ -359,7 +467,7 @@ def _clocks(prog: Program, streams: list[str], by_stream: dict[str, list[int]], 
     one pass over the program per stream that signals anything.
     """
     n = len(prog.instrs)
-    vc = np.zeros((n, len(streams)), dtype=np.int64)
+    vc = np.zeros((n, len(streams)), dtype=np.int32)
     idx = np.arange(n)
     sids = np.asarray(sid, dtype=np.int64)
     vc[idx, sids] = pos
@@ -367,7 +475,7 @@ def _clocks(prog: Program, streams: list[str], by_stream: dict[str, list[int]], 
     for k, lst in enumerate(lists):
         if not any(prog.instrs[i].signals for i in lst):
             continue  # nothing can wait for this stream
-        col = np.asarray(_first_reachable(prog, lists, k), dtype=np.int64)
+        col = np.asarray(_first_reachable(prog, lists, k), dtype=np.int32)
         other = sids != k
         vc[other, k] = col[other]
     return vc
@@ -412,85 +520,6 @@ def _first_reachable(prog: Program, lists: list[list[int]], k: int) -> list[int]
 
 # --- dataflow: read before write, races ------------------------------------------------------------
 
-@dataclass
-class _Entry:
-    tensor: str
-    box: tuple[tuple[int, int, int], ...]
-    phys: tuple[int, int, int, int] | None
-    stream: int
-    write: bool
-    instr: int
-    lo: int  # the 1-D interval the access may touch: bytes of a partition row on chip, elements in HBM
-    hi: int
-    seq: int  # creation order: candidates are checked in it, so the first conflict reported is stable
-
-
-def _phys(ra: RAccess) -> tuple[int, int, int, int] | None:
-    if not ra.tensor.onchip:
-        return None
-    p0, pn = ra.abs_partitions()
-    lo, hi = ra.byte_range()
-    return (p0, p0 + pn, lo, hi)
-
-
-def _interval(ra: RAccess) -> tuple[int, int]:
-    """A 1-D interval every element of the access lies in (two accesses that share an element
-    share a point of it): row bytes on chip (shared by aliasing tensors), flat elements in HBM."""
-    return ra.byte_range() if ra.tensor.onchip else ra.ap.span()
-
-
-class _Store:
-    """The latest accesses to one storage (a tensor, or on-chip tensors sharing memory), one per
-    (tensor, box, stream), found by the interval they touch: a check looks only at the entries in
-    the buckets its interval covers, so a program of many small accesses stays linear rather than
-    quadratic. Entries covering many buckets sit in a list every query sees."""
-
-    BUCKETS = 512
-    WIDE = 8
-
-    def __init__(self, extent: int) -> None:
-        self.shift = max(0, (max(1, extent) - 1).bit_length() - self.BUCKETS.bit_length() + 1)
-        self.buckets: dict[int, dict[tuple, _Entry]] = defaultdict(dict)
-        self.wide: dict[tuple, _Entry] = {}
-        self.entries: dict[tuple, _Entry] = {}
-
-    def _span(self, lo: int, hi: int) -> tuple[int, int]:
-        return lo >> self.shift, (max(lo + 1, hi) - 1) >> self.shift
-
-    def add(self, key: tuple, e: _Entry) -> None:
-        self.entries[key] = e
-        b0, b1 = self._span(e.lo, e.hi)
-        if b1 - b0 >= self.WIDE:
-            self.wide[key] = e
-        else:
-            for b in range(b0, b1 + 1):
-                self.buckets[b][key] = e
-
-    def remove(self, key: tuple) -> None:
-        e = self.entries.pop(key)
-        b0, b1 = self._span(e.lo, e.hi)
-        if b1 - b0 >= self.WIDE:
-            del self.wide[key]
-        else:
-            for b in range(b0, b1 + 1):
-                del self.buckets[b][key]
-
-    def near(self, lo: int, hi: int) -> list[tuple[tuple, _Entry]]:
-        """Entries whose interval may meet [lo, hi), in creation order."""
-        b0, b1 = self._span(lo, hi)
-        found: dict[tuple, _Entry] = dict(self.wide)
-        if b1 - b0 + 1 >= len(self.buckets):
-            for b, d in self.buckets.items():
-                if b0 <= b <= b1:
-                    found.update(d)
-        else:
-            for b in range(b0, b1 + 1):
-                d = self.buckets.get(b)
-                if d:
-                    found.update(d)
-        return sorted(((k, e) for k, e in found.items() if e.lo < hi and lo < e.hi), key=lambda ke: ke[1].seq)
-
-
 def _alias_groups(prog: Program) -> dict[str, str]:
     """Storage key of every tensor: on-chip tensors whose memory overlaps share one key."""
     parent = {name: name for name in prog.tensors}
@@ -515,120 +544,132 @@ def _alias_groups(prog: Program) -> dict[str, str]:
     return {name: find(name) for name in prog.tensors}
 
 
-def _overlap(e: _Entry, ra: RAccess) -> bool:
-    if e.tensor == ra.name:
-        return boxes_overlap(e.box, ra.box)
-    p = _phys(ra)
-    if e.phys is None or p is None:
-        return False
-    return e.phys[0] < p[1] and p[0] < e.phys[1] and e.phys[2] < p[3] and p[2] < e.phys[3]
+class _Footprints:
+    """The distinct footprints (tensor and index box) a program's accesses touch, numbered, with
+    which of them overlap (``RAccess.overlaps``: exact within a tensor, by bytes between on-chip
+    tensors that share memory). Each footprint is compared once with the footprints of its storage
+    whose intervals (row bytes on chip, flat elements in HBM) meet its own, found through buckets
+    about half as wide as a typical access."""
 
+    WIDE = 16
 
-def _contains(outer: tuple[tuple[int, int, int], ...], inner: tuple[tuple[int, int, int], ...]) -> bool:
-    return all(k == 1 and s <= s2 and e2 <= e for (s, e, k), (s2, e2, _) in zip(outer, inner))
+    def __init__(self) -> None:
+        self.ras: list[RAccess] = []
+        self.overlaps: list[list[int]] = []
+        self.by_key: dict[tuple, int] = {}
+        self.index: dict[str, tuple[int, dict[int, list[int]], list[int]]] = {}  # storage -> shift, buckets, wide
+
+    def add_storage(self, key: str, typical: int) -> None:
+        self.index[key] = (max(0, max(1, typical).bit_length() - 2), {}, [])
+
+    def id(self, ra: RAccess, storage: str) -> int:
+        key = (ra.name, ra.box)
+        fid = self.by_key.get(key)
+        if fid is not None:
+            return fid
+        fid = len(self.ras)
+        self.by_key[key] = fid
+        self.ras.append(ra)
+        mine = [fid]
+        self.overlaps.append(mine)
+        shift, buckets, wide = self.index[storage]
+        b0, b1 = ra.lo >> shift, (max(ra.lo + 1, ra.hi) - 1) >> shift
+        cand: set[int] = set(wide)
+        if b1 - b0 >= self.WIDE:
+            for bl in buckets.values():
+                cand.update(bl)
+            wide.append(fid)
+        else:
+            for b in range(b0, b1 + 1):
+                bl = buckets.get(b)
+                if bl is None:
+                    buckets[b] = [fid]
+                else:
+                    cand.update(bl)
+                    bl.append(fid)
+        for g in sorted(cand):
+            if ra.overlaps(self.ras[g]):
+                mine.append(g)
+                self.overlaps[g].append(fid)
+        return fid
 
 
 def _dataflow(lk: Linked) -> None:
+    """Read before any write and races. For each footprint, the latest read and the latest write of
+    every stream: an access conflicts with those of the footprints it overlaps, and an older access of
+    the same stream is ordered before the latest, so checking the latest is enough."""
     prog = lk.program
-    target = lk.target
     group = _alias_groups(prog)
+    instrs = lk.instrs
+    pos, sid, vc = lk.pos, lk.sid, lk.vc
+    assert vc is not None
+    fps = _Footprints()
+    spans: dict[str, list[int]] = defaultdict(list)
+    seen: set[int] = set()
+    for c in instrs:
+        if c.template in seen:
+            continue
+        seen.add(c.template)
+        for ra in (*c.reads, *c.writes):
+            spans[group[ra.name]].append(ra.hi - ra.lo)
+    for k, v in spans.items():
+        fps.add_storage(k, sorted(v)[len(v) // 2])
+    fid_of: dict[int, int] = {}  # id(RAccess) -> footprint (RAccess objects are shared and live as long)
+    last_write: list[dict[int, int]] = []  # footprint -> {stream: instruction}
+    last_read: list[dict[int, int]] = []
 
-    def extent(key: str) -> int:
-        t = prog.tensors[key]
-        if t.kind == "sbuf":
-            return target.sbuf_bytes
-        if t.kind == "psum":
-            return target.psum_bytes
-        return t.size
-
-    # Per storage: the latest access of each (tensor, box, stream), writes and reads apart.
-    writes: dict[str, _Store] = {}
-    reads: dict[str, _Store] = {}
-    seq = 0
-    # Changes to each storage's entries, in all and per stream: a later instruction of a stream that
-    # repeats an access already checked, with no other stream's change since, needs no new check
-    # (what preceded the earlier one precedes it too).
-    total: dict[str, int] = defaultdict(int)
-    by_stream: dict[tuple[str, int], int] = defaultdict(int)
-    checked: dict[tuple[str, str, tuple, int, bool], int] = {}
-
-    def store(table: dict[str, _Store], key: str) -> _Store:
-        st = table.get(key)
-        if st is None:
-            st = table[key] = _Store(extent(key))
-        return st
-
-    def foreign(key: str, s: int) -> int:
-        return total[key] - by_stream[(key, s)]
+    def race(c: LInstr, ra: RAccess, j: int, mine: str, theirs: str) -> Exception:
+        w = instrs[j]
+        other = f"{w.stream} {w.op.name} at line {w.line}" + (f" ({w.instr.origin})" if w.instr.origin else "")
+        what = f"written by {other}" if mine == "reads" else f"which {other} {theirs}"
+        return error("NCC_EASM008", f"race: {c.stream} {c.op.name} {mine} {ra.name} {what} with no semaphore "
+                     "ordering them", _iloc(prog, c.instr),
+                     f"make {c.stream} wait for a semaphore that line {w.line} signals")
 
     for i in lk.order:
-        c = lk.instrs[i]
-        s = lk.sid[i]
-        loc = _loc(prog, c.line)
-        for ra in c.reads:
-            if ra.tensor.kind in ("input", "const"):
-                continue
-            key = group[ra.name]
-            memo = (key, ra.name, ra.box, s, False)
-            if checked.get(memo) == foreign(key, s):
-                continue
-            found = False
-            for _, e in store(writes, key).near(*_interval(ra)):
-                if not _overlap(e, ra):
-                    continue
-                if e.stream == s or lk.hb(e.instr, i):
-                    found = True
-                else:
-                    w = lk.instrs[e.instr]
-                    raise error("NCC_EASM008", f"race: {c.stream} {c.op.name} reads {ra.name} written by "
-                                f"{w.stream} {w.op.name} at line {w.line} with no semaphore ordering them",
-                                loc, f"make {c.stream} wait for a semaphore that line {w.line} signals")
-            if not found:
-                raise error("NCC_EASM007", f"read before any write: {c.stream} {c.op.name} reads {ra.name}"
-                            f"{list(ra.shape)} but no write to it is guaranteed to happen before", loc,
-                            "write it first, or wait for the semaphore its writer signals")
-            checked[memo] = foreign(key, s)
-        for ra in c.writes:
-            key = group[ra.name]
-            memo = (key, ra.name, ra.box, s, True)
-            if checked.get(memo) == foreign(key, s):
-                continue
-            iv = _interval(ra)
-            near = store(writes, key).near(*iv) + store(reads, key).near(*iv)
-            for _, e in sorted(near, key=lambda ke: ke[1].seq):
-                if e.stream == s or not _overlap(e, ra) or lk.hb(e.instr, i):
-                    continue
-                w = lk.instrs[e.instr]
-                what = "writes" if e.write else "reads"
-                raise error("NCC_EASM008", f"race: {c.stream} {c.op.name} writes {ra.name} which {w.stream} "
-                            f"{w.op.name} at line {w.line} {what} with no semaphore ordering them", loc,
-                            f"make {c.stream} wait for a semaphore that line {w.line} signals")
-            checked[memo] = foreign(key, s)
+        c = instrs[i]
+        s = sid[i]
+        row = None
+        updates: list[tuple[int, bool]] = []
         for is_write, ras in ((False, c.reads), (True, c.writes)):
             for ra in ras:
-                if ra.tensor.kind in ("input", "const"):
+                kind = ra.tensor.kind
+                if kind == "input" or kind == "const":
                     continue
-                key = group[ra.name]
-                total[key] += 1
-                by_stream[(key, s)] += 1
-                iv = _interval(ra)
-                if is_write:
-                    # A write that covers an earlier access ordered before it makes that entry redundant:
-                    # whatever conflicts with the old access conflicts with this write too.
-                    for table in (writes, reads):
-                        st = store(table, key)
-                        for k, e in st.near(*iv):
-                            if (e.tensor == ra.name and _contains(ra.box, e.box)
-                                    and (e.stream == s or lk.hb(e.instr, i))):
-                                st.remove(k)
-                st = store(writes if is_write else reads, key)
-                ekey = (ra.name, ra.box, s)
-                old = st.entries.get(ekey)
-                if old is not None:
-                    old.instr = i
-                else:
-                    st.add(ekey, _Entry(ra.name, ra.box, _phys(ra), s, is_write, i, iv[0], iv[1], seq))
-                    seq += 1
+                fid = fid_of.get(id(ra))
+                if fid is None:
+                    fid = fps.id(ra, group[ra.name])
+                    fid_of[id(ra)] = fid
+                    while len(last_write) < len(fps.ras):
+                        last_write.append({})
+                        last_read.append({})
+                updates.append((fid, is_write))
+                found = False
+                for g in fps.overlaps[fid]:
+                    for k, j in last_write[g].items():
+                        if k == s:
+                            found = True
+                            continue
+                        if row is None:
+                            row = vc[i].tolist()
+                        if pos[j] < row[k]:
+                            found = True
+                        else:
+                            raise race(c, ra, j, "writes" if is_write else "reads", "writes")
+                    if is_write:
+                        for k, j in last_read[g].items():
+                            if k == s:
+                                continue
+                            if row is None:
+                                row = vc[i].tolist()
+                            if pos[j] >= row[k]:
+                                raise race(c, ra, j, "writes", "reads")
+                if not is_write and not found:
+                    raise error("NCC_EASM007", f"read before any write: {c.stream} {c.op.name} reads {ra.name}"
+                                f"{list(ra.shape)} but no write to it is guaranteed to happen before",
+                                _iloc(prog, c.instr), "write it first, or wait for the semaphore its writer signals")
+        for fid, is_write in updates:
+            (last_write if is_write else last_read)[fid][s] = i
 
 
 def _accumulation(lk: Linked) -> None:
@@ -647,10 +688,10 @@ def _accumulation(lk: Linked) -> None:
 
     for i in lk.order:
         c = lk.instrs[i]
-        loc = _loc(prog, c.line)
         if c.op.name == "matmul":
-            region = _phys(c.ops[0])
-            assert region is not None
+            loc = _iloc(prog, c.instr)
+            d = c.ops[0]
+            region = (d.p0, d.p1, d.lo, d.hi)
             bank = region[2] // bank_bytes  # the matmul check keeps an output inside one bank
             cur = open_by_bank.get(bank)
             if c.attrs["start"]:
@@ -662,11 +703,11 @@ def _accumulation(lk: Linked) -> None:
                 cur = (region, i)
                 open_by_bank[bank] = cur
             elif cur is None:
-                raise error("NCC_EASM006", f"matmul accumulates (start=false) into {c.ops[0].name} but no "
+                raise error("NCC_EASM006", f"matmul accumulates (start=false) into {d.name} but no "
                             f"accumulation group is open in PSUM bank {bank}", loc,
                             "the first matmul of a group has start=true")
             elif cur[0] != region:
-                raise error("NCC_EASM006", f"matmul accumulates into {c.ops[0].name} at partitions "
+                raise error("NCC_EASM006", f"matmul accumulates into {d.name} at partitions "
                             f"{region[0]}..{region[1] - 1}, bytes {region[2]}..{region[3]}, but {describe(cur[1])} "
                             f"covers partitions {cur[0][0]}..{cur[0][1] - 1}, bytes {cur[0][2]}..{cur[0][3]}: "
                             "the matmuls of a group all write the same PSUM region", loc)
@@ -676,32 +717,36 @@ def _accumulation(lk: Linked) -> None:
         if not open_by_bank:
             continue
         for ra in (*c.reads, *c.writes):
-            p = _phys(ra)
-            if p is None or ra.memory != "psum":
+            if ra.memory != "psum":
                 continue
             for region, first in open_by_bank.values():
-                if p[0] < region[1] and region[0] < p[1] and p[2] < region[3] and region[2] < p[3]:
+                if ra.p0 < region[1] and region[0] < ra.p1 and ra.lo < region[3] and region[2] < ra.hi:
                     what = "writes" if any(ra is w for w in c.writes) else "reads"
                     raise error("NCC_EASM007", f"{c.stream} {c.op.name} {what} {ra.name} while {describe(first)} "
-                                "is still accumulating there (partial sums)", loc,
+                                "is still accumulating there (partial sums)", _iloc(prog, c.instr),
                                 "wait for a semaphore the group's stop=true matmul signals")
     if open_by_bank:
         first = min(i for _, i in open_by_bank.values())
         raise error("NCC_EASM006", "accumulation group never ends: no matmul with stop=true closes it",
-                    _loc(prog, lk.instrs[first].line), "give the group's last matmul stop=true")
+                    _iloc(prog, lk.instrs[first].instr), "give the group's last matmul stop=true")
 
 
 def _coverage(lk: Linked) -> None:
     """Every element of every output must be written (the host reads them all)."""
     prog = lk.program
-    for t in prog.outputs():
-        if t.size > MAX_COVERAGE_ELEMS:
-            continue
+    outputs = {t.name: t for t in prog.outputs() if t.size <= MAX_COVERAGE_ELEMS}
+    if not outputs:
+        return
+    boxes: dict[str, set[tuple]] = {name: set() for name in outputs}
+    for c in lk.instrs:
+        for ra in c.writes:
+            b = boxes.get(ra.name)
+            if b is not None:
+                b.add(ra.box)
+    for name, t in outputs.items():
         mask = np.zeros(t.shape, dtype=bool)
-        for c in lk.instrs:
-            for ra in c.writes:
-                if ra.name == t.name:
-                    mask[tuple(slice(s, e, k) for s, e, k in ra.box)] = True
+        for box in boxes[name]:
+            mask[tuple(slice(s, e, k) for s, e, k in box)] = True
         if not mask.all():
             missing = np.argwhere(~mask)
             raise error("NCC_EASM007", f"output {t.name}: {len(missing)} of {t.size} element(s) are never written "
@@ -712,8 +757,11 @@ def _coverage(lk: Linked) -> None:
 def flops_total(lk: Linked) -> dict[str, float]:
     """TensorE FLOPs of the program by precision (what MFU and the compute roofline count)."""
     out: dict[str, float] = defaultdict(float)
+    seen: dict[int, tuple[str, float] | None] = {}
     for c in lk.instrs:
-        f = c.op.flops(c)
+        f = seen.get(c.template, ()) if c.template >= 0 else c.op.flops(c)
+        if f == ():
+            f = seen[c.template] = c.op.flops(c)
         if f:
             out[f[0]] += f[1]
     return dict(out)

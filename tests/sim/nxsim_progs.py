@@ -16,8 +16,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "programs"
 MANTISSA = {"f32": 23, "bf16": 7, "f16": 10, "f8e4m3fn": 3, "f8e5m2": 2}
 
 
-def build(text: str, consts: dict | None = None, target: str | None = None) -> sim.Model:
-    return sim.load(sim.assemble(text, "test.nxs", consts, target))
+def build(text: str, consts: dict | None = None, target: str | None = None, verify: bool = True) -> sim.Model:
+    """Assemble and load (by default redoing the race analysis, so tests can ask ``hb``)."""
+    return sim.load(sim.assemble(text, "test.nxs", consts, target), verify=verify)
 
 
 def rounded(x: np.ndarray, dtype: str) -> np.ndarray:

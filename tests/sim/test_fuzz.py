@@ -70,7 +70,7 @@ def _load(data: bytes) -> sim.Model | None:
     """Load; a refusal must be one coded line, and either way it must be quick."""
     t0 = time.perf_counter()
     try:
-        return sim.load(data, "f.neff")
+        return sim.load(data, "f.neff", verify=True)
     except NxsatError as exc:
         assert exc.code in CODES, exc.code
         line = exc.format()
