@@ -50,6 +50,7 @@ class _Ctx:
         self.rank = rank
         self.saturate = saturate
         self.warnings = warnings
+        self.groups: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
 
     def _base(self, t: Tensor) -> np.ndarray:
         b = self.state.bases.get(t.name)
@@ -65,9 +66,11 @@ class _Ctx:
         return b
 
     def view(self, ra: RAccess, writable: bool = False) -> np.ndarray:
-        v = self._base(ra.tensor)
-        if ra.acc.index:
-            v = v[tuple(ix.start if ix.single else slice(ix.start, ix.stop, ix.step) for ix in ra.acc.index)]
+        v = self.state.bases.get(ra.name)
+        if v is None:
+            v = self._base(ra.tensor)
+        if ra.npindex is not None:
+            v = v[ra.npindex]
         for op, arg in ra.acc.views:
             if op == "permute":
                 v = v.transpose(arg)

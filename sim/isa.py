@@ -32,7 +32,7 @@ class RAccess:
     tensors that share memory."""
 
     __slots__ = ("acc", "tensor", "ap", "box", "name", "dtype", "memory", "onchip", "shape", "size", "nbytes",
-                 "partitions", "free", "p0", "p1", "lo", "hi", "dense")
+                 "partitions", "free", "p0", "p1", "lo", "hi", "dense", "npindex")
 
     def __init__(self, acc: Access, tensor: Tensor, ap: AP, box: tuple[tuple[int, int, int], ...]) -> None:
         self.acc = acc
@@ -40,6 +40,9 @@ class RAccess:
         self.ap = ap
         self.box = box
         self.name = tensor.name
+        # The numpy index of the access on its tensor's array (the executor's view).
+        self.npindex = tuple(ix.start if ix.single else slice(ix.start, ix.stop, ix.step) for ix in acc.index) \
+            if acc.index else None
         self.dtype = tensor.dtype
         self.memory = tensor.memory
         self.onchip = tensor.onchip
@@ -132,6 +135,7 @@ class ExecCtx(Protocol):
 
     rank: int
     saturate: dict[str, bool]
+    groups: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]]  # open PSUM accumulation groups
 
     def read(self, ra: RAccess) -> np.ndarray: ...
     def write(self, ra: RAccess, values: np.ndarray) -> None: ...
@@ -148,6 +152,7 @@ class Transfer:
     descriptor_bytes: float
     engines: int
     spill_bytes: int = 0
+    efficiency: float = 1.0  # fraction of the engines' rate the transfer reaches (a DMA transpose: 0.9)
 
 
 # --- operand and attribute schemas -------------------------------------------------------------
@@ -170,6 +175,7 @@ class Attr:
     kind: str
     default: Any = None
     choices: tuple[str, ...] = ()
+    since: tuple[int, int] = (1, 0)  # the ISA version that introduced it (a non-default value needs it)
 
 
 SB = frozenset({"sbuf"})
@@ -177,6 +183,15 @@ PS = frozenset({"psum"})
 SBPS = frozenset({"sbuf", "psum"})
 HBM = frozenset({"hbm"})
 SBHBM = frozenset({"sbuf", "hbm"})
+
+
+def inner_stride_bytes(ra: RAccess) -> int:
+    """Bytes between consecutive elements of an access's innermost dimension that has more than one
+    (an engine reads a larger stride at a fraction of its rate)."""
+    for size, stride in reversed(ra.ap.dims):
+        if size > 1:
+            return abs(stride) * ra.dtype.itemsize
+    return ra.dtype.itemsize
 
 
 def _sq(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -240,6 +255,7 @@ class Op:
     operands: tuple[Operand, ...] = ()
     attrs: tuple[Attr, ...] = ()
     doc = ""
+    since: tuple[int, int] = (1, 0)  # the ISA version that introduced the instruction
 
     def attr(self, name: str) -> Attr:
         return next(a for a in self.attrs if a.name == name)
@@ -264,23 +280,27 @@ class Op:
         """Where each ALU step computes (``int``, ``f32`` or ``raw``); decided once, when linked."""
         return ()
 
-    def cost_key(self, c: LInstr) -> str:
-        """The name the target's cost formulas know this instruction by (``costs.KEY@ENGINE`` or
-        ``costs.KEY``, falling back to the opcode's): a variant with its own documented cost has one."""
-        return self.name
+    # Attributes whose values may have a cost of their own in the spec (``activation[func=reciprocal]``).
+    cost_attrs: tuple[str, ...] = ()
 
     def cycles(self, c: LInstr, target: Any) -> float:
-        """The engine cycles this instruction occupies: the target spec's cost formula (the one place
-        each cost is written) evaluated on this instruction's ``cost_vars``."""
+        """The engine cycles this instruction occupies: the target spec's cost formula (the one table
+        where every cost is written, with its source) evaluated on this instruction's ``cost_vars``;
+        an engine access whose innermost stride passes the spec's limit runs at a fraction of the
+        rate (``access.strided_factor``, documented)."""
         kind = stream_kind(c.stream)
-        key = self.cost_key(c)
-        f = target.cost(key, kind) or (target.cost(self.name, kind) if key != self.name else None)
+        variants = tuple(f"{a}={c.attrs[a]}" for a in self.cost_attrs)
+        f = target.cost(self.name, kind, variants)
         if f is None:
             raise error("NCC_ETGT001", f"target {target.name} has no cost for {self.name} on {kind}",
                         hint=f"add costs.{self.name} or costs.{self.name}@{kind} to the target spec")
         cycles = f({**target.constants, **self.cost_vars(c, target)})
         if not math.isfinite(cycles) or cycles < 0:
             raise error("NCC_ETGT001", f"cost of {self.name} on {kind} is {cycles} cycles")
+        acc = target.access
+        if kind in acc["strided_engines"] and any(
+                ra.onchip and inner_stride_bytes(ra) > acc["strided_bytes"] for ra in (*c.reads, *c.writes)):
+            cycles *= acc["strided_factor"]
         return cycles
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
@@ -292,10 +312,19 @@ class Op:
             self.run(x, c)
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        """The variables a cost formula may read (docs/device-model.md lists them)."""
         dst = c.ops[0] if c.ops else None
-        n = max((ra.free for ra in c.ops if ra.ap.part), default=1)
-        p = dst.partitions if dst is not None else 1
-        return {"N": n, "P": p}
+        onchip = [ra for ra in c.ops if ra.onchip]
+        ins = [ra for o, ra in zip(self.operands, c.ops) if not o.write]
+        return {
+            "N": max((ra.free for ra in onchip), default=1),
+            "P": dst.partitions if dst is not None else 1,
+            "psum_in": 1 if any(ra.memory == "psum" for ra in ins) else 0,
+            "all_sbuf": 1 if onchip and all(ra.memory == "sbuf" for ra in onchip) else 0,
+            "lowp": 1 if c.ops and all(ra.dtype in (dt.BF16, dt.F16) for ra in c.ops) else 0,
+            "contig": 1 if all(inner_stride_bytes(ra) <= ra.dtype.itemsize for ra in onchip) else 0,
+            "fp32": 1 if any(ra.dtype is dt.F32 for ra in ins) else 0,
+        }
 
     def flops(self, c: LInstr) -> tuple[str, float] | None:
         """(precision, FLOPs) of TensorE work that counts toward MFU."""
@@ -313,14 +342,30 @@ class Matmul(Op):
     engines = ("pe",)
     operands = (Operand("dst", PS, write=True), Operand("stationary", SB), Operand("moving", SB))
     attrs = (Attr("start", "bool", False), Attr("stop", "bool", False),
-             Attr("precision", "enum", "fp32", ("fp32", "tf32")))
-    doc = "dst[M, N] (psum, f32) = or += stationary[K, M].T @ moving[K, N]; K on partitions"
+             Attr("precision", "enum", "fp32", ("fp32", "tf32")),
+             Attr("perf", "enum", "normal", ("normal", "double_row"), since=(1, 1)))
+    doc = ("dst[M, N] (psum, f32) = or += stationary[K, M].T @ moving[K, N]; K on partitions. perf=double_row "
+           "(NeuronCore-v3 fp8): stationary[K, 2, M] and moving[K, 2, N] contract over 2K in the time of K")
+
+    @staticmethod
+    def rows(c: LInstr) -> int:
+        """Contraction rows per partition: 2 in double-row mode."""
+        return 2 if c.attrs["perf"] == "double_row" else 1
 
     def check(self, c: LInstr, target: Any) -> None:
         dst, st, mv = c.ops
         mm = target.matmul
-        k, m = st.partitions, st.free
-        if len(_sq(st.shape[1:])) > 1:
+        k = st.partitions
+        if c.attrs["perf"] == "double_row":
+            if not target.double_row(st.dtype.name):
+                raise CheckFail(f"perf=double_row needs fp8 operands on a core that has the mode "
+                                f"({target.name}: {', '.join(mm.get('double_row_dtypes', ())) or 'none'})",
+                                code="NCC_ESPP004")
+            if len(st.shape) < 3 or st.shape[1] != 2 or len(mv.shape) < 3 or mv.shape[1] != 2:
+                raise CheckFail(f"perf=double_row takes stationary [K, 2, M] and moving [K, 2, N], got "
+                                f"{_shape_str(st)} and {_shape_str(mv)}")
+        m = st.free // self.rows(c)
+        if len(_sq(st.shape[1 + (self.rows(c) == 2):])) > 1:
             raise CheckFail(f"stationary {_shape_str(st)} must be [K, M]")
         if mv.partitions != k:
             raise CheckFail(f"contraction mismatch: stationary has K={k} partitions, moving has {mv.partitions}")
@@ -328,12 +373,13 @@ class Matmul(Op):
             raise CheckFail(f"K={k} exceeds the {mm['rows']}-row array")
         if m > mm["cols"]:
             raise CheckFail(f"M={m} (stationary columns) exceeds the {mm['cols']}-column array")
-        if mv.free > mm["max_moving"]:
-            raise CheckFail(f"N={mv.free} (moving columns) exceeds {mm['max_moving']}")
+        n = mv.free // self.rows(c)
+        if n > mm["max_moving"]:
+            raise CheckFail(f"N={n} (moving columns) exceeds {mm['max_moving']}")
         if dst.dtype is not dt.F32:
             raise CheckFail(f"matmul writes fp32 PSUM; {dst.name} is {dst.dtype.name}")
-        if dst.partitions != m or dst.free != mv.free:
-            raise CheckFail(f"dst {_shape_str(dst)} must be [{m}, {mv.free}] for stationary "
+        if dst.partitions != m or dst.free != n:
+            raise CheckFail(f"dst {_shape_str(dst)} must be [{m}, {n}] for stationary "
                             f"{_shape_str(st)} and moving {_shape_str(mv)}")
         if st.dtype is not mv.dtype:
             raise CheckFail(f"stationary is {st.dtype.name} but moving is {mv.dtype.name}")
@@ -365,35 +411,61 @@ class Matmul(Op):
         return list(c.ops[1:])  # PSUM accumulates in place: no stall for the partial sum
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
+        """An accumulation group is computed at its ``stop=true`` matmul, as one batched numpy matmul
+        over the operands each member read when it ran (nothing may touch the group's region before
+        then), its products summed in fp32 in program order: the same result as adding each
+        matmul's fp32 product into PSUM as it arrives."""
         dst, st, mv = c.ops
-        k = st.partitions
-        s = nm.to_f32(x.read(st)).reshape(k, -1)
-        m = nm.to_f32(x.read(mv)).reshape(k, -1)
+        k = st.partitions * self.rows(c)  # double row: (partition, row) pairs are the contraction
+        s = np.array(x.read(st), dtype=np.float32).reshape(k, -1).T  # copies: the operands as they are now
+        m = np.array(x.read(mv), dtype=np.float32).reshape(k, -1)
         if self.precision(c) == "tf32":
             s, m = dt.round_tf32(s), dt.round_tf32(m)
-        r = np.matmul(np.ascontiguousarray(s.T), m)  # fp32; a contiguous operand takes BLAS's fast path
-        if not c.attrs["start"]:
-            r = nm.to_f32(x.read(dst)).reshape(r.shape) + r
+        key = (dst.p0, dst.lo)
+        if c.attrs["start"]:
+            group = x.groups[key] = ([], [])
+        else:
+            group = x.groups[key]
+        group[0].append(np.ascontiguousarray(s))
+        group[1].append(m)
+        if not c.attrs["stop"]:
+            return
+        del x.groups[key]
+        if len(group[0]) == 1:
+            r = np.matmul(group[0][0], group[1][0])  # fp32; contiguous operands take BLAS's fast path
+        else:
+            prods = np.matmul(np.stack(group[0]), np.stack(group[1]))
+            r = prods[0]
+            for p in prods[1:]:
+                r += p
         x.write(dst, r.reshape(dst.shape))
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
         _, st, mv = c.ops
-        return {"M": st.free, "N": mv.free, "K": st.partitions, "P": st.partitions,
+        r = self.rows(c)
+        return {"M": st.free // r, "N": mv.free // r, "K": st.partitions, "P": st.partitions,
                 "dtype_factor": target.matmul_dtype_factor(self.precision(c)) or 1.0}
 
     def flops(self, c: LInstr) -> tuple[str, float] | None:
         _, st, mv = c.ops
-        return self.precision(c), 2.0 * st.partitions * st.free * mv.free
+        r = self.rows(c)
+        return self.precision(c), 2.0 * st.partitions * st.free * mv.free / r
 
 
 class Transpose(Op):
     name = "transpose"
     engines = ("pe",)
     operands = (Operand("dst", PS, write=True), Operand("src", SB))
-    doc = "dst[F, P] (psum) = src[P, F].T through TensorE (an identity matmul)"
+    doc = ("dst[F, P] (psum) = src[P, F].T through TensorE: on NeuronCore-v2 a matmul against the identity "
+           "(fp32 result; a NaN or infinity spreads along its output row), on v3 a bit-exact transpose mode "
+           "(16-bit results allowed)")
 
     def check(self, c: LInstr, target: Any) -> None:
         dst, src = c.ops
+        allowed = target.spec["transpose"]["psum_dtypes"]
+        if dst.dtype.name not in allowed or (dst.dtype is not dt.F32 and dst.dtype is not src.dtype):
+            raise CheckFail(f"transpose on {target.core} writes {' or '.join(allowed)} (a 16-bit result needs a "
+                            f"source of that type), not {dst.dtype.name}")
         if len(_sq(src.shape[1:])) > 1:
             raise CheckFail(f"transpose source {_shape_str(src)} must be [P, F]")
         if src.free > target.matmul["cols"] or src.partitions > target.matmul["rows"]:
@@ -401,24 +473,32 @@ class Transpose(Op):
                             f"{target.matmul['cols']} array")
         if dst.partitions != src.free or dst.free != src.partitions:
             raise CheckFail(f"dst {_shape_str(dst)} must be [{src.free}, {src.partitions}]")
-        if dst.dtype not in (dt.F32, src.dtype):
-            raise CheckFail(f"transpose writes f32 or the source type ({src.dtype.name}), not {dst.dtype.name}")
         lo, hi = dst.byte_range()
         bank = target.psum_bank_bytes
         if lo // bank != (hi - 1) // bank:
             raise CheckFail(f"transpose output {_shape_str(dst)} crosses a PSUM bank boundary", code="NCC_EASM006")
 
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        return ("raw",) if target.spec["transpose"]["exact"] else ("f32",)
+
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
         v = x.read(src).reshape(src.partitions, -1)
-        if dst.dtype is src.dtype:
-            x.write_raw(dst, np.ascontiguousarray(v.T).reshape(dst.shape))
-        else:
-            x.write(dst, nm.to_f32(v).T.reshape(dst.shape))
+        if c.domains[0] == "raw":
+            x.write_raw(dst, np.ascontiguousarray(v.T).reshape(dst.shape)) if dst.dtype is src.dtype else \
+                x.write(dst, nm.to_f32(v).T.reshape(dst.shape))
+            return
+        f = nm.to_f32(v)
+        if np.isfinite(f).all():
+            x.write(dst, f.T.reshape(dst.shape))
+        else:  # an identity matmul: 0 * inf and 0 * nan are nan, so they spread along the output row
+            x.write(dst, np.matmul(f.T, np.eye(f.shape[0], dtype=np.float32)).reshape(dst.shape))
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        v = super().cost_vars(c, target)
         _, src = c.ops
-        return {"P": src.partitions, "N": src.free}
+        v["P"], v["N"] = src.partitions, src.free
+        return v
 
 
 # ScalarE ---------------------------------------------------------------------------------------
@@ -461,13 +541,12 @@ class Activation(Op):
             s = np.add.reduce(y.reshape(dst.partitions, -1), axis=1, dtype=np.float32)
             x.write(acc, s.reshape(acc.shape))
 
+    cost_attrs = ("func",)
+
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
         v = super().cost_vars(c, target)
         v["accum"] = 1 if c.attrs["accum"] is not None else 0
         return v
-
-    def cost_key(self, c: LInstr) -> str:
-        return "reciprocal" if c.attrs["func"] == "reciprocal" else self.name
 
 
 # VectorE / GpSimd elementwise -------------------------------------------------------------------
@@ -486,6 +565,9 @@ class TensorTensor(Op):
         dst, a, b = c.ops
         _need_same(dst, a, "tensor_tensor")
         _need_same(dst, b, "tensor_tensor")
+        if a.memory == "psum" and b.memory == "psum":
+            raise CheckFail("tensor_tensor cannot read both inputs from PSUM (one PSUM read port per engine): "
+                            "copy one to SBUF first")
         _check_int_op(c.attrs["op"], dst, a, b)
 
     def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
@@ -496,16 +578,13 @@ class TensorTensor(Op):
         d = c.domains[0]
         va = nm.load(x.read(a), d).reshape(dst.shape)
         vb = nm.load(x.read(b), d).reshape(dst.shape)
-        with np.errstate(all="ignore"):
-            x.write(dst, nm.BINARY[c.attrs["op"]](va, vb))
+        x.write(dst, nm.BINARY[c.attrs["op"]](va, vb))  # the executor ignores fp errors (inf, nan)
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
         v = super().cost_vars(c, target)
-        dst, a, b = c.ops
-        psum_in = a.memory == "psum" or b.memory == "psum"
         bf16_fast = (all(r.dtype is dt.BF16 for r in c.ops) and c.attrs["op"] in ("add", "mul", "sub")
                      and all(r.ap.contiguous_run() == r.free for r in c.ops))
-        v["fast"] = 1 if (psum_in or bf16_fast) else 0
+        v["fast"] = 1 if (v["psum_in"] or bf16_fast) else 0
         return v
 
 
@@ -552,11 +631,10 @@ class TensorScalar(Op):
         dst, src = c.ops
         d0 = c.domains[0]
         v = nm.load(x.read(src), d0).reshape(dst.shape)
-        with np.errstate(all="ignore"):
-            v = nm.BINARY[c.attrs["op0"]](v, _scalar(x, c.attrs["scalar0"], dst, d0))
-            if c.attrs["op1"] != "none":
-                d1 = c.domains[1]
-                v = nm.BINARY[c.attrs["op1"]](_convert(v, d0, d1), _scalar(x, c.attrs["scalar1"], dst, d1))
+        v = nm.BINARY[c.attrs["op0"]](v, _scalar(x, c.attrs["scalar0"], dst, d0))
+        if c.attrs["op1"] != "none":
+            d1 = c.domains[1]
+            v = nm.BINARY[c.attrs["op1"]](_convert(v, d0, d1), _scalar(x, c.attrs["scalar1"], dst, d1))
         x.write(dst, v)
 
 
@@ -588,14 +666,15 @@ class TensorReduce(Op):
         dst, src = c.ops
         d = c.domains[0]
         v = nm.load(x.read(src), d)
-        with np.errstate(all="ignore"):
-            r = nm.REDUCE[c.attrs["op"]](v, axis=self.axes(c))
+        r = nm.REDUCE[c.attrs["op"]](v, axis=self.axes(c))
         x.write(dst, np.asarray(r).reshape(dst.shape))
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        v = super().cost_vars(c, target)
         dst, src = c.ops
-        half = src.dtype is dt.BF16 and c.attrs["op"] in ("add", "max")
-        return {"N": src.free, "P": src.partitions, "half": 1 if half else 0}
+        v["N"] = src.free
+        v["half"] = 1 if dst.dtype is dt.BF16 and c.attrs["op"] in ("add", "max") else 0
+        return v
 
 
 class TensorCopy(Op):
@@ -611,7 +690,8 @@ class TensorCopy(Op):
         # NKI: VectorE and GpSimd copy bits when the types agree, else cast through fp32; ScalarE
         # (NeuronCore-v2) always casts through fp32.
         dst, src = c.ops
-        return ("raw",) if dst.dtype is src.dtype and c.stream != "act" else ("f32",)
+        exact = c.stream in target.spec["numerics"]["exact_copy_engines"]
+        return ("raw",) if dst.dtype is src.dtype and exact else ("f32",)
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
@@ -690,6 +770,11 @@ class Memset(Op):
                 raise CheckFail(f"memset of {dst.dtype.name} tile {dst.name}: value {v} is not a "
                                 f"{dst.dtype.name} integer")
 
+    def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
+        v = super().cost_vars(c, target)
+        v["zero_bf16"] = 1 if c.ops[0].dtype is dt.BF16 and c.attrs["value"] == 0 else 0
+        return v
+
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst = c.ops[0]
         v = c.attrs["value"]
@@ -710,6 +795,10 @@ class BnStats(Op):
         dst, src = c.ops
         if dst.dtype is not dt.F32 or dst.free != 6 or dst.partitions != src.partitions:
             raise CheckFail(f"bn_stats writes f32 [{src.partitions}, 6], got {dst.dtype.name}{list(dst.shape)}")
+        limit = target.spec["bn_stats"]["max_free"]
+        if src.free > limit:
+            raise CheckFail(f"bn_stats reads at most {limit} elements per partition, {src.name} has {src.free}: "
+                            "split it into groups and merge them with bn_aggr")
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
@@ -759,10 +848,12 @@ class BnAggr(Op):
 OOB_TEXT = "failed to run scatter/gather (indirect memory copy {what} at {where}), due to out-of-bound access"
 
 
-def _index_rows(x: ExecCtx, idx: RAccess, rows: int, what: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+def _index_rows(x: ExecCtx, c: LInstr, idx: RAccess, rows: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and which are in range; out-of-range ones are reported (oob=error) or not (oob=skip)."""
     i = nm.to_int(x.read(idx)).reshape(-1)
     ok = (i >= 0) & (i < rows)
-    if not ok.all():
+    if not ok.all() and c.attrs["oob"] == "error":
+        where = f"line {c.line}" + (f", {c.instr.origin}" if c.instr.origin else "")
         bad = i[~ok]
         x.warn(OOB_TEXT.format(what=what, where=where)
                + f": {bad.size} index(es) outside [0, {rows}), first {int(bad[0])}")
@@ -793,8 +884,9 @@ class Gather(_Indirect):
     name = "gather"
     engines = ("pool",)
     operands = (Operand("dst", SB, write=True), Operand("table", HBM), Operand("idx", SB))
-    doc = ("dst[p, j, :] = table[idx[p, j], :]; an index outside the table leaves zeros and a runtime "
-           "warning (the device's indirect-copy error)")
+    attrs = (Attr("oob", "enum", "error", ("error", "skip"), since=(1, 1)),)
+    doc = ("dst[p, j, :] = table[idx[p, j], :]; a row whose index is outside the table is left unwritten, with "
+           "the runtime's out-of-bound report (oob=error, the default) or silently (oob=skip)")
 
     def check(self, c: LInstr, target: Any) -> None:
         dst, table, idx = c.ops
@@ -803,9 +895,12 @@ class Gather(_Indirect):
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, table, idx = c.ops
         t = x.read(table).reshape(table.shape[0], -1)
-        i, ok = _index_rows(x, idx, t.shape[0], "gather", f"line {c.line}")
-        out = np.zeros((i.size, t.shape[1]), dtype=t.dtype)
-        out[ok] = t[i[ok]]
+        i, ok = _index_rows(x, c, idx, t.shape[0], "gather")
+        if ok.all():
+            out = t[i]
+        else:
+            out = np.array(x.read(dst)).reshape(i.size, -1)
+            out[ok] = t[i[ok]]
         x.write_raw(dst, out.reshape(dst.shape))
 
     def parts(self, c: LInstr) -> tuple[RAccess, RAccess, RAccess]:
@@ -817,9 +912,10 @@ class Scatter(_Indirect):
     name = "scatter"
     engines = ("pool",)
     operands = (Operand("table", HBM, write=True), Operand("idx", SB), Operand("src", SB))
-    attrs = (Attr("mode", "enum", "set", ("set", "add")),)
+    attrs = (Attr("mode", "enum", "set", ("set", "add")), Attr("oob", "enum", "error", ("error", "skip"), since=(1, 1)))
     doc = ("table[idx[p, j], :] = (or +=) src[p, j, :]; duplicates: the last in (p, j) order wins for "
-           "set, all add for add (fp32); out-of-range indices are skipped with a runtime warning")
+           "set, all add for add (fp32); out-of-range indices are skipped, with the runtime's report (oob=error) "
+           "or silently (oob=skip)")
 
     def check(self, c: LInstr, target: Any) -> None:
         table, idx, src = c.ops
@@ -838,7 +934,7 @@ class Scatter(_Indirect):
         t = x.read(table)
         rows = t.shape[0]
         flat = t.reshape(rows, -1)
-        i, ok = _index_rows(x, idx, rows, "scatter", f"line {c.line}")
+        i, ok = _index_rows(x, c, idx, rows, "scatter")
         vals = x.read(src).reshape(i.size, -1)[ok]
         i = i[ok]
         if c.attrs["mode"] == "add":
@@ -916,6 +1012,50 @@ class Dma(Op):
     def transfer(self, c: LInstr, target: Any) -> Transfer | None:
         dst, src = c.ops
         return dma_transfer(dst, src, target)
+
+
+class DmaTranspose(Op):
+    name = "dma_transpose"
+    engines = ("dma",)
+    operands = (Operand("dst", SB, write=True), Operand("src", SBHBM))
+    since = (1, 1)
+    doc = ("dst[P, F] (SBUF) = src[F, P].T, moved by the DMA engines (NeuronCore-v3): the source's innermost "
+           "dimension becomes the partition dimension; bit-exact, 2- and 4-byte types")
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        if not target.dma["transpose_efficiency"]:
+            raise CheckFail(f"DMA transpose needs NeuronCore-v3 ({target.name} has {target.core}): transpose on "
+                            "TensorE, or load through a transposing access pattern (slow: element-sized descriptors)")
+        if dst.dtype is not src.dtype or dst.dtype.itemsize not in (2, 4):
+            raise CheckFail(f"DMA transpose moves 2- or 4-byte elements of one type: {dst.name} is "
+                            f"{dst.dtype.name}, {src.name} is {src.dtype.name}")
+        a, b = _two_dims(src, "source")
+        if (dst.partitions, dst.free) != (b, a):
+            raise CheckFail(f"dst {_shape_str(dst)} must be [{b}, {a}] for source {_shape_str(src)}")
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        a, b = _two_dims(src, "source")
+        x.write_raw(dst, np.ascontiguousarray(x.read(src).reshape(a, b).T).reshape(dst.shape))
+
+    def transfer(self, c: LInstr, target: Any) -> Transfer | None:
+        dst, src = c.ops
+        d = target.dma
+        eff = d["transpose_efficiency"] if src.memory == "hbm" else d["sbuf_transpose_efficiency"]
+        # All the engines work on one transpose together (documented), in large descriptors.
+        return Transfer(dst.nbytes, dst.nbytes if src.memory == "hbm" else 0, float(d["saturating_bytes"]),
+                        int(d["engines"]), dst.nbytes if src.tensor.kind == "scratch" else 0, float(eff))
+
+
+def _two_dims(ra: RAccess, what: str) -> tuple[int, int]:
+    shape = ra.shape if not ra.onchip else (ra.partitions, ra.free)
+    dims = _sq(tuple(shape)) or (1,)
+    if len(dims) == 1:
+        dims = (1, dims[0]) if not ra.onchip or ra.partitions == 1 else (dims[0], 1)
+    if len(dims) != 2:
+        raise CheckFail(f"DMA transpose {what} {_shape_str(ra)} must be two-dimensional")
+    return dims[0], dims[1]
 
 
 def dma_transfer(dst: RAccess, src: RAccess, target: Any) -> Transfer:
@@ -1048,6 +1188,7 @@ class Nop(Op):
 
 OPS: dict[str, Op] = {op.name: op for op in (
     Matmul(), Transpose(), Activation(), TensorTensor(), TensorScalar(), TensorReduce(), TensorCopy(),
-    Select(), Iota(), Memset(), BnStats(), BnAggr(), Gather(), Scatter(), Dma(), AllReduce(), AllGather(),
+    Select(), Iota(), Memset(), BnStats(), BnAggr(), Gather(), Scatter(), Dma(), DmaTranspose(), AllReduce(),
+    AllGather(),
     ReduceScatter(), Nop(),
 )}

@@ -67,24 +67,38 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
 
 
+def _f32(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """A function IEEE fp32 arithmetic already rounds correctly (exact, or one correctly rounded
+    operation): the same bits as the fp64 evaluation, several times faster."""
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(x.astype(F32, copy=False)), dtype=F32)
+
+    return run
+
+
+_ZERO = F32(0.0)
+_ONE = F32(1.0)
+
 # ScalarE functions f(t), t = scale * x + bias in fp32.
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "identity": _f64(lambda x: x),
+    "identity": _f32(lambda x: x),
     "exp": _f64(np.exp),
     "log": _f64(np.log),
     "tanh": _f64(np.tanh),
     "sigmoid": _f64(lambda x: special.expit(x)),
-    "relu": _f64(lambda x: np.maximum(x, 0.0)),
+    "relu": _f32(lambda x: np.maximum(x, _ZERO)),
     "gelu": _f64(lambda x: 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))),
     "gelu_tanh": _f64(_gelu_tanh),
     "silu": _f64(lambda x: x * special.expit(x)),
     "softplus": _f64(lambda x: np.logaddexp(0.0, x)),
-    "sqrt": _f64(np.sqrt),
+    "sqrt": _f32(np.sqrt),
     "rsqrt": _f64(lambda x: 1.0 / np.sqrt(x)),
-    "reciprocal": _f64(lambda x: 1.0 / x),
-    "square": _f64(np.square),
-    "abs": _f64(np.abs),
-    "sign": _f64(np.sign),
+    "reciprocal": _f32(lambda x: _ONE / x),
+    "square": _f32(np.square),
+    "abs": _f32(np.abs),
+    "sign": _f32(np.sign),
     "sin": _f64(np.sin),
     "cos": _f64(np.cos),
     "erf": _f64(special.erf),

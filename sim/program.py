@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from nxsat.dtypes import DType
 
-ISA_VERSION = (1, 0)
+ISA_VERSION = (1, 1)
 
 HBM_KINDS = ("input", "output", "const", "scratch")
 ONCHIP_KINDS = ("sbuf", "psum")

@@ -15,15 +15,17 @@ from nxsat.sim.timing import Timeline
 from nxsat.sim.verify import Linked, flops_total
 
 
-def roofline(lk: Linked, hbm_bytes: float) -> dict[str, Any]:
-    """The fastest any schedule could be on this target: all TensorE work at peak, or all HBM
-    traffic at full bandwidth, whichever takes longer (per rank)."""
+def roofline(lk: Linked, hbm_bytes: float, dma_bytes: float | None = None) -> dict[str, Any]:
+    """The fastest any schedule could be on this target: all TensorE work at peak, or all memory traffic
+    at full speed (HBM bytes over the core's HBM share, and the bytes the DMA engines move over what they
+    sustain together: 272 GB/s on trn1, below its 410 GB/s HBM share), whichever takes longer (per rank)."""
     t = lk.target
     compute = 0.0
     for prec, f in flops_total(lk).items():
         peak = t.peak_flops(prec)
         compute += f / peak if peak else 0.0
-    memory = hbm_bytes / t.hbm_bw
+    moved = hbm_bytes if dma_bytes is None else dma_bytes
+    memory = max(hbm_bytes / t.hbm_bw, moved / t.dma_ceiling_gbps)
     return {"compute_ns": compute, "memory_ns": memory, "bound_ns": max(compute, memory),
             "bound": "compute" if compute >= memory else "memory"}
 
@@ -93,7 +95,7 @@ def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
         engines[s] = {"name": name, "instructions": counts.get(s, 0), "busy_ns": round(b, 3),
                       "utilization": round(b / lat, 6) if lat else 0.0}
     peak = t.peak_flops("bf16")
-    roof = roofline(lk, tl.hbm_bytes)
+    roof = roofline(lk, tl.hbm_bytes, tl.dma_bytes)
     sbuf_peak = _live_peak(lk, tl, "sbuf")
     psum_peak = _live_peak(lk, tl, "psum")
     return {
@@ -107,8 +109,8 @@ def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
         "mfu": round(roof["compute_ns"] / lat, 6) if lat else 0.0,
         "peak_bf16_tflops": round(peak / 1000, 6),
         "hbm": {"bytes": int(tl.hbm_bytes), "gbps": round(tl.hbm_bytes / lat, 6) if lat else 0.0,
-                "peak_gbps": round(t.hbm_bw, 6),
-                "utilization": round(tl.hbm_bytes / lat / t.hbm_bw, 6) if lat else 0.0},
+                "peak_gbps": round(t.memory_bw, 6), "hbm_share_gbps": round(t.hbm_bw, 6),
+                "utilization": round(tl.hbm_bytes / lat / t.memory_bw, 6) if lat else 0.0},
         "dma": {"engine_utilization": round(tl.dma_engine_ns / (lat * t.dma["engines"]), 6) if lat else 0.0},
         "sbuf": {"peak_bytes": sbuf_peak, "capacity": t.partitions * t.sbuf_bytes,
                  "utilization": round(sbuf_peak / (t.partitions * t.sbuf_bytes), 6)},

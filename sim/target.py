@@ -145,17 +145,53 @@ class Target:
             return bool(self.spec["numerics"].get("tf32")) and self.matmul_dtype_factor("tf32") is not None
         return dtype_name in self.spec["numerics"]["matmul_dtypes"] and self.matmul_dtype_factor(dtype_name) is not None
 
+    def double_row(self, dtype_name: str) -> bool:
+        """Can TensorE run this precision in double-row mode (K = 256: two products per element, v3 fp8)?"""
+        return dtype_name in self.spec["matmul"].get("double_row_dtypes", ())
+
     def peak_flops(self, dtype_name: str = "bf16") -> float:
-        """Dense matmul FLOPs per ns (= GFLOP/s) of one core at this precision: 2 x rows x cols x clock."""
+        """Dense matmul FLOPs per ns (= GFLOP/s) of one core at this precision: 2 x rows x cols x clock,
+        over the precision's cycle factor, twice that in double-row mode."""
         factor = self.matmul_dtype_factor(dtype_name)
-        if factor is None:
+        if factor is None or not self.supports_matmul_dtype(dtype_name):
             return 0.0
         m = self.spec["matmul"]
-        return 2.0 * m["rows"] * m["cols"] * self.engines["pe"].clock_ghz / factor
+        per_pe = 2 if self.double_row(dtype_name) else 1
+        return 2.0 * m["rows"] * m["cols"] * per_pe * self.engines["pe"].clock_ghz / factor
 
-    def cost(self, opcode: str, engine: str) -> Formula | None:
-        """The cost formula of an opcode on an engine: ``opcode@engine`` first, then ``opcode``."""
-        return self.costs.get(f"{opcode}@{engine}") or self.costs.get(opcode)
+    @property
+    def dma_ceiling_gbps(self) -> float:
+        """What one core's DMA engines sustain together (the DMA bandwidth guide's per-core figure)."""
+        return float(self.spec["dma"]["engines"]) * float(self.spec["dma"]["engine_gbps"])
+
+    @property
+    def memory_bw(self) -> float:
+        """The HBM bandwidth one core can use, bytes per ns: its share of the chip's HBM, or what its DMA
+        engines sustain, whichever is lower (the roofline's memory bound)."""
+        return min(self.hbm_bw, self.dma_ceiling_gbps)
+
+    @property
+    def access(self) -> dict[str, Any]:
+        """Rules for engine access patterns: start partitions, free dimensions, strides."""
+        return self.spec["access"]
+
+    def start_partitions(self, count: int) -> tuple[int, ...]:
+        """The partitions an engine operand of ``count`` partitions may start at."""
+        for limit, starts in sorted((int(k), v) for k, v in self.spec["access"]["start_partitions"].items()):
+            if count <= limit:
+                return tuple(starts)
+        return ()
+
+    def cost(self, opcode: str, engine: str, variants: tuple[str, ...] = ()) -> Formula | None:
+        """The cost formula of an opcode on an engine, most specific first: a variant with its own
+        documented cost (``activation[func=reciprocal]@dve``, ``...[func=reciprocal]``), then
+        ``opcode@engine``, then ``opcode``."""
+        costs = self.costs
+        for v in variants:
+            f = costs.get(f"{opcode}[{v}]@{engine}") or costs.get(f"{opcode}[{v}]")
+            if f is not None:
+                return f
+        return costs.get(f"{opcode}@{engine}") or costs.get(opcode)
 
     @property
     def exact_int_engines(self) -> frozenset[str]:
@@ -176,6 +212,7 @@ class Target:
         return {
             "target": self.name, "core": self.core, "lnc": self.lnc,
             "hbm_gbps_per_core": round(self.hbm_bw, 3),
+            "dma_gbps_per_core": round(self.dma_ceiling_gbps, 3),
             "bf16_tflops_per_core": round(self.peak_flops("bf16") / 1000, 3),
             "sbuf_bytes": self.partitions * self.sbuf_bytes,
             "psum_bytes": self.partitions * self.psum_bytes,
@@ -264,19 +301,41 @@ def _covers(key: str, value: Any, other: str) -> bool:
     return other[len(key) + 1:] in _paths(value)
 
 
+def _get_path(tree: dict[str, Any], key: str) -> Any:
+    node: Any = tree
+    for p in key.split("."):
+        if not isinstance(node, dict) or p not in node:
+            return _MISSING
+        node = node[p]
+    return node
+
+
+_MISSING = object()
+
+
 def _resolve(name: str, depth: int = 0) -> tuple[dict[str, Any], dict[str, Assumption], dict[str, Any]]:
-    """(merged spec, assumptions by key, metadata) of one file and its ``extends`` chain."""
+    """(merged spec, assumptions by key, metadata) of one file and its ``extends`` chain.
+
+    A file has ``facts`` (published numbers), ``assumptions`` (``{"value", "why"}`` each), ``costs``
+    (one table: every instruction's cycle formula with its ``source``, or with ``assumed`` giving
+    why it is not published) and, when it extends another generation's core, ``inherits``: the
+    parent's numbers it takes, each named with why (they become its assumptions), so that a file
+    states only what differs from its parent."""
     if depth > MAX_EXTENDS_DEPTH:
         raise error("NCC_ETGT001", f"target spec {name}: 'extends' chain deeper than {MAX_EXTENDS_DEPTH}")
     data = _read(name)
     facts = data.get("facts", {})
     assumptions = data.get("assumptions", {})
-    if not isinstance(facts, dict) or not isinstance(assumptions, dict):
-        raise error("NCC_ETGT001", f"target spec {name}: 'facts' and 'assumptions' must be objects")
+    costs = data.get("costs", {})
+    inherits = data.get("inherits", {})
+    if not all(isinstance(x, dict) for x in (facts, assumptions, costs, inherits)):
+        raise error("NCC_ETGT001", f"target spec {name}: 'facts', 'assumptions', 'costs' and 'inherits' must be "
+                    "objects")
     if "extends" in data:
         spec, assumed, meta = _resolve(str(data["extends"]), depth + 1)
     else:
         spec, assumed, meta = {}, {}, {"sources": []}
+    parent = copy.deepcopy(spec)
     fact_paths = _paths(facts)
     for key, entry in assumptions.items():
         if key in fact_paths or any(p.startswith(key + ".") for p in fact_paths):
@@ -284,14 +343,35 @@ def _resolve(name: str, depth: int = 0) -> tuple[dict[str, Any], dict[str, Assum
                         hint="every number lives in one place")
         if not isinstance(entry, dict) or "value" not in entry or not str(entry.get("why", "")).strip():
             raise error("NCC_ETGT001", f"target spec {name}: assumption {key} needs a value and a 'why'")
-    # A child's facts or assumptions replace what its parent assumed at the same key.
+    for key, entry in costs.items():
+        ok = isinstance(entry, dict) and "cycles" in entry and (
+            bool(str(entry.get("source", "")).strip()) != bool(str(entry.get("assumed", "")).strip()))
+        if not ok:
+            raise error("NCC_ETGT001", f"target spec {name}: cost {key} needs 'cycles' and either a 'source' "
+                        "(documented) or 'assumed' (why, when it is not)")
+    for key, why in inherits.items():
+        if not str(why).strip() or _get_path(parent, key) is _MISSING:
+            raise error("NCC_ETGT001", f"target spec {name}: inherits {key}, which its parent does not have "
+                        "(or no reason is given)")
+        if key in fact_paths or key in assumptions:
+            raise error("NCC_ETGT001", f"target spec {name}: {key} is both inherited and stated",
+                        hint="every number lives in one place")
+    # A child's facts, assumptions or costs replace what its parent assumed at the same key.
     for key in list(assumed):
-        if key in fact_paths or any(_covers(k, e["value"], key) for k, e in assumptions.items()):
+        if (key in fact_paths or any(_covers(k, e["value"], key) for k, e in assumptions.items())
+                or (key.startswith("costs.") and key[6:] in costs)):
             del assumed[key]
     spec = _merge(spec, facts)
     for key, entry in assumptions.items():
         _set_path(spec, key, entry["value"])
         assumed[key] = Assumption(key, entry["value"], str(entry["why"]), f"{name}.json")
+    table = spec.setdefault("costs", {})
+    for key, entry in costs.items():
+        table[key] = entry["cycles"]
+        if entry.get("assumed"):
+            assumed[f"costs.{key}"] = Assumption(f"costs.{key}", entry["cycles"], str(entry["assumed"]), f"{name}.json")
+    for key, why in inherits.items():
+        assumed[key] = Assumption(key, _get_path(parent, key), str(why), f"{name}.json")
     meta = dict(meta)
     for k in ("core", "description"):
         if k in data:
@@ -306,11 +386,15 @@ _REQUIRED = {
     "psum": ("partitions", "bytes_per_partition", "banks", "dtypes"),
     "matmul": ("rows", "cols", "max_moving", "dtype_cycle_factor"),
     "dma": ("engines", "engine_gbps", "practical_core_gbps", "fixed_latency_ns", "partitions_per_engine", "queues",
-            "descriptor_overhead_ns", "hbm_hbm_engines_per_bytes"),
+            "descriptor_overhead_ns", "hbm_hbm_engines_per_bytes", "transpose_efficiency",
+            "sbuf_transpose_efficiency", "saturating_bytes"),
+    "transpose": ("exact", "psum_dtypes"),
+    "access": ("start_partitions", "max_free_dims", "strided_bytes", "strided_factor", "strided_engines"),
+    "bn_stats": ("max_free",),
     "latency": ("access_cycles", "dependent_stall_cycles", "dependent_stall_engines", "semaphore_ns"),
     "sync": ("semaphores",),
     "collectives": ("fixed_ns", "hop_ns", "link_gbps_per_rank"),
-    "numerics": ("matmul_dtypes",),
+    "numerics": ("matmul_dtypes", "exact_int_engines", "exact_int_types", "exact_copy_engines"),
     "lnc": ("default", "configs"),
 }
 

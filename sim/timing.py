@@ -63,6 +63,7 @@ class Timeline:
     hbm_bytes: float
     spill_bytes: float
     dma_engine_ps: float
+    dma_bytes: float  # bytes the DMA engines moved (an HBM-to-HBM copy once, though HBM sees it twice)
     streams: list[str]
     spans: np.ndarray  # (stream index, start ps, end ps, instruction, phase 0|1) per trace slice
     transfers: dict[int, Transfer] = field(default_factory=dict)
@@ -247,6 +248,7 @@ def simulate(lk: Linked) -> Timeline:
     heap: list[tuple[int, int, int, int, int]] = []  # (time, seq, kind, payload, version)
     seq = 0
     hbm_bytes = 0.0
+    dma_bytes = 0.0
     spill = 0.0
     engine_ps = 0.0
     last_flow_t = 0
@@ -293,7 +295,7 @@ def simulate(lk: Linked) -> Timeline:
     def start_flow(i: int, k: int, tr: Transfer, now: int) -> None:
         advance_flows(now)
         desc = max(1.0, tr.descriptor_bytes)
-        ecost = (desc / engine_bpps + overhead_ps) / desc  # engine-ps per byte with this descriptor size
+        ecost = (desc / engine_bpps + overhead_ps) / desc / tr.efficiency  # engine-ps per byte
         transfers[i] = tr
         flows.append(_Flow(i, k, tr, ecost, now))
         reflow(now)
@@ -414,6 +416,7 @@ def simulate(lk: Linked) -> Timeline:
                 advance_flows(now)
                 flows.remove(f)
                 hbm_bytes += f.tr.hbm_bytes
+                dma_bytes += f.tr.nbytes
                 spill += f.tr.spill_bytes
                 k = f.owner
                 spans.append((k, f.start, now, payload, 0 if is_dma[k] else 1))
@@ -433,4 +436,4 @@ def simulate(lk: Linked) -> Timeline:
     latency = int(end.max()) if n else 0
     span_arr = np.array(spans, dtype=np.int64).reshape(-1, 5)
     return Timeline(latency, start, end, {s: busy[k] for k, s in enumerate(streams)}, hbm_bytes, spill, engine_ps,
-                    list(streams), span_arr, transfers)
+                    dma_bytes, list(streams), span_arr, transfers)

@@ -276,6 +276,10 @@ class _Linker:
         if kind not in op.engines:
             names = ", ".join("q<n>" if e == "dma" else e for e in op.engines)
             raise error("NCC_EASM004", f"{ins.opcode} does not run on {ins.stream}", loc, f"it runs on {names}")
+        if prog.version < op.since:
+            raise error("NCC_EASM002", f"{ins.opcode} is an ISA {op.since[0]}.{op.since[1]} instruction; the program "
+                        f"says .isa {prog.version[0]}.{prog.version[1]}", loc,
+                        f"write .isa {op.since[0]}.{op.since[1]}")
 
         def res(acc: Access, what: str) -> RAccess:
             ra = self.access.get(acc)
@@ -303,6 +307,11 @@ class _Linker:
             raise error("NCC_EASM004", f"{ins.opcode} has no attribute {unknown[0]}", loc)
         attrs = {a.name: _attr_value(prog, ins, a, loc) for a in op.attrs}
         for a in op.attrs:
+            if prog.version < a.since and attrs[a.name] != a.default:
+                raise error("NCC_EASM002", f"{ins.opcode} attribute {a.name} is ISA {a.since[0]}.{a.since[1]}; the "
+                            f"program says .isa {prog.version[0]}.{prog.version[1]}", loc,
+                            f"write .isa {a.since[0]}.{a.since[1]}")
+        for a in op.attrs:
             v = attrs.get(a.name)
             if a.kind in ("scalar", "in", "out") and isinstance(v, Access):
                 ra = res(v, a.name)
@@ -312,6 +321,8 @@ class _Linker:
         c = LInstr(ins, index, op, ops, attrs, ranks=prog.ranks)
         try:
             op.check(c, target)
+            if kind in ("pe", "act", "dve", "pool"):
+                _engine_access(c, target)
             c.domains = op.domains(c, target)
         except CheckFail as exc:
             msg = str(exc) if str(exc).startswith(ins.opcode) else f"{ins.opcode}: {exc}"
@@ -323,6 +334,38 @@ class _Linker:
             if w.tensor.kind in ("input", "const"):
                 raise error("NCC_EASM004", f"{ins.opcode} writes {w.name}, a read-only {w.tensor.kind}", loc)
         return c
+
+
+def _free_dims(ra: RAccess) -> int:
+    """Free dimensions of an access pattern as the hardware sees it: dimensions of one element dropped,
+    and a dimension merged into the one inside it when together they step evenly."""
+    merged: list[tuple[int, int]] = []
+    for size, stride in ra.ap.dims:
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == stride * size:
+            merged[-1] = (merged[-1][0] * size, stride)
+        else:
+            merged.append((size, stride))
+    return len(merged)
+
+
+def _engine_access(c: LInstr, target: Target) -> None:
+    """The documented rules for a compute engine's on-chip operands: an operand of n partitions starts
+    at 0 (n > 64), 0 or 64 (32 < n <= 64) or a multiple of 32 (n <= 32), which also limits the moves
+    across partitions to whole halves and quadrants; at most four free dimensions."""
+    acc = target.access
+    for ra in (*c.ops, *(v for v in c.attrs.values() if isinstance(v, RAccess))):
+        if not ra.onchip:
+            continue
+        n = ra.p1 - ra.p0
+        starts = target.start_partitions(n)
+        if ra.p0 not in starts:
+            raise CheckFail(f"{ra.name}: an engine access of {n} partition(s) starts at partition "
+                            f"{', '.join(map(str, starts))}, not {ra.p0}", code="NCC_EASM005")
+        if _free_dims(ra) > acc["max_free_dims"]:
+            raise CheckFail(f"{ra.name}{list(ra.shape)}: an engine access pattern has at most "
+                            f"{acc['max_free_dims']} free dimensions, this one {_free_dims(ra)}")
 
 
 def _attr_value(prog: Program, ins: Instr, a: Attr, loc: Loc) -> object:

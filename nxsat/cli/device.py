@@ -13,6 +13,12 @@ from nxsat.cli.common import array_summary, input_arrays, random_array
 from nxsat.diagnostics import Warnings
 
 
+def _verify_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verify", action="store_true",
+                   help="redo the race and read-before-write analysis the build did (on by itself for a NEFF "
+                   "another nxsat version wrote)")
+
+
 def _target_args(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--target", metavar="T", help=what)
     p.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int, metavar="N",
@@ -30,7 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from nxsat.io import atomic_write, outputs_dict, write_npz
     from nxsat.sim import load_file
 
-    model = load_file(args.model, args.target, args.lnc)
+    model = load_file(args.model, args.target, args.lnc, args.verify)
     arrays, source = input_arrays(args.inputs, args.seed, lambda seed: _random_inputs(model, seed))
     warnings = Warnings()
     outputs = model.run(arrays, source, warnings)
@@ -54,7 +60,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from nxsat.sim import load_file
     from nxsat.sim.report import format_summary
 
-    model = load_file(args.model, args.target, args.lnc)
+    model = load_file(args.model, args.target, args.lnc, args.verify)
     summary, tl = model.profile()
     if args.trace:
         atomic_write(args.trace, model.trace(tl))
@@ -108,6 +114,7 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", metavar="TRACE.json", help="also write a Chrome/Perfetto trace")
     p.add_argument("--seed", type=int, default=0, help="seed for random inputs (default 0)")
     _target_args(p, "the device this runtime simulates (default: the NEFF's own; another is refused)")
+    _verify_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("profile", help="timing of a NEFF: latency, utilization, MFU, bandwidth, trace",
@@ -118,6 +125,7 @@ def register(sub: Any) -> None:
                    "and DMA queue)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _target_args(p, "the device this runtime simulates (default: the NEFF's own; another is refused)")
+    _verify_arg(p)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("assemble", help="build a NEFF from a device program in text form",

@@ -58,10 +58,11 @@ def big_matmul(m_tiles: int = 8, k_tiles: int = 16, panels: int = 8, dtype: str 
         f"sbuf    os: {dtype}[128, {m_tiles}, 512]",
         f"psum    acc: f32[128, {m_tiles}, 512]",
     ]
-    sems = ["la", "lb", "pd", "mm", "ev"] + [f"st{m}" for m in range(m_tiles)]
+    sems = ["la0", "la1", "lb", "pd", "mm", "ev"] + [f"st{m}" for m in range(m_tiles)]
     lines += [f"sem     {s}" for s in sems] + [""]
-    for kt in range(k_tiles):
-        lines.append(f"q0    dma  as[:, {kt}, :], at[{kt * 128}:{kt * 128 + 128}, :], signal=la")
+    for kt in range(k_tiles):  # A^T on two queues, so that it arrives at TensorE's pace
+        q = "q0" if kt % 2 == 0 else "q10"
+        lines.append(f"{q}   dma  as[:, {kt}, :], at[{kt * 128}:{kt * 128 + 128}, :], signal=la{kt % 2}")
     for p in range(panels):
         buf = p % 2
         for kt in range(k_tiles):
@@ -74,7 +75,7 @@ def big_matmul(m_tiles: int = 8, k_tiles: int = 16, panels: int = 8, dtype: str 
                 if m == 0:
                     w.append(f"wait=lb>={p * k_tiles + kt + 1}")
                     if p == 0:
-                        w.append(f"wait=la>={kt + 1}")
+                        w.append(f"wait=la{kt % 2}>={kt // 2 + 1}")
                 if kt == 0 and p >= 1:
                     w.append(f"wait=ev>={(p - 1) * m_tiles + m + 1}")
                 flags = (["start=true"] if kt == 0 else []) + (["stop=true"] if kt == k_tiles - 1 else [])
@@ -149,3 +150,82 @@ def random_program(seed: int, target: str = "trn1") -> str:
                 body.append(f"dve tensor_copy sy{j}, sx{j}, wait=L{j}>=1, signal=E{j}")
             body.append(f"{q[1]} dma y{j}, sy{j}, wait=E{j}>=1")
     return "\n".join([".isa 1.0", f".target {target}", *decl, *(f"sem {s}" for s in sems), *body]) + "\n"
+
+
+def pipeline_program(steps: int, tiles: int | None = None, load_queues: int = 4,
+                     funcs: tuple[str, ...] = ("gelu", "identity"), target: str = "trn1") -> sim.Program:
+    """A software-pipelined layer built through the Python API (no text), the shape of what the backend
+    emits: per step, one DMA loads a [128, 4 x 512] bf16 tile (rotating over ``load_queues`` queues),
+    four matmuls accumulate it against resident weights in one of 8 PSUM banks, ScalarE evacuates the
+    bank through an activation (cycling over ``funcs``), VectorE adds a bias tile, one queue stores
+    the [128, 512] result. Double-buffered, every semaphore signalled by one stream. 8 instructions
+    per step plus 2: ``pipeline_program(125_000)`` has a million."""
+    from nxsat.sim import Access, Idx, Instr, Tensor, Wait
+
+    tiles = tiles or min(16, steps)
+
+    def ix(*parts: object) -> tuple[Idx, ...]:
+        return tuple(Idx(p, p + 1, 1, True) if isinstance(p, int) else Idx(p[0], p[1]) for p in parts)
+
+    bf, f32 = dt.BF16, dt.F32
+    p = sim.Program(target=target)
+    for name, kind, dtype, shape in [("x", "input", bf, (tiles, 128, 4, 512)), ("w", "input", bf, (128, 4, 128)),
+                                     ("y", "output", bf, (tiles, 128, 512)), ("ws", "sbuf", bf, (128, 4, 128)),
+                                     ("xs", "sbuf", bf, (128, 2, 4, 512)), ("ys", "sbuf", bf, (128, 2, 512)),
+                                     ("zs", "sbuf", bf, (128, 2, 512)), ("bias", "sbuf", bf, (128, 512)),
+                                     ("acc", "psum", f32, (128, 8, 512))]:
+        p.tensors[name] = Tensor(name, kind, dtype, shape)
+    for s in [f"ld{q}" for q in range(load_queues)] + ["wl", "mm", "ev", "ad", "st", "bi"]:
+        p.semaphores[s] = 0
+    full = (0, 128)
+    add = p.instrs.append
+    add(Instr("q15", "dma", (Access("ws"), Access("w")), {}, (), ("wl",), origin="weights"))
+    add(Instr("pool", "memset", (Access("bias"),), {"value": 0.5}, (), ("bi",), origin="bias"))
+    for s in range(steps):
+        t, b, q, bank = s % tiles, s % 2, s % load_queues, s % 8
+        origin = f"step {s}"
+        add(Instr(f"q{q}", "dma", (Access("xs", ix(full, b, (0, 4), (0, 512))),
+                                   Access("x", ix(t, full, (0, 4), (0, 512)))),
+                  {}, (Wait("mm", s - 1),) if s >= 2 else (), (f"ld{q}",), origin=origin))
+        for k in range(4):
+            waits = []
+            if k == 0:
+                waits.append(Wait(f"ld{q}", s // load_queues + 1))
+                if s == 0:
+                    waits.append(Wait("wl", 1))
+                if s >= 8:
+                    waits.append(Wait("ev", s - 7))
+            add(Instr("pe", "matmul", (Access("acc", ix(full, bank, (0, 512))), Access("ws", ix(full, k, (0, 128))),
+                                       Access("xs", ix(full, b, k, (0, 512)))),
+                      {"start": k == 0, "stop": k == 3}, tuple(waits), ("mm",) if k == 3 else (), origin=origin))
+        add(Instr("act", "activation", (Access("ys", ix(full, b, (0, 512))), Access("acc", ix(full, bank, (0, 512)))),
+                  {"func": funcs[s % len(funcs)]}, (Wait("mm", s + 1),) + ((Wait("ad", s - 1),) if s >= 2 else ()),
+                  ("ev",), origin=origin))
+        add(Instr("dve", "tensor_tensor", (Access("zs", ix(full, b, (0, 512))), Access("ys", ix(full, b, (0, 512))),
+                                           Access("bias")), {"op": "add"},
+                  (Wait("ev", s + 1),) + ((Wait("st", s - 1),) if s >= 2 else ())
+                  + ((Wait("bi", 1),) if s == 0 else ()),
+                  ("ad",), origin=origin))
+        add(Instr("q4", "dma", (Access("y", ix(t, full, (0, 512))), Access("zs", ix(full, b, (0, 512)))), {},
+                  (Wait("ad", s + 1),), ("st",), origin=origin))
+    return p
+
+
+def pipeline_reference(m: sim.Model, inputs: dict[str, np.ndarray], steps: int, tiles: int | None = None,
+                       funcs: tuple[str, ...] = ("gelu", "identity")) -> np.ndarray:
+    """What :func:`pipeline_program` computes, in numpy (fp32 products, bf16 roundings where the
+    device rounds): the last step written to each output tile."""
+    from scipy import special
+
+    tiles = tiles or min(16, steps)
+    x = np.asarray(inputs["in0"], np.float32)
+    w = np.asarray(inputs["in1"], np.float32)
+    y = np.zeros((tiles, 128, 512), np.float32)
+    fn = {"gelu": lambda v: 0.5 * v * (1 + special.erf(v / np.sqrt(2.0))), "identity": lambda v: v,
+          "exp": np.exp, "relu": lambda v: np.maximum(v, 0)}
+    for s in range(max(0, steps - tiles), steps):
+        t = s % tiles
+        acc = sum(w[:, k, :].T @ x[t, :, k, :] for k in range(4))
+        act = rounded(fn[funcs[s % len(funcs)]](acc.astype(np.float64)).astype(np.float32), "bf16")
+        y[t] = rounded(act.astype(np.float32) + np.float32(0.5), "bf16")
+    return y

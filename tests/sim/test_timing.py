@@ -46,13 +46,17 @@ def test_large_bf16_matmul_reaches_90_percent_of_tensor_engine_peak() -> None:
     assert s["engines"]["pe"]["utilization"] >= 0.90
 
 
-def test_dma_only_program_reaches_90_percent_of_hbm_bandwidth() -> None:
+def test_dma_only_program_reaches_90_percent_of_the_achievable_bandwidth() -> None:
+    """trn1: the 16 DMA engines sustain 272 GB/s together (the DMA bandwidth guide), less than the core's
+    410 GB/s share of HBM, so they are the ceiling a copy reaches and the roofline's memory bound."""
     s, m, _ = _profile(dma_copy(queues=8, chunks=4))
     moved = 2 * 8 * 4 * 128 * 4096 * 4  # loaded and stored
     assert s["hbm"]["bytes"] == moved
-    assert s["hbm"]["gbps"] >= 0.90 * m.target.hbm_bw
-    assert s["hbm"]["gbps"] <= m.target.hbm_bw * (1 + 1e-9)
+    assert m.target.memory_bw == pytest.approx(272) and m.target.memory_bw < m.target.hbm_bw
+    assert s["hbm"]["gbps"] >= 0.90 * m.target.memory_bw
+    assert s["hbm"]["gbps"] <= m.target.memory_bw * (1 + 1e-9)
     assert s["latency_ns"] >= s["roofline"]["memory_ns"]
+    assert s["roofline"]["memory_ns"] == pytest.approx(moved / 272, rel=1e-6)
 
 
 OVERLAP = """
@@ -167,12 +171,13 @@ pe      matmul acc, a, b, stop=true
         return s["engines"]["pe"]["busy_ns"]
 
     # Three back-to-back matmuls of N=512: 3 x 512 cycles plus the first-matmul latency of 64 (time is
-    # kept in whole picoseconds: each instruction's cost is rounded to one).
+    # kept in whole picoseconds: each instruction's cost is rounded to one). fp8 with K=128 runs at the
+    # bf16 rate on trn2 too: its double rate needs the K=256 double-row form (test_fidelity.py).
     ps = 0.0015 * 4
     assert pe_busy("trn1", "bf16") == pytest.approx((3 * 512 + 64) / 2.8, abs=ps)
     assert pe_busy("trn1", "f32") == pytest.approx((3 * 4 * 512 + 64) / 2.8, abs=ps)
     assert pe_busy("trn2", "bf16") == pytest.approx((3 * 512 + 64) / 2.4, abs=ps)
-    assert pe_busy("trn2", "f8e4m3fn") == pytest.approx((3 * 256 + 64) / 2.4, abs=ps)
+    assert pe_busy("trn2", "f8e4m3fn") == pytest.approx((3 * 512 + 64) / 2.4, abs=ps)
 
 
 def test_dma_fixed_latency_and_descriptor_efficiency() -> None:
@@ -263,27 +268,32 @@ def test_timing_is_deterministic() -> None:
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_dma_engine_rate_matches_the_documented_practical_figure(target: str) -> None:
-    """One DMA engine (8 partitions) moving 512-byte descriptors runs at the documented practical rate:
-    the per-core figure over 16 engines (v2: 272 GB/s, 17 each; v3: 368 GB/s, 23 each)."""
-    text = f"""
+def test_dma_engine_rate_follows_the_documented_curve(target: str) -> None:
+    """One DMA engine (8 partitions) sustains the DMA bandwidth guide's 17 B/ns (trn1) or 23 B/ns (trn2)
+    with >= 4 KiB per partition; 2 KiB approaches it, 256 bytes and less are overhead-bound."""
+    def rate(row_bytes: int) -> float:
+        cols = row_bytes // 4
+        text = f"""
 .isa 1.0
 .target {target}
 .lnc 1
-input   x: f32[64, 8, 128]
-output  y: f32[8, 64, 128]
-sbuf    t: f32[8, 64, 128]
+input   x: f32[8, {cols}]
+output  y: f32[8, {cols}]
+sbuf    t: f32[8, {cols}]
 sem     s
-q0    dma  t, x.permute(1, 0, 2), signal=s
+q0    dma  t, x, signal=s
 q1    dma  y, t, wait=s>=1
 """
-    s, m, tl = _profile(text)
-    load = next(x for x in tl.slices if x.stream == "q0")
-    rate = 8 * 64 * 512 / (load.end - load.start)  # bytes per ns = GB/s
-    assert rate == pytest.approx(m.target.dma_practical_engine_gbps, rel=0.02)
-    assert m.target.dma_practical_engine_gbps == pytest.approx({"trn1": 17, "trn2": 23}[target])
-    store = next(x for x in tl.slices if x.stream == "q1")
-    assert 8 * 64 * 512 / (store.end - store.start) > 0.9 * m.target.dma["engine_gbps"]  # 32 KiB runs
+        _, _, tl = _profile(text)
+        load = next(x for x in tl.slices if x.stream == "q0")
+        return 8 * row_bytes / (load.end - load.start)  # bytes per ns = GB/s
+
+    peak = {"trn1": 17, "trn2": 23}[target]
+    t = __import__("nxsat").sim.load_target(target, 1)
+    assert t.dma["engine_gbps"] == peak and t.dma_practical_engine_gbps == peak
+    assert rate(4096) >= 0.93 * peak and rate(16384) <= peak * (1 + 1e-6)
+    assert 0.85 * peak <= rate(2048) < rate(4096)
+    assert rate(256) < 0.6 * peak and rate(64) < 0.3 * peak
 
 
 def test_vector_engine_reciprocal_costs_eight_times_scalar_engine() -> None:
