@@ -673,23 +673,35 @@ def format_program(prog: Program, bank_bytes: int = 2048) -> str:
     out.append("")
     # A program repeats its loop bodies: the text of each distinct (stream, opcode, operands,
     # attributes) is made once, and waits and signals appended.
+    # A program repeats its loop bodies: the text of each distinct (stream, opcode, operands,
+    # attributes) is made once, and waits and signals appended.
     memo: dict[tuple, str] = {}
+    akeys: dict[int, tuple] = {}
     origin: str | None = None
+    append = out.append
     for ins in prog.instrs:
         if ins.origin != origin:
             origin = ins.origin
-            out.append(f".origin {_origin_text(origin)}")
+            append(f".origin {_origin_text(origin)}")
+        attrs = ins.attrs
         try:
-            key: tuple | None = (ins.stream, ins.opcode, ins.operands,
-                                 tuple((k, v.__class__, v) for k, v in ins.attrs.items()))
-            args = memo.get(key)
+            akey = akeys.get(id(attrs))
+            if akey is None:
+                akey = akeys[id(attrs)] = tuple((k, v.__class__, v) for k, v in attrs.items())
+            key: tuple | None = (ins.stream, ins.opcode, ins.operands, akey)
+            head = memo.get(key)
         except TypeError:
-            key, args = None, None
-        if args is None:
+            key, head = None, None
+        if head is None:
             args = _instr_args(ins, prog)
+            head = f"{ins.stream:<5} {ins.opcode:<14} {args}"
             if key is not None:
-                memo[key] = args
-        out.append(_line(ins, args))
+                memo[key] = head
+        if ins.waits or ins.signals:
+            tail = ", ".join([f"wait={w.sem}>={w.value}" for w in ins.waits] + [f"signal={x}" for x in ins.signals])
+            append(f"{head}, {tail}" if head[-1] != " " else head + tail)
+        else:
+            append(head.rstrip())
     return "\n".join(out) + "\n"
 
 

@@ -224,13 +224,19 @@ class _Linker:
         self.target = target
         self.access: dict[Access, RAccess] = {}
         self.templates: dict[tuple, LInstr] = {}
+        self.attr_keys: dict[int, tuple] = {}  # id(attrs dict) -> its key (the dicts live as long as the program)
         self.sems = prog.semaphores
         self.queues = target.dma_queues
 
     def link(self, ins: Instr, index: int) -> LInstr:
+        attrs = ins.attrs
+        akey = self.attr_keys.get(id(attrs))  # the parser shares one dict among a loop's instructions
         try:
-            key = (ins.stream, ins.opcode, ins.operands,
-                   tuple((k, v.__class__, v) for k, v in ins.attrs.items()) if ins.attrs else ())
+            if akey is None:
+                akey = tuple((k, v.__class__, v) for k, v in attrs.items()) if attrs else ()
+                hash(akey)
+                self.attr_keys[id(attrs)] = akey
+            key = (ins.stream, ins.opcode, ins.operands, akey)
             proto = self.templates.get(key)
         except TypeError:  # an unhashable attribute (a program built in Python): check it the long way
             key, proto = None, None
@@ -732,7 +738,7 @@ def _accumulation(lk: Linked) -> None:
     for i in lk.order:
         c = lk.instrs[i]
         if c.op.name == "matmul":
-            loc = _iloc(prog, c.instr)
+            loc = Loc(prog.source, c.instr.line, origin=c.instr.origin)
             d = c.ops[0]
             region = (d.p0, d.p1, d.lo, d.hi)
             bank = region[2] // bank_bytes  # the matmul check keeps an output inside one bank
