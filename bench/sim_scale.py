@@ -13,6 +13,7 @@ PSUM, a VectorE add, a DMA store). Columns, per instruction:
   replay   the timing model (profile)
   run      the functional model on random inputs (only up to --run-max instructions)
   memory   peak resident memory of the process over its starting size
+Single-threaded BLAS (OPENBLAS_NUM_THREADS=1): the figures are per core.
 Targets (issue: device model at compiler scale): build <= 20 us, replay <= 20 us, run <= 200 us per
 instruction, memory <= 2 KB per instruction, linear in size.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -88,7 +90,8 @@ def main() -> None:
     for size in (int(s) for s in args.sizes.split(",")):
         steps = max(1, (size - 2) // 8)
         cmd = [sys.executable, __file__, "--child", str(steps)] + (["--run"] if size <= args.run_max else [])
-        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # per-core figures
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
         n = r["instructions"]
 
         def us(key: str, r: dict = r, n: int = n) -> str:

@@ -4,7 +4,6 @@ and the Chrome/Perfetto trace (one track per engine and per DMA queue)."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -33,24 +32,26 @@ def roofline(lk: Linked, hbm_bytes: float, dma_bytes: float | None = None) -> di
 def _live_peak(lk: Linked, tl: Timeline, memory: str) -> int:
     """Peak bytes of ``memory`` held by live tensors (first write to last access), counting memory
     shared by aliasing tensors once."""
+    tids = lk.template_ids
+    ntmpl = lk.templates
+    smin = np.full(ntmpl, np.iinfo(np.int64).max, dtype=np.int64)
+    emax = np.full(ntmpl, -1, dtype=np.int64)
+    np.minimum.at(smin, tids, tl.start_ps)
+    np.maximum.at(emax, tids, tl.end_ps)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-    start, end = tl.start_ps, tl.end_ps
-    touched: dict[int, tuple[list[str], list[str]]] = {}
+    seen: set[int] = set()
     for c in lk.instrs:
-        names = touched.get(c.template)
-        if names is None:
-            names = touched[c.template] = ([ra.name for ra in c.writes if ra.memory == memory],
-                                          [ra.name for ra in (*c.reads, *c.writes) if ra.memory == memory])
-        if not names[1]:
+        if c.template in seen:
             continue
-        s, e = int(start[c.index]), int(end[c.index])
-        for name in names[0]:
-            if first.get(name, s) >= s:
-                first[name] = s
-        for name in names[1]:
-            if last.get(name, e) <= e:
-                last[name] = e
+        seen.add(c.template)
+        s, e = int(smin[c.template]), int(emax[c.template])
+        for ra in c.writes:
+            if ra.memory == memory and first.get(ra.name, s) >= s:
+                first[ra.name] = s
+        for ra in (*c.reads, *c.writes):
+            if ra.memory == memory and last.get(ra.name, e) <= e:
+                last[ra.name] = e
     ts = [lk.program.tensors[n] for n in first]
     if not ts:
         return 0
@@ -87,7 +88,7 @@ def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
     prog = lk.program
     flops = flops_total(lk)
     total_flops = sum(flops.values())
-    counts = Counter(c.stream for c in lk.instrs)
+    counts = {s: len(v) for s, v in lk.by_stream.items()}
     engines: dict[str, Any] = {}
     for s in sorted(set(ENGINE_STREAMS) | set(counts), key=stream_order):
         b = tl.busy.get(s, 0.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -65,6 +66,11 @@ class Linked:
     vc: np.ndarray | None = field(default=None, repr=False)
     templates: int = 0  # distinct (stream, opcode, operands, attributes): LInstr.template < templates
 
+    @cached_property
+    def template_ids(self) -> np.ndarray:
+        """Each instruction's template, as an array (for per-template sums over the program)."""
+        return np.fromiter((c.template for c in self.instrs), dtype=np.int64, count=len(self.instrs))
+
     def hb(self, a: int, b: int) -> bool:
         """Is instruction ``a`` guaranteed to complete before ``b`` starts (or precede it in its stream)?"""
         if self.sid[a] == self.sid[b]:
@@ -104,7 +110,7 @@ def link(prog: Program, target: Target, races: bool = True) -> Linked:
         lst.append(i)
         sid[i] = index[ins.stream]
     order, single = _replay(prog, by_stream, streams)
-    lk = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, templates=len(linker.templates))
+    lk = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, templates=linker.count)
     if races:
         lk.vc = _clocks_fast(lk) if single else _clocks(prog, streams, by_stream, sid, pos, order)
         _dataflow(lk)
@@ -224,6 +230,7 @@ class _Linker:
         self.target = target
         self.access: dict[Access, RAccess] = {}
         self.templates: dict[tuple, LInstr] = {}
+        self.count = 0  # templates made (an instruction with an unhashable attribute gets one of its own)
         self.attr_keys: dict[int, tuple] = {}  # id(attrs dict) -> its key (the dicts live as long as the program)
         self.sems = prog.semaphores
         self.queues = target.dma_queues
@@ -253,7 +260,8 @@ class _Linker:
             raise error("NCC_EASM004", "a semaphore is signalled once by one instruction", _iloc(self.prog, ins))
         if proto is None:
             proto = self._link_new(ins, index)
-            proto.template = len(self.templates)
+            proto.template = self.count
+            self.count += 1
             if key is not None:
                 self.templates[key] = proto
             return proto
@@ -805,12 +813,14 @@ def _coverage(lk: Linked) -> None:
 
 def flops_total(lk: Linked) -> dict[str, float]:
     """TensorE FLOPs of the program by precision (what MFU and the compute roofline count)."""
+    counts = np.bincount(lk.template_ids, minlength=lk.templates)
     out: dict[str, float] = defaultdict(float)
-    seen: dict[int, tuple[str, float] | None] = {}
+    seen: set[int] = set()
     for c in lk.instrs:
-        f = seen.get(c.template, ()) if c.template >= 0 else c.op.flops(c)
-        if f == ():
-            f = seen[c.template] = c.op.flops(c)
+        if c.template in seen:
+            continue
+        seen.add(c.template)
+        f = c.op.flops(c)
         if f:
-            out[f[0]] += f[1]
+            out[f[0]] += f[1] * int(counts[c.template])
     return dict(out)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import numpy as np
-import pytest
+# The suite runs in parallel workers (pytest -n 2): a BLAS that also starts a thread per core in each
+# worker oversubscribes the cores and its spinning threads make every matmul of the simulator many
+# times slower. One BLAS thread per worker (set before numpy loads).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 HLO_CORPUS = sorted((DATA / "hlo").glob("*.hlo"))
