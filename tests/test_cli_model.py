@@ -158,4 +158,4 @@ def test_npy_inputs_and_relay_constants_on_hlo_are_refused(capsys, tmp_path):
     code, _, err = run(capsys, "interpret", MLP, "--inputs", str(npy))
     assert code == 1 and "NCC_EFIL001" in err and "single .npy" in err
     code, _, err = run(capsys, "inspect", MLP, "--relay-constants", str(npy))
-    assert code == 1 and "NCC_EARG002" in err and "Relay models only" in err
+    assert code == 2 and "NCC_EARG002" in err and "Relay models only" in err
