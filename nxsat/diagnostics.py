@@ -42,6 +42,7 @@ CODES: dict[str, str] = {
     # nxsat's own.
     "NCC_EARG002": "invalid command-line argument or flag combination",
     "NCC_EFIL001": "input file missing, unreadable or of an unknown kind",
+    "NCC_EFIL002": "output cannot be written: an input, a directory, a missing directory, no permission",
     "NCC_EPRS001": "syntax error in model text",
     "NCC_EPRS002": "undefined, duplicate or misused name in model text",
     "NCC_EPRS003": "malformed attribute or literal",

@@ -70,8 +70,10 @@ def random_inputs(module: Module, seed: int) -> dict[str, np.ndarray]:
 
 def cmd_interpret(args: argparse.Namespace) -> int:
     from nxsat.interpreter import run_module
-    from nxsat.io import match_inputs, outputs_dict, write_npz
+    from nxsat.io import check_output, match_inputs, outputs_dict, write_npz
 
+    if args.output:
+        check_output(args.output, inputs=[args.model, args.inputs, args.relay_constants])
     module = load_model(args)
     arrays, source = input_arrays(args.inputs, args.seed, lambda seed: random_inputs(module, seed))
     inputs = match_inputs(module, arrays, source=source)
