@@ -50,6 +50,7 @@ CODES: dict[str, str] = {
     "NCC_ECON001": "an elided constant's value is needed",
     "NCC_EINP001": "model inputs do not match the model's parameters",
     "NCC_EEXE001": "reference interpreter cannot execute this graph",
+    "NCC_ESHP001": "shape beyond nxsat's limits: rank over 64, a dimension of 2^40 or more, over 2^48 elements",
     "NCC_WTYP001": "64-bit integers run as 32-bit on the device (high bits dropped)",
     "NCC_WPRS001": "model text accepted with a caveat",
     "NCC_WUOC001": "operator not supported: the model loads for inspection only",
