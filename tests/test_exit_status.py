@@ -107,6 +107,20 @@ def test_check_keeps_its_own_statuses(capsys):
     assert code == 3 and "NCC_EFIL001" in err
     code, err = run(capsys, "check", MLP, MLP, "--model-type", "no-such-type")
     assert code == 3 and "NCC_ERUL003" in err
+    code, err = run(capsys, "--debug", "check", MLP, "no/such/model.hlo")  # a traceback, the same status
+    assert code == 3 and "Traceback" in err and err.strip().splitlines()[-1].startswith("error NCC_EFIL001")
+
+
+def test_an_internal_error_in_check_exits_70(capsys, monkeypatch):
+    import nxsat.rules.equiv
+    from nxsat.diagnostics import error
+
+    def broken(*args, **kwargs):
+        raise error("NCC_IINT001", "egglog: a bug")
+
+    monkeypatch.setattr(nxsat.rules.equiv, "check_equivalence", broken)
+    code, err = run(capsys, "check", MLP, MLP)
+    assert code == 70 and err.strip() == "error NCC_IINT001: egglog: a bug"
 
 
 @pytest.mark.parametrize("argv,status,code", [
