@@ -88,6 +88,16 @@ def test_relay(capsys, tmp_path, text, where, says):
     assert says in _refused(capsys, tmp_path, "m.relay", text, where)
 
 
+def test_relay_constants_spec(capsys, tmp_path):
+    spec = tmp_path / "c.json"
+    spec.write_text("[[[" + ", ".join(["1"] * 70) + '], "float32"]]')
+    model = tmp_path / "m.relay"
+    model.write_text(relay("", "meta[relay.Constant][0]"))
+    assert main(["inspect", str(model), "--relay-constants", str(spec)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error NCC_ERLY003: {spec}: constant 0 has an unusable shape: rank 70 is over 64")
+
+
 def program(decl: str) -> str:
     return f".isa 1.0\n.target trn1\ninput a: {decl}\noutput c: f32[128, 4]\nq0 dma c, a\n"
 
