@@ -25,7 +25,7 @@ from nxsat import dtypes as dt
 from nxsat.attrs import ConvDims, DotDims, GatherDims, Metadata, PadDim, ScatterDims, SliceDim, WindowDim
 from nxsat.builder import infer_type
 from nxsat.diagnostics import Loc, NxsatError, Warnings, error
-from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
+from nxsat.ir import SHAPE_LIMITS_HINT, Computation, Module, Node, TensorType, TupleType, Type, shape_limit_problem
 from nxsat.ops import registry
 
 # --- raw syntax ------------------------------------------------------------------------------
@@ -114,9 +114,14 @@ def _decode_shape_text(text: str) -> TensorType | tuple[str, str]:
             d = d.strip()
             if d == "?" or d.startswith("<="):
                 return ("NCC_EMOD025", f"dynamic dimension {d!r} in {text}: every dimension must be static")
-            if not d.isdigit():
+            if not (d.isascii() and d.isdigit()):
                 return ("NCC_EPRS003", f"malformed dimension {d!r} in shape {text}")
+            if len(d) > 40:  # past any limit; and int() refuses more than 4300 digits
+                return ("NCC_ESHP001", f"dimension {d[:20]}... ({len(d)} digits) is too large")
             shape.append(int(d))
+    problem = shape_limit_problem(shape)
+    if problem:
+        return ("NCC_ESHP001", f"{text if len(text) <= 60 else text[:56] + '...'}: {problem}")
     return TensorType(dtype, tuple(shape))
 
 
@@ -128,6 +133,7 @@ def decode_shape(text: str, loc: Loc) -> TensorType:
 
 
 _SHAPE_HINTS = {
+    "NCC_ESHP001": SHAPE_LIMITS_HINT,
     "NCC_EMOD025": "export the model with static shapes (pad to a fixed size, bucket by length)",
     "NCC_ESPP004": "convert to a supported type before compiling",
 }

@@ -43,14 +43,23 @@ from nxsat.frontend.relay_lower import (
     supported_operators,
     value_type,
 )
-from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
+from nxsat.ir import (
+    DIM_LIMIT,
+    SHAPE_LIMITS_HINT,
+    Computation,
+    Module,
+    Node,
+    TensorType,
+    TupleType,
+    Type,
+    shape_limit_problem,
+)
 
 __all__ = ["parse_relay", "supported_operators"]
 
 # Limits that keep hostile or broken input from exhausting the host.
 MAX_DEPTH = 100  # nesting of expressions, types and attribute lists
 MAX_NODES = 1_000_000  # IR nodes per module (closure inlining could otherwise explode)
-MAX_DIM = 2**31 - 1
 
 _INFIX = {
     "+": "add",
@@ -988,7 +997,12 @@ class _Lowerer:
         kind = t.data
         if kind == "tensor_type":
             shape_tree, dtype_tok = t.children
-            return TensorType(relay_dtype(str(dtype_tok), self.loc(dtype_tok)), self.shape(shape_tree))
+            shape = self.shape(shape_tree)
+            problem = shape_limit_problem(shape)
+            if problem:
+                raise error("NCC_ESHP001", f"Tensor[({', '.join(map(str, shape[:8]))}"
+                            f"{', ...' if len(shape) > 8 else ''})]: {problem}", self.loc(t), SHAPE_LIMITS_HINT)
+            return TensorType(relay_dtype(str(dtype_tok), self.loc(dtype_tok)), shape)
         if kind == "named_type":
             name = str(t.children[0])
             if name[:1].isupper():
@@ -1017,9 +1031,13 @@ class _Lowerer:
                     self.loc(d),
                     "give the dimension's value instead of ? or meta[...]",
                 )
+            digits = re.match(r"\d+", str(d))
+            if digits and (len(digits.group()) > 40 or int(digits.group()) >= DIM_LIMIT):
+                shown = digits.group() if len(digits.group()) <= 40 else digits.group()[:20] + "..."
+                raise error("NCC_ESHP001", f"dimension {shown} is not below 2^40", self.loc(d), SHAPE_LIMITS_HINT)
             value, dtype = _number(d, self.loc(d))
-            if not dtype.is_int or not isinstance(value, int) or not 0 <= value <= MAX_DIM:
-                raise error("NCC_EPRS003", f"dimension {d!s} must be an integer in 0..{MAX_DIM}", self.loc(d))
+            if not dtype.is_int or not isinstance(value, int) or value < 0:
+                raise error("NCC_EPRS003", f"dimension {d!s} must be a non-negative integer", self.loc(d))
             dims.append(value)
         return tuple(dims)
 

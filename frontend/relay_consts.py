@@ -27,7 +27,7 @@ import numpy as np
 from nxsat import dtypes as dt
 from nxsat.diagnostics import Loc, error
 from nxsat.io import read_npz, read_text
-from nxsat.ir import TensorType
+from nxsat.ir import SHAPE_LIMITS_HINT, TensorType, shape_limit_problem
 
 # Generated and loaded constants together may not exceed this (a malformed spec must not exhaust
 # the host's memory); the largest corpus model needs 0.1 GB.
@@ -133,6 +133,10 @@ class RelayConstants:
                     "NCC_ERLY003",
                     f"{path}: constant {i} has shape {shape!r}: dimensions must be integers in 0..2^31-1"[:300],
                 )
+            problem = shape_limit_problem(shape)
+            if problem:  # e.g. a rank over 64, which numpy cannot make
+                raise error("NCC_ERLY003", f"{path}: constant {i} has an unusable shape: {problem}",
+                            hint=SHAPE_LIMITS_HINT)
             try:
                 d = dt.by_relay(name)
             except KeyError:

@@ -22,7 +22,7 @@ import numpy as np
 from nxsat import dtypes as dt
 from nxsat.builder import Builder
 from nxsat.diagnostics import Loc, NxsatError, error
-from nxsat.ir import Computation, Node, TensorType, TupleType, Type
+from nxsat.ir import SHAPE_LIMITS_HINT, Computation, Node, TensorType, TupleType, Type, type_limit_problem
 from nxsat.ops import registry
 
 # A Relay value during lowering: an IR node (tensor, or tuple-typed such as a call's result) or a
@@ -376,7 +376,13 @@ class Emitter:
 
     # basic nodes
     def op(self, name: str, operands: Sequence[Node] = (), **attrs: Any) -> Node:
-        return self.b.op(name, list(operands), loc=self.loc, **attrs)
+        """Add one IR node; a result beyond the shape limits (a ``reshape``, ``tile`` or ``zeros``
+        of absurd size) is the user's error here, not the interpreter's later."""
+        node = self.b.op(name, list(operands), loc=self.loc, **attrs)
+        problem = type_limit_problem(node.type)
+        if problem:
+            raise error("NCC_ESHP001", f"this call makes {problem}", self.loc, SHAPE_LIMITS_HINT)
+        return node
 
     def const(self, value: Any, dtype: dt.DType) -> Node:
         return self.b.constant(dt.cast(np.asarray(value), dtype), dtype, loc=self.loc)

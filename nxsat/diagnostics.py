@@ -42,6 +42,7 @@ CODES: dict[str, str] = {
     # nxsat's own.
     "NCC_EARG002": "invalid command-line argument or flag combination",
     "NCC_EFIL001": "input file missing, unreadable or of an unknown kind",
+    "NCC_EFIL002": "output cannot be written: an input, a directory, a missing directory, no permission",
     "NCC_EPRS001": "syntax error in model text",
     "NCC_EPRS002": "undefined, duplicate or misused name in model text",
     "NCC_EPRS003": "malformed attribute or literal",
@@ -49,6 +50,7 @@ CODES: dict[str, str] = {
     "NCC_ECON001": "an elided constant's value is needed",
     "NCC_EINP001": "model inputs do not match the model's parameters",
     "NCC_EEXE001": "reference interpreter cannot execute this graph",
+    "NCC_ESHP001": "shape beyond nxsat's limits: rank over 64, a dimension of 2^40 or more, over 2^48 elements",
     "NCC_WTYP001": "64-bit integers run as 32-bit on the device (high bits dropped)",
     "NCC_WPRS001": "model text accepted with a caveat",
     "NCC_WUOC001": "operator not supported: the model loads for inspection only",

@@ -17,6 +17,9 @@ from nxsat.diagnostics import NxsatError, Warnings, error
 from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
 from nxsat.ops import registry
 from nxsat.ops.common import to_dtype
+from nxsat.progress import Progress
+
+PROGRESS_EVERY = 16  # entry nodes between progress updates (an update is a clock read at most)
 
 
 class _Frame:
@@ -70,13 +73,15 @@ class Interpreter:
             self._orders[key] = (order, last_use)
         return self._orders[key]
 
-    def call(self, comp: Computation, args: list[Any]) -> Any:
+    def call(self, comp: Computation, args: list[Any], progress: Progress | None = None) -> Any:
+        """Run ``comp`` on ``args``; ``progress`` (the entry's run only) counts its nodes as they finish."""
         if len(args) != len(comp.params):
             raise error("NCC_EEXE001", f"{comp.name} takes {len(comp.params)} arguments, got {len(args)}",
                         comp.loc)
         order, last_use = self._plan(comp)
         values: dict[int, Any] = {p.id: a for p, a in zip(comp.params, args)}
         lanes = _applied_to_arrays(comp, args)
+        tick = progress.update if progress is not None and progress.enabled else None
         with np.errstate(all="ignore"):
             for i, node in enumerate(order):
                 if node.op != "parameter":
@@ -84,6 +89,8 @@ class Interpreter:
                 for o in node.operands:
                     if last_use.get(o.id) == i:
                         values.pop(o.id, None)
+                if tick is not None and i % PROGRESS_EVERY == 0:
+                    tick(i + 1)
         return values[comp.root.id]
 
     def run_node(self, node: Node, args: list[Any], lanes: bool = False) -> Any:
@@ -142,8 +149,10 @@ def flatten(value: Any) -> list[np.ndarray]:
     return [np.asarray(value)]
 
 
-def run_module(module: Module, inputs: Sequence[np.ndarray], warnings: Warnings | None = None) -> list[np.ndarray]:
-    """Run the entry computation on inputs given in parameter order; returns the flattened outputs."""
+def run_module(module: Module, inputs: Sequence[np.ndarray], warnings: Warnings | None = None,
+               progress: Progress | None = None) -> list[np.ndarray]:
+    """Run the entry computation on inputs given in parameter order; returns the flattened outputs.
+    ``progress`` shows a "run" stage counting the entry's instructions (see nxsat.progress)."""
     params = module.entry.params
     if len(inputs) != len(params):
         raise error("NCC_EINP001", f"{module.name} takes {len(params)} inputs, got {len(inputs)}")
@@ -155,4 +164,6 @@ def run_module(module: Module, inputs: Sequence[np.ndarray], warnings: Warnings 
                         f"expected {t}", p.loc)
         args.append(x)
     interp = Interpreter(warnings if warnings is not None else module.warnings)
-    return flatten(interp.call(module.entry, args))
+    if progress is not None:
+        progress.stage("run", total=len(interp._plan(module.entry)[0]), unit="instructions")
+    return flatten(interp.call(module.entry, args, progress))

@@ -33,7 +33,7 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
-        raise error("NCC_EFIL001", f"cannot write {path}: {exc.strerror or exc}") from None
+        raise error("NCC_EFIL002", f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
@@ -44,10 +44,55 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise error("NCC_EFIL001", f"cannot write {path}: {exc.strerror or exc}") from None
+        raise error("NCC_EFIL002", f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+PathArg = str | os.PathLike
+
+
+def check_output(path: PathArg, inputs: Sequence[PathArg | None] = (),
+                 outputs: Sequence[PathArg | None] = ()) -> None:
+    """Refuse an output file before any work is done (NCC_EFIL002), so that a long run is not lost
+    at its end and no input is destroyed: ``path`` must not be one of ``inputs`` (the same file,
+    however spelt: another relative path, a hard or symbolic link), nor another output of the
+    same command, nor a directory; its directory must exist and take new files (atomic_write
+    makes a temporary file there). ``None`` entries (options not given) are skipped.
+    """
+    p = Path(path)
+    for inp in inputs:
+        if inp is not None and _same_file(p, Path(inp)):
+            raise error("NCC_EFIL002", f"{path}: this output would overwrite the input {inp}",
+                        hint="write the output to another file")
+    for other in outputs:
+        if other is not None and (_same_file(p, Path(other)) or os.path.realpath(p) == os.path.realpath(other)):
+            raise error("NCC_EFIL002", f"{path}: the same file as the other output {other}",
+                        hint="give each output its own file")
+    if p.is_dir():
+        raise error("NCC_EFIL002", f"{path}: is a directory", hint="give a file name for the output")
+    directory = p.parent
+    if not directory.exists():
+        raise error("NCC_EFIL002", f"{path}: directory {directory} does not exist",
+                    hint=f"create it first: mkdir -p {directory}")
+    if not directory.is_dir():
+        raise error("NCC_EFIL002", f"{path}: {directory} is not a directory")
+    try:  # the only sure test of permissions (ACLs, read-only file systems) is to try
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise error("NCC_EFIL002", f"{path}: cannot write in {directory}: {exc.strerror or exc}",
+                    hint="choose a directory you can write to") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two existing paths name one file (device and inode: links and other spellings too)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _file_mode(path: Path) -> int:

@@ -19,6 +19,46 @@ from typing import Any
 from nxsat.diagnostics import Loc
 from nxsat.dtypes import DType
 
+# Shape limits, checked where a reader (HLO, Relay, device program text) meets a type, so that an
+# absurd shape is the user's error at its location, not a numpy failure deep in a later stage.
+# - rank <= 64: numpy (the interpreter and the simulator) makes arrays of at most 64 dimensions
+#   (NPY_MAXDIMS in numpy 2); real models use fewer than 10.
+# - each dimension < 2**40 (1.1e12): beyond any real dimension, and a dimension times a stride or
+#   element size, or a sum of a few, stays far inside int64, also in a tensor with a zero
+#   dimension, whose element count bounds nothing.
+# - at most 2**48 elements (2.8e14): 64-bit hosts address at most 2**48 bytes (x86-64 and arm64
+#   virtual addresses), so no tensor with more elements can ever be held; its bytes (<= 2**51 at
+#   8 bytes an element) fit numpy's int64 sizes with room to spare.
+MAX_RANK = 64
+DIM_LIMIT = 1 << 40  # every dimension is below this
+MAX_ELEMENTS = 1 << 48
+SHAPE_LIMITS_HINT = "nxsat takes tensors of rank <= 64, dimensions < 2^40 and at most 2^48 elements"
+
+
+def shape_limit_problem(shape: Iterable[int]) -> str | None:
+    """Why ``shape`` is beyond the limits above, or None; readers raise it as NCC_ESHP001 with
+    their location (hint: :data:`SHAPE_LIMITS_HINT`)."""
+    dims = tuple(shape)
+    if len(dims) > MAX_RANK:
+        return f"rank {len(dims)} is over {MAX_RANK}"
+    for d in dims:
+        if d >= DIM_LIMIT:
+            return f"dimension {d} is not below 2^40"
+    n = math.prod(dims)
+    if n > MAX_ELEMENTS:
+        return f"{n:.3g} elements are over 2^48"
+    return None
+
+
+def type_limit_problem(t: Type) -> str | None:
+    """:func:`shape_limit_problem` for every tensor of a (tuple) type, naming the tensor."""
+    for leaf in t.leaves():
+        problem = shape_limit_problem(leaf.shape)
+        if problem:
+            text = str(leaf)
+            return f"{text if len(text) <= 60 else text[:56] + '...'}: {problem}"
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class TensorType:

@@ -19,6 +19,7 @@ import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.diagnostics import Loc, error
+from nxsat.ir import DIM_LIMIT, SHAPE_LIMITS_HINT, shape_limit_problem
 from nxsat.sim import numerics as nm
 from nxsat.sim.isa import OPS, Attr
 from nxsat.sim.program import (
@@ -344,14 +345,18 @@ def _declaration(ln: _Line, kind: str, prog: Program) -> None:
                     f"{(prog.tensors.get(name) and prog.tensors[name].line) or prog.semaphores.get(name)})", col)
     ln.expect(":")
     dtype = _dtype(ln)
+    shape_at = ln.loc()
     ln.expect("[")
     shape: list[int] = []
     if not ln.peek("]"):
-        shape.append(ln.int("a dimension size"))
+        shape.append(_dim(ln))
         while ln.peek(","):
             ln.next()
-            shape.append(ln.int("a dimension size"))
+            shape.append(_dim(ln))
     ln.expect("]")
+    problem = shape_limit_problem(shape)
+    if problem:
+        raise error("NCC_ESHP001", f"{name}: {problem}", shape_at, SHAPE_LIMITS_HINT)
     opts: dict[str, int] = {}
     while not ln.done():
         key = ln.name("an option")
@@ -368,6 +373,15 @@ def _declaration(ln: _Line, kind: str, prog: Program) -> None:
     prog.tensors[name] = Tensor(name, kind, dtype, tuple(shape), partition=opts.get("partition", 0),
                                 offset=opts.get("offset"), bank=opts.get("bank"), shard=opts.get("shard"),
                                 line=ln.line)
+
+
+def _dim(ln: _Line) -> int:
+    """One dimension of a declaration; one of 2^40 or more is refused where it is written."""
+    t = ln.peek()
+    if t is not None and t.text.isdigit() and (len(t.text) > MAX_INT_DIGITS or int(t.text) >= DIM_LIMIT):
+        shown = t.text if len(t.text) <= 40 else t.text[:20] + "..."
+        raise error("NCC_ESHP001", f"dimension {shown} is not below 2^40", ln.loc(), SHAPE_LIMITS_HINT)
+    return ln.int("a dimension size")
 
 
 def _semaphore(ln: _Line, prog: Program) -> None:

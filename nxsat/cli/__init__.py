@@ -18,12 +18,29 @@ from nxsat.diagnostics import NxsatError
 COMMAND_MODULES = ("nxsat.cli.model", "nxsat.cli.device", "nxsat.cli.rules")
 
 
+# Exit statuses, as docs/error-codes.md documents them.
+EXIT_INPUT = 1  # an error in the input (any E code but NCC_EARG*)
+EXIT_USAGE = 2  # a bad command line (NCC_EARG*)
+EXIT_INTERNAL = 70  # an internal error (NCC_I*): EX_SOFTWARE of sysexits.h
+
+
+def exit_status(code: str) -> int:
+    """The exit status of an error code, by its class: one rule for every command, so that a
+    script can tell a bad command line (2) and a bug in nxsat (70) from a bad model (1)."""
+    kind = code.removeprefix("NCC_")
+    if kind.startswith("I"):
+        return EXIT_INTERNAL
+    if kind.startswith("EARG"):
+        return EXIT_USAGE
+    return EXIT_INPUT
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one coded line (exit 2), like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         print(f"{self.prog}: error NCC_EARG002: {message} (hint: {self.prog} --help)", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(exit_status("NCC_EARG002"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     debug = args.debug or bool(os.environ.get("NXSAT_DEBUG"))
     try:
         return int(args.func(args) or 0)
@@ -52,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print(exc.format(), file=sys.stderr)
-        return 1
+        return exit_status(exc.code)
     except KeyboardInterrupt:
         print("nxsat: interrupted", file=sys.stderr)
         return 130
@@ -60,19 +77,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except MemoryError:
         print("error NCC_EOOM002: the host ran out of memory", file=sys.stderr)
-        return 1
+        return exit_status("NCC_EOOM002")
     except RecursionError as exc:
         if debug:
             traceback.print_exc()
         print(f"error NCC_IINT001: internal compiler error: {exc} (hint: rerun with --debug and report it)",
               file=sys.stderr)
-        return 70
+        return exit_status("NCC_IINT001")
     except Exception as exc:
         if debug:
             traceback.print_exc()
         print(f"error NCC_IINT001: internal compiler error: {type(exc).__name__}: {exc} "
               "(hint: rerun with --debug and report it)".replace("\n", " "), file=sys.stderr)
-        return 70
+        return exit_status("NCC_IINT001")
 
 
 def env_flags(var: str = "NEURON_CC_FLAGS") -> list[str]:

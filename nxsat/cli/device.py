@@ -33,9 +33,13 @@ def _random_inputs(model: Any, seed: int) -> dict[str, np.ndarray]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``nxsat run``: outputs from the functional model, latency from the timing model."""
-    from nxsat.io import atomic_write, outputs_dict, write_npz
+    from nxsat.io import atomic_write, check_output, outputs_dict, write_npz
     from nxsat.sim import load_file
 
+    if args.output:
+        check_output(args.output, inputs=[args.model, args.inputs])
+    if args.trace:
+        check_output(args.trace, inputs=[args.model, args.inputs], outputs=[args.output])
     model = load_file(args.model, args.target, args.lnc, args.verify)
     arrays, source = input_arrays(args.inputs, args.seed, lambda seed: _random_inputs(model, seed))
     warnings = Warnings()
@@ -56,10 +60,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """``nxsat profile``: the timing report (text or JSON) and optionally the Perfetto trace."""
-    from nxsat.io import atomic_write
+    from nxsat.io import atomic_write, check_output
     from nxsat.sim import load_file
     from nxsat.sim.report import format_summary
 
+    if args.trace:
+        check_output(args.trace, inputs=[args.model])
     model = load_file(args.model, args.target, args.lnc, args.verify)
     summary, tl = model.profile()
     if args.trace:
@@ -75,9 +81,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_assemble(args: argparse.Namespace) -> int:
     """``nxsat assemble``: check a device program and write its NEFF."""
-    from nxsat.io import atomic_write, read_npz, read_text
+    from nxsat.io import atomic_write, check_output, read_npz, read_text
     from nxsat.sim import assemble
 
+    check_output(args.output, inputs=[args.program, args.constants])
     text = read_text(args.program)
     consts = read_npz(args.constants) if args.constants else None
     data = assemble(text, args.program, consts, args.target, args.lnc)
@@ -88,9 +95,13 @@ def cmd_assemble(args: argparse.Namespace) -> int:
 
 def cmd_disassemble(args: argparse.Namespace) -> int:
     """``nxsat disassemble``: the canonical program text (and constants) of a NEFF."""
-    from nxsat.io import atomic_write, write_npz
+    from nxsat.io import atomic_write, check_output, write_npz
     from nxsat.sim import load_file
 
+    if args.output:
+        check_output(args.output, inputs=[args.model])
+    if args.constants:
+        check_output(args.constants, inputs=[args.model], outputs=[args.output])
     model = load_file(args.model)
     if args.constants:
         write_npz(args.constants, model.consts)

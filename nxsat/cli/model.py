@@ -13,6 +13,7 @@ import numpy as np
 from nxsat.cli.common import array_summary, input_arrays, random_array
 from nxsat.diagnostics import error
 from nxsat.ir import Module, TensorType
+from nxsat.progress import Progress
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,25 +58,36 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 # --- interpret -------------------------------------------------------------------------------
 
-def random_inputs(module: Module, seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs for every parameter (see :func:`nxsat.cli.common.random_array`)."""
+def random_inputs(module: Module, seed: int, progress: Progress | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs for every parameter (see :func:`nxsat.cli.common.random_array`); a billion
+    weights take seconds, so ``progress`` counts the parameters."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for i, p in enumerate(module.entry.params):
+    params = module.entry.params
+    if progress is not None:
+        progress.stage("random inputs", total=len(params), unit="parameters")
+    for i, p in enumerate(params):
         if not isinstance(p.type, TensorType):
             raise error("NCC_EINP001", f"parameter {p.name} is a tuple; give its values with --inputs", p.loc)
         out[f"in{i}"] = random_array(rng, p.type.shape, p.type.dtype)
+        if progress is not None:
+            progress.update(i + 1)
     return out
 
 
 def cmd_interpret(args: argparse.Namespace) -> int:
     from nxsat.interpreter import run_module
-    from nxsat.io import match_inputs, outputs_dict, write_npz
+    from nxsat.io import check_output, match_inputs, outputs_dict, write_npz
 
-    module = load_model(args)
-    arrays, source = input_arrays(args.inputs, args.seed, lambda seed: random_inputs(module, seed))
-    inputs = match_inputs(module, arrays, source=source)
-    outputs = run_module(module, inputs)
+    if args.output:
+        check_output(args.output, inputs=[args.model, args.inputs, args.relay_constants])
+    with Progress() as progress:  # a large model loads for seconds and runs for minutes
+        progress.stage("load")
+        module = load_model(args)
+        progress.clear()  # input_arrays may say that the inputs are random
+        arrays, source = input_arrays(args.inputs, args.seed, lambda seed: random_inputs(module, seed, progress))
+        inputs = match_inputs(module, arrays, source=source)
+        outputs = run_module(module, inputs, progress=progress)
     print_warnings(module)
     if args.output:
         write_npz(args.output, outputs_dict(outputs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from typing import Any
 
 from nxsat.diagnostics import NxsatError, error
@@ -180,8 +181,10 @@ def cmd_equiv(args: argparse.Namespace) -> int:
         result = check_equivalence(a, b, model_type=args.model_type, level=args.O, trials=args.trials,
                                    seed=args.seed)
     except NxsatError as exc:
+        if exc.code.startswith("NCC_I"):
+            raise  # a bug in nxsat, not an unreadable graph: exit 70 as every command does
         if args.debug:
-            raise
+            traceback.print_exc()
         print(exc.format(), file=sys.stderr)
         return 3
     if args.json:
