@@ -26,12 +26,14 @@ from nxsat.sim.program import (
     ISA_VERSION,
     TENSOR_KINDS,
     Access,
+    AccessError,
     Idx,
     Instr,
     Program,
     Tensor,
     Wait,
     stream_kind,
+    view_shape,
 )
 
 MAX_LINE = 100_000
@@ -523,6 +525,8 @@ def _attr_value(ln: _Line, a: Attr, prog: Program) -> Any:
 
 
 def _access(ln: _Line, prog: Program) -> Access:
+    """``name[index].view(...)[index]...``: a tensor, optionally indexed, then views and further indexes,
+    each read against the shape of the view so far."""
     at = ln.i
     name = ln.name("a tensor")
     t = prog.tensors.get(name)
@@ -531,16 +535,22 @@ def _access(ln: _Line, prog: Program) -> Access:
                     "declare tensors before the instructions that use them")
     index: tuple[Idx, ...] = ()
     if ln.peek("["):
-        ln.next()
-        raw = [_raw_idx(ln)]
-        while ln.peek(","):
-            ln.next()
-            raw.append(_raw_idx(ln))
-        ln.expect("]")
-        index = _normalize(raw, t, ln)
-    views: list[tuple[str, tuple[int, ...]]] = []
+        index = _normalize(_raw_index(ln), t.shape, t.name, ln)
+    views: list[tuple[str, tuple]] = []
     rank = sum(1 for ix in index if not ix.single) if index else len(t.shape)
-    while ln.peek("."):
+    while ln.peek(".") or ln.peek("["):
+        if ln.peek("["):
+            idx_at = ln.i
+            raw = _raw_index(ln)
+            try:
+                shape = view_shape(t, Access(name, index, tuple(views)))
+            except AccessError as exc:
+                raise error("NCC_EASM004", str(exc), ln.loc(idx_at)) from None
+            idx = _normalize(raw, shape, t.name, ln)
+            if idx:  # a whole view indexed with ':' only is no index
+                views.append(("index", idx))
+                rank = sum(1 for ix in idx if not ix.single)
+            continue
         ln.next()
         v_at = ln.i
         v = ln.name("T, permute or reshape")
@@ -558,8 +568,18 @@ def _access(ln: _Line, prog: Program) -> Access:
                 rank = len(vals)
         else:
             raise error("NCC_EASM001", f"unknown view .{v}", ln.loc(v_at),
-                        "views: .T .permute(...) .reshape(...) .broadcast(dim, size)")
+                        "views: .T .permute(...) .reshape(...) .broadcast(dim, size), and [index]")
     return Access(name, index, tuple(views))
+
+
+def _raw_index(ln: _Line) -> list[_RawIdx]:
+    ln.expect("[")
+    raw = [_raw_idx(ln)]
+    while ln.peek(","):
+        ln.next()
+        raw.append(_raw_idx(ln))
+    ln.expect("]")
+    return raw
 
 
 def _raw_idx(ln: _Line) -> _RawIdx:
@@ -579,32 +599,32 @@ def _raw_idx(ln: _Line) -> _RawIdx:
     return _RawIdx(start, stop, step, False, col)
 
 
-def _normalize(raw: list[_RawIdx], t: Tensor, ln: _Line) -> tuple[Idx, ...]:
-    if len(raw) != len(t.shape):
-        raise error("NCC_EASM004", f"{t.name} has {len(t.shape)} dimension(s), the index has {len(raw)}",
+def _normalize(raw: list[_RawIdx], shape: tuple[int, ...], name: str, ln: _Line) -> tuple[Idx, ...]:
+    if len(raw) != len(shape):
+        raise error("NCC_EASM004", f"{name} has {len(shape)} dimension(s) here, the index has {len(raw)}",
                     Loc(ln.source, ln.line, raw[0].col))
     out: list[Idx] = []
-    for d, (r, n) in enumerate(zip(raw, t.shape)):
+    for d, (r, n) in enumerate(zip(raw, shape)):
         loc = Loc(ln.source, ln.line, r.col)
         if r.single:
             i = r.start + n if r.start is not None and r.start < 0 else r.start
             if i is None or not 0 <= i < n:
-                raise error("NCC_EASM004", f"index {r.start} out of range for dimension {d} of {t.name} "
+                raise error("NCC_EASM004", f"index {r.start} out of range for dimension {d} of {name} "
                             f"(size {n})", loc)
             out.append(Idx(i, i + 1, 1, True))
             continue
         step = 1 if r.step is None else r.step
         if step <= 0:
-            raise error("NCC_EASM004", f"slice step must be positive (dimension {d} of {t.name})", loc)
+            raise error("NCC_EASM004", f"slice step must be positive (dimension {d} of {name})", loc)
         start = 0 if r.start is None else (r.start + n if r.start < 0 else r.start)
         stop = n if r.stop is None else (r.stop + n if r.stop < 0 else r.stop)
         if not (0 <= start < stop <= n):
             raise error("NCC_EASM004", f"slice {r.start if r.start is not None else ''}:"
                         f"{r.stop if r.stop is not None else ''} is empty or out of range for dimension {d} "
-                        f"of {t.name} (size {n})", loc)
+                        f"of {name} (size {n})", loc)
         count = len(range(start, stop, step))
         out.append(Idx(start, start + (count - 1) * step + 1, step, False))
-    if all(not ix.single and ix.start == 0 and ix.stop == n and ix.step == 1 for ix, n in zip(out, t.shape)):
+    if all(not ix.single and ix.start == 0 and ix.stop == n and ix.step == 1 for ix, n in zip(out, shape)):
         return ()
     return tuple(out)
 
@@ -616,30 +636,38 @@ def fmt_float(v: float) -> str:
     return str(np.float32(v))
 
 
-def fmt_access(a: Access, shape: tuple[int, ...]) -> str:
-    """Canonical text of an access: whole tensors unindexed, slices in their shortest exact form."""
-    s = a.tensor
-    full = all(not ix.single and ix.start == 0 and ix.stop >= n and ix.step == 1 for ix, n in zip(a.index, shape))
-    if a.index and not full:
-        parts = []
-        for ix, n in zip(a.index, shape):
-            count = len(range(ix.start, ix.stop, ix.step))
-            stop = ix.start + (count - 1) * ix.step + 1
-            if ix.single:
-                parts.append(str(ix.start))
-            elif ix.start == 0 and stop == n and ix.step == 1:
-                parts.append(":")
-            elif ix.step == 1:
-                parts.append(f"{ix.start}:{stop}")
-            else:
-                parts.append(f"{ix.start}:{stop}:{ix.step}")
-        s += "[" + ", ".join(parts) + "]"
-    for op, arg in a.views:
-        if op == "permute" and len(arg) >= 2 and tuple(arg) == tuple(range(len(arg) - 1, -1, -1)):
+def fmt_access(a: Access, shape: tuple[int, ...], tensor: Tensor | None = None) -> str:
+    """Canonical text of an access: whole tensors unindexed, slices in their shortest exact form (a later
+    index is read against the view before it, which ``tensor`` gives)."""
+    s = a.tensor + _fmt_index(a.index, shape)
+    for k, (op, arg) in enumerate(a.views):
+        if op == "index":
+            assert tensor is not None, "a later index needs the tensor to print"
+            s += _fmt_index(arg, view_shape(tensor, Access(a.tensor, a.index, a.views[:k])))
+        elif op == "permute" and len(arg) >= 2 and tuple(arg) == tuple(range(len(arg) - 1, -1, -1)):
             s += ".T"
         else:
             s += f".{op}({', '.join(map(str, arg))})"
     return s
+
+
+def _fmt_index(index: tuple[Idx, ...], shape: tuple[int, ...]) -> str:
+    full = all(not ix.single and ix.start == 0 and ix.stop >= n and ix.step == 1 for ix, n in zip(index, shape))
+    if not index or full:
+        return ""
+    parts = []
+    for ix, n in zip(index, shape):
+        count = len(range(ix.start, ix.stop, ix.step))
+        stop = ix.start + (count - 1) * ix.step + 1
+        if ix.single:
+            parts.append(str(ix.start))
+        elif ix.start == 0 and stop == n and ix.step == 1:
+            parts.append(":")
+        elif ix.step == 1:
+            parts.append(f"{ix.start}:{stop}")
+        else:
+            parts.append(f"{ix.start}:{stop}:{ix.step}")
+    return "[" + ", ".join(parts) + "]"
 
 
 def _fmt_attr(a: Attr, v: Any, prog: Program) -> str:
@@ -650,7 +678,8 @@ def _fmt_attr(a: Attr, v: Any, prog: Program) -> str:
     if a.kind == "ints":
         return "(" + ", ".join(map(str, v)) + ")"
     if isinstance(v, Access):
-        return fmt_access(v, prog.tensors[v.tensor].shape)
+        t = prog.tensors[v.tensor]
+        return fmt_access(v, t.shape, t)
     if isinstance(v, float):
         return fmt_float(v)
     return str(v)
@@ -737,7 +766,7 @@ def _same_value(v: Any, default: Any) -> bool:
 def _instr_args(ins: Instr, prog: Program) -> str:
     """Operands and attributes of one instruction in canonical text."""
     op = OPS[ins.opcode]
-    args = [fmt_access(a, prog.tensors[a.tensor].shape) for a in ins.operands]
+    args = [fmt_access(a, prog.tensors[a.tensor].shape, prog.tensors[a.tensor]) for a in ins.operands]
     for a in op.attrs:
         v = ins.attrs.get(a.name, a.default)
         if isinstance(v, float) and a.kind in ("float", "scalar", "number") or a.kind == "float":

@@ -72,7 +72,9 @@ class _Ctx:
         if ra.npindex is not None:
             v = v[ra.npindex]
         for op, arg in ra.acc.views:
-            if op == "permute":
+            if op == "index":
+                v = v[tuple(ix.start if ix.single else slice(ix.start, ix.stop, ix.step) for ix in arg)]
+            elif op == "permute":
                 v = v.transpose(arg)
             elif op == "broadcast":
                 shape = list(v.shape)

@@ -17,7 +17,18 @@ import numpy as np
 from nxsat import dtypes as dt
 from nxsat.diagnostics import error
 from nxsat.sim import numerics as nm
-from nxsat.sim.program import AP, Access, Instr, Tensor, boxes_overlap, stream_kind
+from nxsat.sim.program import (
+    AP,
+    Access,
+    Instr,
+    Tensor,
+    ap_runs,
+    box_runs,
+    boxes_overlap,
+    runs_cover,
+    runs_overlap,
+    stream_kind,
+)
 
 # --- resolved instructions ---------------------------------------------------------------------
 
@@ -32,13 +43,14 @@ class RAccess:
     tensors that share memory."""
 
     __slots__ = ("acc", "tensor", "ap", "box", "name", "dtype", "memory", "onchip", "shape", "size", "nbytes",
-                 "partitions", "free", "p0", "p1", "lo", "hi", "dense", "npindex")
+                 "partitions", "free", "p0", "p1", "lo", "hi", "dense", "npindex", "_runs")
 
-    def __init__(self, acc: Access, tensor: Tensor, ap: AP, box: tuple[tuple[int, int, int], ...]) -> None:
+    def __init__(self, acc: Access, tensor: Tensor, ap: AP, box: tuple[tuple[int, int, int], ...] | None) -> None:
         self.acc = acc
         self.tensor = tensor
         self.ap = ap
-        self.box = box
+        self.box = box  # None: the element set is not one box of the declared dimensions (see ``runs``)
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None
         self.name = tensor.name
         # The numpy index of the access on its tensor's array (the executor's view).
         self.npindex = tuple(ix.start if ix.single else slice(ix.start, ix.stop, ix.step) for ix in acc.index) \
@@ -74,10 +86,30 @@ class RAccess:
         """(first, count) absolute partitions (on-chip only)."""
         return self.p0, self.p1 - self.p0
 
+    @property
+    def runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The exact element set as flat intervals (of a partition's row, on chip), made when needed."""
+        if self._runs is None:
+            self._runs = box_runs(self.box, self.tensor.shape, self.onchip) if self.box is not None \
+                else ap_runs(self.ap)
+        return self._runs
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the element set within its tensor (equal keys: the same elements)."""
+        if self.box is not None:
+            return self.box
+        s, e = self.runs
+        return (self.p0, self.p1, s.tobytes(), e.tobytes())
+
     def overlaps(self, o: RAccess) -> bool:
         """Do the two accesses share an element (a byte, between on-chip tensors sharing memory)?"""
         if self.name == o.name:
-            return boxes_overlap(self.box, o.box)
+            if self.box is not None and o.box is not None:
+                return boxes_overlap(self.box, o.box)
+            if self.onchip and not (self.p0 < o.p1 and o.p0 < self.p1):
+                return False
+            return runs_overlap(self.runs, o.runs)
         if not self.onchip or self.memory != o.memory:
             return False
         return self.p0 < o.p1 and o.p0 < self.p1 and self.lo < o.hi and o.lo < self.hi
@@ -85,7 +117,11 @@ class RAccess:
     def covers(self, o: RAccess) -> bool:
         """Does this access touch every element (byte) that ``o`` touches?"""
         if self.name == o.name:
-            return all(k == 1 and s <= s2 and e2 <= e for (s, e, k), (s2, e2, _) in zip(self.box, o.box))
+            if self.box is not None and o.box is not None:
+                return all(k == 1 and s <= s2 and e2 <= e for (s, e, k), (s2, e2, _) in zip(self.box, o.box))
+            if self.onchip and not (self.p0 <= o.p0 and o.p1 <= self.p1):
+                return False
+            return runs_cover(self.runs, o.runs)
         if not self.onchip or not self.dense or self.memory != o.memory:
             return False
         return self.p0 <= o.p0 and o.p1 <= self.p1 and self.lo <= o.lo and o.hi <= self.hi

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from nxsat.dtypes import DType
 
 ISA_VERSION = (1, 1)
@@ -232,48 +234,71 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def resolve(acc: Access, t: Tensor) -> AP:
-    """The access pattern of ``acc`` on tensor ``t``; :class:`AccessError` when it does not fit."""
-    rank = len(t.shape)
-    if acc.index and len(acc.index) != rank:
-        raise AccessError(f"{t.name} has {rank} dimension(s), the index has {len(acc.index)}")
+    """The access pattern of ``acc`` on tensor ``t``; :class:`AccessError` when it does not fit.
+
+    An access is the tensor, optionally indexed, then a chain of views and further indexes
+    (``x[0].reshape(8, 16)[0:4, :].T``): each step is applied to the access pattern so far."""
     strides = contiguous_strides(t.shape)
+    if t.onchip:
+        dims = [(n, st) for n, st in zip(t.shape[1:], strides[1:])]  # within a partition's row
+        part: tuple[int, int] | None = (0, t.shape[0])
+    else:
+        dims = list(zip(t.shape, strides))
+        part = None
     offset = 0
-    part: tuple[int, int] | None = None
-    dims: list[tuple[int, int]] = []
-    index = acc.index or tuple(Idx(0, n) for n in t.shape)
-    for d, (ix, n, st) in enumerate(zip(index, t.shape, strides)):
-        if ix.single:
-            if not 0 <= ix.start < n:
-                raise AccessError(f"index {ix.start} is out of range for dimension {d} of {t.name} (size {n})")
-        elif ix.step <= 0:
-            raise AccessError(f"slice step must be positive (dimension {d} of {t.name})")
-        elif not (0 <= ix.start < n and ix.stop <= n and ix.size > 0):
-            raise AccessError(f"slice {ix.start}:{ix.stop} is out of range or empty for dimension {d} "
-                              f"of {t.name} (size {n})")
-        if t.onchip and d == 0:
-            if ix.single:
-                raise AccessError(f"the partition dimension of {t.name} can be sliced, not indexed")
-            if ix.step != 1:
-                raise AccessError(f"the partition dimension of {t.name} cannot be strided")
-            part = (ix.start, ix.size)
-            continue
-        if t.onchip:
-            st = strides[d]  # within a row: the partition dim's stride is not an element stride
-        offset += ix.start * st
-        if not ix.single:
-            dims.append((ix.size, st * ix.step))
-    if t.onchip and part is None:
-        part = (0, t.shape[0])
-    for op, arg in acc.views:
-        if op == "permute":
-            dims, part = _permute(dims, part, arg, t.name)
+    ops: tuple[tuple[str, object], ...] = ((("index", acc.index),) if acc.index else ()) + acc.views
+    for op, arg in ops:
+        if op == "index":
+            offset, dims, part = _index(offset, dims, part, arg, t.name)  # type: ignore[arg-type]
+        elif op == "permute":
+            dims, part = _permute(dims, part, arg, t.name)  # type: ignore[arg-type]
         elif op == "reshape":
-            dims = _reshape(dims, part, arg, t.name)
+            dims = _reshape(dims, part, arg, t.name)  # type: ignore[arg-type]
         elif op == "broadcast":
-            dims = _broadcast(dims, part, arg, t.name)
+            dims = _broadcast(dims, part, arg, t.name)  # type: ignore[arg-type]
         else:
             raise AccessError(f"unknown view operation {op}")
     return AP(offset, tuple(dims), part)
+
+
+def _index(offset: int, dims: list[tuple[int, int]], part: tuple[int, int] | None, index: tuple[Idx, ...],
+           name: str) -> tuple[int, list[tuple[int, int]], tuple[int, int] | None]:
+    """Index the view so far: one entry per dimension (the partition dimension first, on chip)."""
+    shape = ([part[1]] if part is not None else []) + [n for n, _ in dims]
+    if len(index) != len(shape):
+        raise AccessError(f"{name} has {len(shape)} dimension(s) here, the index has {len(index)}")
+    out: list[tuple[int, int]] = []
+    d0 = 0
+    if part is not None:
+        ix = index[0]
+        n = part[1]
+        if ix.single:
+            raise AccessError(f"the partition dimension of {name} can be sliced, not indexed")
+        if ix.step != 1:
+            raise AccessError(f"the partition dimension of {name} cannot be strided")
+        if not (0 <= ix.start < n and ix.stop <= n and ix.size > 0):
+            raise AccessError(f"slice {ix.start}:{ix.stop} is out of range or empty for the partitions of {name} "
+                              f"({n})")
+        part = (part[0] + ix.start, ix.size)
+        d0 = 1
+    for d, (ix, (n, st)) in enumerate(zip(index[d0:], dims), d0):
+        if ix.single:
+            if not 0 <= ix.start < n:
+                raise AccessError(f"index {ix.start} is out of range for dimension {d} of {name} (size {n})")
+        elif ix.step <= 0:
+            raise AccessError(f"slice step must be positive (dimension {d} of {name})")
+        elif not (0 <= ix.start < n and ix.stop <= n and ix.size > 0):
+            raise AccessError(f"slice {ix.start}:{ix.stop} is out of range or empty for dimension {d} "
+                              f"of {name} (size {n})")
+        offset += ix.start * st
+        if not ix.single:
+            out.append((ix.size, st * ix.step))
+    return offset, out, part
+
+
+def view_shape(t: Tensor, acc: Access) -> tuple[int, ...]:
+    """The shape of an access (the text form needs it to read a later index's ``:`` and negatives)."""
+    return resolve(acc, t).shape
 
 
 def _permute(dims: list[tuple[int, int]], part: tuple[int, int] | None, perm: tuple[int, ...],
@@ -356,11 +381,106 @@ def is_broadcast(acc: Access) -> bool:
     return any(op == "broadcast" for op, _ in acc.views)
 
 
-def index_box(acc: Access, t: Tensor) -> tuple[tuple[int, int, int], ...]:
-    """The element set of an access as one arithmetic progression per declared dimension."""
-    if not acc.index:
-        return tuple((0, n, 1) for n in t.shape)
-    return tuple((ix.start, ix.start + 1, 1) if ix.single else (ix.start, ix.stop, ix.step) for ix in acc.index)
+def index_box(acc: Access, t: Tensor, ap: AP | None = None) -> tuple[tuple[int, int, int], ...] | None:
+    """The element set of an access as one arithmetic progression per declared dimension, or None when
+    it is not one (a later index of a reshaped view can take a row range that spans rows)."""
+    if not any(op == "index" for op, _ in acc.views):
+        if not acc.index:
+            return tuple((0, n, 1) for n in t.shape)
+        return tuple((ix.start, ix.start + 1, 1) if ix.single else (ix.start, ix.stop, ix.step) for ix in acc.index)
+    ap = ap if ap is not None else resolve(acc, t)
+    return _ap_box(ap, t)
+
+
+def _ap_box(ap: AP, t: Tensor) -> tuple[tuple[int, int, int], ...] | None:
+    """A declared-dimension box with exactly the elements of ``ap``, if there is one."""
+    shape = t.shape[1:] if t.onchip else t.shape
+    strides = contiguous_strides(shape)
+    coord = [(ap.offset // st) % n if n else 0 for n, st in zip(shape, strides)]
+    if sum(c * st for c, st in zip(coord, strides)) != ap.offset:
+        return None
+    box = [(c, c + 1, 1) for c in coord]
+    used: set[int] = set()
+    for size, stride in ap.dims:
+        if size == 1 or stride == 0:
+            continue  # a broadcast repeats elements: the set is the same
+        d = next((d for d, st in enumerate(strides) if st <= stride and stride % st == 0 and d not in used), None)
+        if d is None:
+            return None
+        step = stride // strides[d]
+        if coord[d] + (size - 1) * step >= shape[d]:
+            return None
+        used.add(d)
+        box[d] = (coord[d], coord[d] + (size - 1) * step + 1, step)
+    if t.onchip:
+        assert ap.part is not None
+        box.insert(0, (ap.part[0], ap.part[0] + ap.part[1], 1))
+    count = math.prod(len(range(*b)) for b in box) // (ap.part[1] if t.onchip and ap.part else 1)
+    distinct = math.prod(s for s, st in ap.dims if st != 0)
+    return tuple(box) if count == distinct else None
+
+
+MAX_RUNS = 1 << 22
+
+
+def ap_runs(ap: AP) -> tuple[np.ndarray, np.ndarray]:
+    """The elements of an access pattern (of a partition's row, on chip) as sorted, merged flat
+    intervals ``[starts[i], ends[i])``: the exact footprint of an access that is not a box."""
+    dims = sorted(((s, st) for s, st in ap.dims if s > 1 and st != 0), key=lambda d: -d[1])
+    run = 1
+    while dims and dims[-1][1] == run:
+        run *= dims.pop()[0]
+    count = math.prod(s for s, _ in dims)
+    if count > MAX_RUNS:  # too fragmented to enumerate: its whole span (may report a race that is not one)
+        lo, hi = ap.span()
+        return np.array([lo], np.int64), np.array([hi], np.int64)
+    starts = np.array([ap.offset], dtype=np.int64)
+    for s, st in dims:
+        starts = (starts[:, None] + np.arange(s, dtype=np.int64) * st).ravel()
+    starts.sort()
+    ends = starts + run
+    if len(starts) > 1:  # merge touching or overlapping intervals
+        reach = np.maximum.accumulate(ends)
+        keep = np.empty(len(starts), dtype=bool)
+        keep[0] = True
+        keep[1:] = starts[1:] > reach[:-1]
+        first = np.flatnonzero(keep)
+        starts, ends = starts[first], np.maximum.reduceat(ends, first)
+    return starts, ends
+
+
+def box_runs(box: tuple[tuple[int, int, int], ...], shape: tuple[int, ...], onchip: bool) -> tuple[np.ndarray,
+                                                                                                     np.ndarray]:
+    """The flat intervals of a declared-dimension box (a partition's row on chip)."""
+    if onchip:
+        box, shape = box[1:], shape[1:]
+    strides = contiguous_strides(shape)
+    offset = sum(s * st for (s, _, _), st in zip(box, strides))
+    dims = tuple((len(range(s, e, k)), st * k) for (s, e, k), st in zip(box, strides))
+    return ap_runs(AP(offset, dims))
+
+
+def runs_overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Do two sorted, merged interval lists share a point?"""
+    a_s, a_e = a
+    b_s, b_e = b
+    if not len(a_s) or not len(b_s) or a_e[-1] <= b_s[0] or b_e[-1] <= a_s[0]:
+        return False
+    i = np.searchsorted(a_e, b_s, side="right")  # the first interval of a ending after each start of b
+    ok = i < len(a_s)
+    return bool(np.any(a_s[i[ok]] < b_e[ok]))
+
+
+def runs_cover(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Does the interval list ``a`` contain every interval of ``b``?"""
+    a_s, a_e = a
+    b_s, b_e = b
+    if not len(b_s):
+        return True
+    i = np.searchsorted(a_e, b_s, side="right")
+    if np.any(i >= len(a_s)):
+        return False
+    return bool(np.all((a_s[i] <= b_s) & (b_e <= a_e[i])))
 
 
 def boxes_overlap(a: tuple[tuple[int, int, int], ...], b: tuple[tuple[int, int, int], ...]) -> bool:

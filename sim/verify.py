@@ -303,7 +303,7 @@ class _Linker:
                     ap = resolve(acc, t)
                 except AccessError as exc:
                     raise error("NCC_EASM004", f"{ins.opcode} {what}: {exc}", loc) from None
-                ra = RAccess(acc, t, ap, index_box(acc, t))
+                ra = RAccess(acc, t, ap, index_box(acc, t, ap))
                 self.access[acc] = ra
             if kind == "pool" and ra.memory == "psum":
                 raise error("NCC_EASM004", f"{ins.opcode} {what}: GpSimd cannot access PSUM ({ra.name})", loc)
@@ -620,7 +620,7 @@ class _Footprints:
         self.index[key] = (max(0, max(1, typical).bit_length() - 2), {}, [])
 
     def id(self, ra: RAccess, storage: str) -> int:
-        key = (ra.name, ra.box)
+        key = (ra.name, ra.key)
         fid = self.by_key.get(key)
         if fid is not None:
             return fid
@@ -794,16 +794,21 @@ def _coverage(lk: Linked) -> None:
     outputs = {t.name: t for t in prog.outputs() if t.size <= MAX_COVERAGE_ELEMS}
     if not outputs:
         return
-    boxes: dict[str, set[tuple]] = {name: set() for name in outputs}
+    writes: dict[str, dict[tuple, RAccess]] = {name: {} for name in outputs}
     for c in lk.instrs:
         for ra in c.writes:
-            b = boxes.get(ra.name)
-            if b is not None:
-                b.add(ra.box)
+            w = writes.get(ra.name)
+            if w is not None:
+                w.setdefault(ra.key, ra)
     for name, t in outputs.items():
         mask = np.zeros(t.shape, dtype=bool)
-        for box in boxes[name]:
-            mask[tuple(slice(s, e, k) for s, e, k in box)] = True
+        flat = mask.reshape(-1)
+        for ra in writes[name].values():
+            if ra.box is not None:
+                mask[tuple(slice(s, e, k) for s, e, k in ra.box)] = True
+            else:
+                for a, b in zip(*ra.runs):
+                    flat[a:b] = True
         if not mask.all():
             missing = np.argwhere(~mask)
             raise error("NCC_EASM007", f"output {t.name}: {len(missing)} of {t.size} element(s) are never written "
