@@ -1,0 +1,279 @@
+"""Elementwise operators, fused: a cluster of elementwise operators of one shape is one pass over SBUF
+tiles (each input loaded once per tile, each result the model needs stored once), whatever
+arithmetic, comparison, selection or conversion it chains.
+
+Clusters are made before lowering (:func:`clusters`): an elementwise node joins the cluster of an
+elementwise operand of the same shape when every operand it takes from outside that cluster is
+computed before the cluster starts, so the cluster can run as soon as it starts. The values a
+cluster computes are stored only where something outside it (or the model's output) reads them.
+
+A cluster's shape is tiled as ``[rows, cols]``: ``cols`` the product of the trailing dimensions
+(up to :data:`MAX_COLS` elements per partition, further split in column chunks), ``rows`` the rest,
+128 at a time. Each operator becomes one or a few instructions on those tiles (the table below):
+activation functions on ScalarE, float arithmetic on VectorE, 32-bit integer arithmetic on GpSimd.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nxsat import dtypes as dt
+from nxsat.backend.graph import Ref
+from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.backend.tiles import Operand, Tiles, is_num
+from nxsat.diagnostics import error
+from nxsat.ir import Node, TensorType
+
+MAX_COLS = 1024  # elements per partition of one tile
+MAX_CLUSTER = 48  # operators in one fused pass (each live result holds a tile)
+
+# XLA opcode -> ScalarE activation function
+ACTIVATION = {"exponential": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid", "sqrt": "sqrt",
+              "rsqrt": "rsqrt", "sine": "sin", "cosine": "cos", "erf": "erf"}
+# XLA opcode -> ALU operation
+ALU = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "maximum": "max", "minimum": "min",
+       "power": "pow", "and": "and", "or": "or", "xor": "xor", "shift-left": "shl"}
+COMPARE = {"EQ": "eq", "NE": "ne", "LT": "lt", "LE": "le", "GT": "gt", "GE": "ge"}
+
+Emit = Callable[["Kernel", Node, list[Operand]], Ref]
+EMITTERS: dict[str, Emit] = {}
+
+
+def emits(*ops: str) -> Callable[[Emit], Emit]:
+    """Register how an elementwise operator becomes instructions on tiles."""
+
+    def wrap(fn: Emit) -> Emit:
+        for op in ops:
+            EMITTERS[op] = fn
+        return fn
+
+    return wrap
+
+
+# --- clusters ------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Cluster:
+    shape: tuple[int, ...]
+    members: list[Node] = field(default_factory=list)
+    first: int = 0  # post-order position of the first member
+
+
+def is_elementwise(node: Node) -> bool:
+    return node.op in EMITTERS and isinstance(node.type, TensorType)
+
+
+def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
+    """Each elementwise node's cluster (see the module's docstring)."""
+    position = {n.id: k for k, n in enumerate(order)}
+    of: dict[int, Cluster] = {}
+    for k, n in enumerate(order):
+        if not is_elementwise(n):
+            continue
+        joined = None
+        for o in n.operands:
+            c = of.get(o.id)
+            if c is None or c.shape != n.shape or len(c.members) >= MAX_CLUSTER:
+                continue
+            if all(of.get(x.id) is c or position[x.id] < c.first for x in n.operands):
+                joined = c
+                break
+        if joined is None:
+            joined = Cluster(n.shape, [], k)
+        joined.members.append(n)
+        of[n.id] = joined
+    return of
+
+
+# --- the kernel ------------------------------------------------------------------------------------
+
+class Kernel:
+    """One tile of one cluster: its inputs loaded, its members computed in order."""
+
+    def __init__(self, lw: Lowering, tiles: Tiles) -> None:
+        self.lw = lw
+        self.t = tiles
+        self.g = lw.graph
+
+
+def _split(shape: tuple[int, ...]) -> tuple[int, int]:
+    """``[rows, cols]``: cols the trailing dimensions while they fit a tile (the last one at least)."""
+    if not shape:
+        return 1, 1
+    cols = shape[-1]
+    k = len(shape) - 1
+    while k > 0 and cols * shape[k - 1] <= MAX_COLS:
+        cols *= shape[k - 1]
+        k -= 1
+    return math.prod(shape[:k]), cols
+
+
+def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> None:
+    members = cl.members
+    ids = {m.id for m in members}
+    outputs = [m for m in members if m.id in lw.output_of or consumers.get(m.id, set()) - ids]
+    rows, cols = _split(cl.shape)
+    part = lw.target.partitions
+    # Every input (an operand from outside the cluster) as a [rows, cols] access, or an immediate.
+    inputs: dict[int, Operand] = {}
+    for m in members:
+        for o in m.operands:
+            if o.id in ids or o.id in inputs:
+                continue
+            s = lw.scalar(o)
+            if s is not None:
+                inputs[o.id] = s
+            else:
+                inputs[o.id] = lw.view(lw.ref(o), lambda r: r.reshape(rows, cols), m)
+    stores = {m.id: lw.view(lw.result(m), lambda r: r.reshape(rows, cols), m) for m in outputs}
+    for r0 in range(0, rows, part):
+        rn = min(part, rows - r0)
+        for c0 in range(0, cols, MAX_COLS):
+            cn = min(MAX_COLS, cols - c0)
+            k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"))
+            val: dict[int, Operand] = {}
+            for oid, src in inputs.items():
+                if is_num(src):
+                    val[oid] = src
+                    continue
+                assert isinstance(src, Ref)
+                tile = k.t.tile(onchip_dtype(src.dtype))
+                lw.graph.add("dma", "dma", tile, src[r0:r0 + rn, c0:c0 + cn])
+                val[oid] = tile
+            for m in members:
+                lw.graph.origin = _origin(m)
+                val[m.id] = _emit(k, m, [val[o.id] for o in m.operands])
+            for m in outputs:
+                lw.graph.origin = _origin(m)
+                v = val[m.id]
+                if is_num(v):
+                    v = k.t.memset(v, onchip_dtype(device_dtype(m.dtype)))
+                assert isinstance(v, Ref)
+                lw.graph.add("dma", "dma", stores[m.id][r0:r0 + rn, c0:c0 + cn], v)
+
+
+def _origin(node: Node) -> str:
+    from nxsat.backend.lower import _origin as origin
+
+    return origin(node)
+
+
+def _emit(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    fn = EMITTERS.get(node.op)
+    if fn is None:
+        raise error("NCC_EUOC002", f"operator {node.op} ({node.name}) cannot run on the NeuronCore yet", node.loc)
+    out = fn(k, node, ops)
+    want = onchip_dtype(device_dtype(node.dtype))
+    if isinstance(out, Ref) and out.dtype is not want:
+        out = k.t.copy(out, want)
+    return out
+
+
+@lowers(*ACTIVATION, *ALU, "compare", "select", "clamp", "negate", "abs", "convert", "sign", "not")
+def elementwise(lw: Lowering, node: Node) -> None:
+    """Lower the cluster ``node`` starts (its other members are lowered with it)."""
+    cl = lw.cluster_of[node.id]
+    if node is not cl.members[0]:
+        return
+    lower_cluster(lw, cl, lw.consumers)
+
+
+# --- operators -----------------------------------------------------------------------------------
+
+def _dtype(node: Node) -> dt.DType:
+    return onchip_dtype(device_dtype(node.dtype))
+
+
+@emits(*ACTIVATION)
+def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    x = ops[0]
+    if is_num(x):
+        x = k.t.memset(x, dt.F32)
+    return k.t.act(ACTIVATION[node.op], x, _dtype(node))
+
+
+@emits(*ALU)
+def _alu(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    a, b = ops
+    op = ALU[node.op]
+    d = _dtype(node)
+    if node.dtype.is_int and op == "div":
+        # XLA: x / 0 = -1 (all ones); the ALU divides by one instead
+        q = k.t.binary("div", a, b, d)
+        zero = k.t.binary("eq", b, 0, dt.U8) if not is_num(b) else None
+        return q if zero is None else k.t.select(zero, -1 if node.dtype.is_signed else 2 ** (8 * d.itemsize) - 1, q, d)
+    return k.t.binary(op, a, b, d)
+
+
+@emits("compare")
+def _compare(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    a, b = ops
+    return k.t.binary(COMPARE[node.attrs["direction"]], a, b, dt.U8)
+
+
+@emits("select")
+def _select(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    p, a, b = ops
+    if is_num(p):
+        return a if p else b  # type: ignore[return-value]
+    return k.t.select(p, a, b, _dtype(node))
+
+
+@emits("clamp")
+def _clamp(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    lo, x, hi = ops
+    d = _dtype(node)
+    return k.t.binary("min", k.t.binary("max", x, lo, d), hi, d)
+
+
+@emits("negate")
+def _negate(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    d = _dtype(node)
+    if node.dtype.is_int:
+        return k.t.binary("rsub", ops[0], 0, d) if not is_num(ops[0]) else k.t.memset(-ops[0], d)
+    return k.t.binary("mul", ops[0], -1.0, d)
+
+
+@emits("abs")
+def _abs(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    d = _dtype(node)
+    if node.dtype.is_int:
+        return k.t.binary("abs_max", ops[0], 0, d)
+    x = ops[0] if not is_num(ops[0]) else k.t.memset(ops[0], d)
+    return k.t.act("abs", x, d)
+
+
+@emits("sign")
+def _sign(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    d = _dtype(node)
+    x = ops[0] if not is_num(ops[0]) else k.t.memset(ops[0], d)
+    if node.dtype.is_int:
+        pos = k.t.binary("gt", x, 0, d)
+        neg = k.t.binary("lt", x, 0, d)
+        return k.t.binary("sub", pos, neg, d)
+    return k.t.act("sign", x, d)
+
+
+@emits("not")
+def _not(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    d = _dtype(node)
+    x = ops[0] if not is_num(ops[0]) else k.t.memset(ops[0], d)
+    if node.dtype.is_pred:
+        return k.t.binary("eq", x, 0, d)
+    return k.t.binary("xor", x, -1 if node.dtype.is_signed else 2 ** (8 * d.itemsize) - 1, d)
+
+
+@emits("convert")
+def _convert(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    d = _dtype(node)
+    x = ops[0]
+    src = node.operands[0].dtype
+    if is_num(x):
+        return k.t.memset(x, onchip_dtype(device_dtype(src)))
+    if node.dtype.is_pred:
+        return k.t.binary("ne", x, 0, d)
+    if src.is_pred:
+        return k.t.copy(x, d)
+    return k.t.copy(x, d)

@@ -1,0 +1,257 @@
+"""The instruction graph: what lowering builds and scheduling orders.
+
+Lowering turns operators into device instructions on *buffers*: HBM tensors (inputs, outputs,
+constants, scratch) and on-chip tiles whose place in SBUF or PSUM is not chosen yet. Each
+instruction records the accesses it makes (:class:`Ref`: a buffer and an access chain, the same
+chains the device program uses), and the graph derives its data dependences as it is built
+(read after write, write after read, write after write, exactly per footprint). Scheduling then
+orders the graph onto engine streams and DMA queues, places the tiles by liveness and turns the
+dependences into semaphores (backend/schedule.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxsat import dtypes as dt
+from nxsat.sim.isa import OPS, RAccess
+from nxsat.sim.program import Access, Idx, Tensor, index_box, resolve
+
+ONCHIP = ("sbuf", "psum")
+
+
+@dataclass(eq=False)
+class Buf:
+    """A buffer: an HBM tensor (``input output const scratch``) or an on-chip tile (``sbuf psum``).
+
+    On-chip tiles are placed by the scheduler (``partition``/``offset``); an HBM constant carries its
+    value."""
+
+    name: str
+    kind: str
+    dtype: dt.DType
+    shape: tuple[int, ...]
+    value: Any = None  # const: the numpy array
+    partition: int = 0
+    offset: int | None = None
+    users: list[Inst] = field(default_factory=list, repr=False)
+
+    @property
+    def onchip(self) -> bool:
+        return self.kind in ONCHIP
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per partition of an on-chip tile."""
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def tensor(self) -> Tensor:
+        """The device-program declaration (on-chip tiles at a placeholder place until allocated)."""
+        return Tensor(self.name, self.kind, self.dtype, self.shape, partition=self.partition,
+                      offset=self.offset if self.offset is not None else (0 if self.onchip else None))
+
+    def ref(self) -> Ref:
+        return Ref(self, ())
+
+    # Numpy-like construction of accesses on the whole buffer.
+    def __getitem__(self, key: Any) -> Ref:
+        return self.ref()[key]
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.name}: {self.dtype.name}{list(self.shape)}>"
+
+
+@dataclass(frozen=True, eq=False)
+class Ref:
+    """An access to a buffer: a chain of ``index``, ``permute``, ``reshape`` and ``broadcast`` steps,
+    built numpy-style (``buf[0:128, 3].reshape(128, 4, 2).T``)."""
+
+    buf: Buf
+    ops: tuple[tuple[str, Any], ...]
+
+    def _then(self, op: str, arg: Any) -> Ref:
+        return Ref(self.buf, self.ops + ((op, arg),))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return resolve(self.access(), self.buf.tensor()).shape
+
+    @property
+    def dtype(self) -> dt.DType:
+        return self.buf.dtype
+
+    def __getitem__(self, key: Any) -> Ref:
+        shape = self.shape
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is Ellipsis for k in key):
+            i = key.index(Ellipsis)
+            key = key[:i] + (slice(None),) * (len(shape) - len(key) + 1) + key[i + 1:]
+        key = key + (slice(None),) * (len(shape) - len(key))
+        if len(key) != len(shape):
+            raise IndexError(f"{len(key)} indices for a view of rank {len(shape)}")
+        idx = []
+        for k, n in zip(key, shape):
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                count = len(range(start, stop, step))
+                if count <= 0:
+                    raise IndexError(f"empty slice {k} of a dimension of {n}")
+                idx.append(Idx(start, start + (count - 1) * step + 1, step, False))
+            else:
+                i = int(k) + (n if int(k) < 0 else 0)
+                if not 0 <= i < n:
+                    raise IndexError(f"index {k} out of range for a dimension of {n}")
+                idx.append(Idx(i, i + 1, 1, True))
+        if all(not ix.single and ix.start == 0 and ix.stop == n and ix.step == 1 for ix, n in zip(idx, shape)):
+            return self
+        return self._then("index", tuple(idx))
+
+    def permute(self, *perm: int) -> Ref:
+        if tuple(perm) == tuple(range(len(perm))):
+            return self
+        return self._then("permute", tuple(perm))
+
+    @property
+    def T(self) -> Ref:  # noqa: N802 - numpy's spelling
+        return self.permute(*range(len(self.shape) - 1, -1, -1))
+
+    def reshape(self, *shape: int) -> Ref:
+        if tuple(shape) == self.shape:
+            return self
+        return self._then("reshape", tuple(int(s) for s in shape))
+
+    def broadcast(self, dim: int, size: int) -> Ref:
+        return self._then("broadcast", (dim, size))
+
+    def access(self) -> Access:
+        """The device program's form: a leading index, then the rest of the chain."""
+        if self.ops and self.ops[0][0] == "index":
+            return Access(self.buf.name, self.ops[0][1], self.ops[1:])
+        return Access(self.buf.name, (), self.ops)
+
+    def resolved(self) -> RAccess:
+        t = self.buf.tensor()
+        acc = self.access()
+        ap = resolve(acc, t)
+        return RAccess(acc, t, ap, index_box(acc, t, ap))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.buf.name}, {self.ops})"
+
+
+@dataclass(eq=False)
+class Inst:
+    """One device instruction: engine (``pe act dve pool cc`` or ``dma``), opcode, operands and
+    attributes (an attribute may be a :class:`Ref`), what produced it, and what it must wait for."""
+
+    engine: str
+    opcode: str
+    operands: tuple[Ref, ...]
+    attrs: dict[str, Any]
+    origin: str | None
+    index: int
+    deps: set[Inst] = field(default_factory=set, repr=False)
+    reads: list[Ref] = field(default_factory=list, repr=False)
+    writes: list[Ref] = field(default_factory=list, repr=False)
+
+    def __hash__(self) -> int:
+        return self.index
+
+    def __repr__(self) -> str:
+        return f"<{self.index} {self.engine} {self.opcode} {[r.buf.name for r in self.operands]}>"
+
+
+class _Track:
+    """The accesses of one buffer a later access may still depend on (latest per footprint; an access
+    that covers older ones replaces them)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[RAccess, Inst, bool]] = []
+
+
+class Graph:
+    """The instruction graph of one program, with the dependences derived as instructions are added."""
+
+    def __init__(self) -> None:
+        self.insts: list[Inst] = []
+        self.bufs: list[Buf] = []
+        self._names: set[str] = set()
+        self._track: dict[int, _Track] = {}
+        self._resolved: dict[tuple[int, tuple], RAccess] = {}
+        self.origin: str | None = None
+
+    def buf(self, name: str, kind: str, dtype: dt.DType, shape: Iterable[int], value: Any = None) -> Buf:
+        """A new buffer; its name is made unique."""
+        base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name) or "t"
+        if not (base[0].isalpha() or base[0] == "_"):
+            base = "t_" + base
+        base = base[:60]
+        n = base
+        k = 1
+        while n in self._names or n in ("true", "false", "none", "inf", "nan", "sem", "T", "sbuf", "psum", "input",
+                                        "output", "const", "scratch"):
+            n = f"{base}_{k}"
+            k += 1
+        self._names.add(n)
+        b = Buf(n, kind, dtype, tuple(int(s) for s in shape), value)
+        self.bufs.append(b)
+        return b
+
+    def tile(self, shape: Iterable[int], dtype: dt.DType, mem: str = "sbuf", name: str = "t") -> Buf:
+        return self.buf(name, mem, dtype, shape)
+
+    def add(self, engine: str, opcode: str, *operands: Ref, **attrs: Any) -> Inst:
+        """Append an instruction; its reads and writes come from the opcode's operand schema."""
+        op = OPS[opcode]
+        inst = Inst(engine, opcode, tuple(operands), dict(attrs), self.origin, len(self.insts))
+        for spec, r in zip(op.operands, operands):
+            (inst.writes if spec.write else inst.reads).append(r)
+        for a in op.attrs:
+            v = attrs.get(a.name)
+            if isinstance(v, Ref):
+                (inst.writes if a.kind == "out" else inst.reads).append(v)
+        if opcode == "matmul" and not attrs.get("start", False):
+            inst.reads.append(operands[0])  # accumulates into the partial sum
+        if opcode == "scatter" and attrs.get("mode") == "add":
+            inst.reads.append(operands[0])
+        self._depend(inst)
+        self.insts.append(inst)
+        for r in {id(r.buf): r for r in (*inst.reads, *inst.writes)}.values():
+            r.buf.users.append(inst)
+        return inst
+
+    def resolved(self, r: Ref) -> RAccess:
+        key = (id(r.buf), r.ops)
+        ra = self._resolved.get(key)
+        if ra is None:
+            ra = self._resolved[key] = r.resolved()
+        return ra
+
+    def _depend(self, inst: Inst) -> None:
+        for is_write, refs in ((False, inst.reads), (True, inst.writes)):
+            for r in refs:
+                if r.buf.kind in ("input", "const") and not is_write:
+                    continue
+                tr = self._track.setdefault(id(r.buf), _Track())
+                ra = self.resolved(r)
+                keep = []
+                for e_ra, e_inst, e_write in tr.entries:
+                    if e_inst is not inst and (is_write or e_write) and e_ra.overlaps(ra):
+                        inst.deps.add(e_inst)
+                    # An access that covers an older one and is ordered after it replaces it: a write
+                    # (it depends on every access it overlaps), or a read after that read's own write.
+                    ordered = is_write or (not e_write and e_inst in inst.deps)
+                    if not (ordered and e_inst is not inst and ra.covers(e_ra)):
+                        keep.append((e_ra, e_inst, e_write))
+                keep.append((ra, inst, is_write))
+                tr.entries = keep

@@ -1,0 +1,102 @@
+"""Matrix products on TensorE: ``dot`` with any dimension numbers.
+
+The operands are viewed as ``L[B, M, K]`` and ``R[B, K, N]`` (batch, free and contracting dimensions
+each merged; a view the access patterns cannot express is copied first) and the result is
+``[B, M, N]``, XLA's order. For every batch, the plan (:func:`nxsat.extract.plan.matmul_plan`) tiles M
+by the array's columns, N by one PSUM bank and K by its rows: each K tile of L is loaded transposed
+(K on partitions) as the stationary operand, each K tile of R as the moving one, and the K tiles
+accumulate in one PSUM bank (``start``/``stop``). ScalarE or VectorE (in turn) evacuates the bank,
+converting to the result type, and one DMA stores the tile. Integer operands are multiplied as fp32
+(exact below 2^24, as the device computes dots).
+"""
+
+from __future__ import annotations
+
+import math
+
+from nxsat import dtypes as dt
+from nxsat.backend.graph import Ref
+from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.extract.plan import matmul_plan
+from nxsat.ir import Node
+
+TENSOR_TYPES = ("bf16", "f16", "f8e4m3fn", "f8e5m2", "f32")
+
+
+def operand_type(a: dt.DType, b: dt.DType, lw: Lowering) -> dt.DType:
+    """The type TensorE multiplies two operand types in: their common type if it has one, else fp32."""
+    if a is b and a.name in TENSOR_TYPES and lw.target.supports_matmul_dtype(a.name):
+        return a
+    if {a.name, b.name} <= {"bf16", "f16", "f32"} and a is not b:
+        return dt.F32
+    return dt.F32
+
+
+@lowers("dot")
+def dot(lw: Lowering, node: Node) -> None:
+    lhs, rhs = node.operands
+    dims = node.attrs["dims"]
+    lb, lc, rb, rc = dims.lhs_batch, dims.lhs_contracting, dims.rhs_batch, dims.rhs_contracting
+    lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+    rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+    B = math.prod(lhs.shape[d] for d in lb)
+    M = math.prod(lhs.shape[d] for d in lf)
+    K = math.prod(lhs.shape[d] for d in lc)
+    N = math.prod(rhs.shape[d] for d in rf)
+    L = lw.view(lw.ref(lhs).permute(*lb, *lf, *lc), lambda r: r.reshape(B, M, K), node)
+    R = lw.view(lw.ref(rhs).permute(*rb, *rc, *rf), lambda r: r.reshape(B, K, N), node)
+    out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
+    matmul(lw, node, L, R, out)
+
+
+def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref) -> None:
+    """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, K]``, R ``[B, K, N]``, out ``[B, M, N]``."""
+    g = lw.graph
+    B, M, K = L.shape
+    N = R.shape[2]
+    t = lw.target
+    mt = operand_type(L.dtype, R.dtype, lw)
+    plan = matmul_plan(M, K, N, mt.name, t)
+    out_t = onchip_dtype(device_dtype(node.dtype))
+    transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
+    evac = 0
+    for b in range(B):
+        for m0 in range(0, M, plan.m_tile):
+            mn = min(plan.m_tile, M - m0)
+            stationary = []
+            for k0 in range(0, K, plan.k_tile):
+                kn = min(plan.k_tile, K - k0)
+                src = L[b, m0:m0 + mn, k0:k0 + kn]
+                st = _load(lw, src, (kn, mn), mt, transpose=True, transpose_dma=transpose_dma)
+                stationary.append((k0, kn, st))
+            for n0 in range(0, N, plan.n_tile):
+                nn = min(plan.n_tile, N - n0)
+                acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
+                for j, (k0, kn, st) in enumerate(stationary):
+                    mv = _load(lw, R[b, k0:k0 + kn, n0:n0 + nn], (kn, nn), mt)
+                    g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(stationary) - 1)
+                res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()
+                if evac % 2 == 0:
+                    g.add("act", "activation", res, acc)
+                else:
+                    g.add("dve", "tensor_copy", res, acc)
+                evac += 1
+                g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
+
+
+def _load(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType, transpose: bool = False,
+          transpose_dma: bool = False) -> Ref:
+    """An SBUF tile of ``shape`` and ``dtype`` holding ``src`` (transposed when asked), converted on chip
+    when the operand's type is not the multiply type."""
+    g = lw.graph
+    sd = onchip_dtype(src.dtype)
+    tile = g.tile(shape, sd, "sbuf", "mmop").ref()
+    if transpose and transpose_dma:
+        g.add("dma", "dma_transpose", tile, src)
+    else:
+        g.add("dma", "dma", tile, src.T if transpose else src)
+    if sd is dtype:
+        return tile
+    conv = g.tile(shape, dtype, "sbuf", "mmcv").ref()
+    g.add("dve", "tensor_copy", conv, tile)
+    return conv

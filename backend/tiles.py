@@ -1,0 +1,110 @@
+"""Instructions on tiles: the building blocks every lowering uses.
+
+A :class:`Tiles` makes SBUF tiles of one shape (``[rows, cols]``, rows on partitions) and emits the
+instruction for an operation on them, choosing the engine: ScalarE for activation functions,
+VectorE for float arithmetic, GpSimd where integers must stay exact (32-bit integer arithmetic: the
+NKI ISA reference documents that VectorE and ScalarE compute integers in fp32). An operand is a
+tile (:class:`Ref`) or a number (an immediate).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nxsat import dtypes as dt
+from nxsat.backend.graph import Graph, Ref
+
+Operand = Ref | float | int
+EXACT_INT = ("s32", "u32")
+BITWISE = ("and", "or", "xor", "shl", "shr")
+COMMUTATIVE = ("add", "mul", "max", "min", "eq", "ne", "and", "or", "xor", "abs_max")
+SWAPPED = {"sub": "rsub", "div": "rdiv", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+
+
+def is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+class Tiles:
+    """Tiles of one shape and the instructions on them."""
+
+    def __init__(self, graph: Graph, shape: tuple[int, ...], name: str = "t") -> None:
+        self.g = graph
+        self.shape = shape
+        self.name = name
+
+    def tile(self, dtype: dt.DType, shape: tuple[int, ...] | None = None) -> Ref:
+        d = dt.U8 if dtype.is_pred else dtype
+        return self.g.tile(shape or self.shape, d, "sbuf", self.name).ref()
+
+    def engine(self, op: str, *tiles: Ref) -> str:
+        """GpSimd when every tile is a 32-bit integer (exact arithmetic), VectorE otherwise."""
+        if tiles and all(t.dtype.name in EXACT_INT for t in tiles) and op not in BITWISE:
+            return "pool"
+        return "dve"
+
+    def memset(self, value: float | int, dtype: dt.DType) -> Ref:
+        t = self.tile(dtype)
+        self.g.add("pool" if dtype.is_int else "dve", "memset", t, value=value)
+        return t
+
+    def binary(self, op: str, a: Operand, b: Operand, dtype: dt.DType) -> Ref:
+        """``a op b`` into a new tile of ``dtype``."""
+        out = self.tile(dtype)
+        self.binary_into(out, op, a, b)
+        return out
+
+    def binary_into(self, out: Ref, op: str, a: Operand, b: Operand) -> None:
+        if is_num(a) and is_num(b):
+            a = self.memset(a, out.dtype)
+        if is_num(a):
+            if op in COMMUTATIVE:
+                a, b = b, a
+            elif op in SWAPPED:
+                a, b, op = b, a, SWAPPED[op]
+            else:
+                a = self.memset(a, out.dtype)
+        if is_num(b):
+            self.g.add(self.engine(op, out, a), "tensor_scalar", out, a, op0=op, scalar0=_imm(b, out, a))
+            return
+        self.g.add(self.engine(op, out, a, b), "tensor_tensor", out, a, b, op=op)
+
+    def scalar2(self, a: Ref, op0: str, s0: float | int, op1: str, s1: float | int, dtype: dt.DType) -> Ref:
+        """``(a op0 s0) op1 s1`` in one instruction."""
+        out = self.tile(dtype)
+        self.g.add(self.engine(op0, out, a), "tensor_scalar", out, a, op0=op0, scalar0=_imm(s0, out, a), op1=op1,
+                   scalar1=_imm(s1, out, a))
+        return out
+
+    def act(self, func: str, a: Ref, dtype: dt.DType, scale: float = 1.0, bias: float = 0.0) -> Ref:
+        out = self.tile(dtype)
+        self.g.add("act", "activation", out, a, func=func, scale=float(scale), bias=float(bias))
+        return out
+
+    def copy(self, a: Ref, dtype: dt.DType) -> Ref:
+        """``a`` converted to ``dtype`` (rounding to nearest even; float to integer truncates)."""
+        out = self.tile(dtype)
+        self.copy_into(out, a)
+        return out
+
+    def copy_into(self, out: Ref, a: Ref) -> None:
+        if a.dtype.is_int and out.dtype.is_int and a.dtype is not out.dtype:
+            # integers change width by wrapping (XLA); GpSimd computes them exactly
+            self.g.add("pool", "tensor_scalar", out, a, op0="or", scalar0=0)
+            return
+        self.g.add("pool" if a.dtype.is_int and out.dtype.is_int else "dve", "tensor_copy", out, a)
+
+    def select(self, pred: Ref, a: Operand, b: Operand, dtype: dt.DType) -> Ref:
+        out = self.tile(dtype)
+        a = self.memset(a, dtype) if is_num(a) else a
+        b = self.memset(b, dtype) if is_num(b) else b
+        self.g.add("dve" if not (pred.dtype.is_int and a.dtype.name in EXACT_INT) else "pool", "select", out, pred,
+                   a, b)
+        return out
+
+
+def _imm(v: float | int, *tiles: Ref) -> float | int:
+    """An immediate in the domain its instruction computes in: exact integers for integer tiles."""
+    if all(t.dtype.is_int for t in tiles) and float(v) == int(v):
+        return int(v)
+    return float(v)
