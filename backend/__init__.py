@@ -3,10 +3,12 @@ and placement), ending in a device program the simulator runs. Start at :func:`c
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
+from nxsat.backend.graph import Buf, Graph
 from nxsat.backend.lower import Lowering, Options
 from nxsat.backend.schedule import Scheduled, schedule
 from nxsat.diagnostics import Warnings
@@ -21,16 +23,38 @@ class Compiled:
     constants: dict[str, np.ndarray]
     scheduled: Scheduled
     warnings: Warnings
-    instructions: int
+    inputs: list[Buf]
+    outputs: list[Buf]
+
+    @property
+    def instructions(self) -> int:
+        return len(self.program.instrs)
+
+
+def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:
+    """Lower ``module``'s entry computation: the instruction graph and where every value lives."""
+    lw = Lowering(module, target, options or Options())
+    lw.run()
+    return lw
+
+
+def schedule_graph(lw: Lowering, target: Target, flags: tuple[str, ...] = ()) -> Compiled:
+    """Order, place and synchronise a lowered graph into a device program."""
+    sch = schedule(lw.graph, target, lw.inputs, lw.outputs, flags, target.lnc)
+    return Compiled(sch.program, sch.constants, sch, lw.warnings, lw.inputs, lw.outputs)
 
 
 def compile_graph(module: Module, target: Target, options: Options | None = None,
                   flags: tuple[str, ...] = ()) -> Compiled:
-    """Lower ``module``'s entry computation and schedule it for ``target``."""
-    lw = Lowering(module, target, options or Options())
-    lw.run()
-    sch = schedule(lw.graph, target, lw.inputs, lw.outputs, flags, target.lnc)
-    return Compiled(sch.program, sch.constants, sch, lw.warnings, len(sch.program.instrs))
+    """Lower and schedule ``module`` for ``target``."""
+    return schedule_graph(lower_graph(module, target, options), target, flags)
 
 
-__all__ = ["Compiled", "Options", "compile_graph"]
+def graph_summary(g: Graph) -> dict[str, object]:
+    """What lowering made: instructions by engine and opcode, buffers by kind."""
+    by = Counter(f"{i.engine} {i.opcode}" for i in g.insts)
+    bufs = Counter(b.kind for b in g.bufs)
+    return {"instructions": len(g.insts), "by_engine_opcode": dict(sorted(by.items())), "buffers": dict(bufs)}
+
+
+__all__ = ["Compiled", "Options", "compile_graph", "graph_summary", "lower_graph", "schedule_graph"]

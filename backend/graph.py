@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nxsat import dtypes as dt
+from nxsat.diagnostics import error
 from nxsat.sim.isa import OPS, RAccess
 from nxsat.sim.program import Access, Idx, Tensor, index_box, resolve
 
 ONCHIP = ("sbuf", "psum")
+MAX_INSTRUCTIONS = 2_000_000  # what the device program accepts (sim/verify.py)
 
 
 @dataclass(eq=False)
@@ -189,6 +191,8 @@ class Graph:
         self._track: dict[int, _Track] = {}
         self._resolved: dict[tuple[int, tuple], RAccess] = {}
         self.origin: str | None = None
+        self.hbm_bytes = 0
+        self.hbm_limit: int | None = None
 
     def buf(self, name: str, kind: str, dtype: dt.DType, shape: Iterable[int], value: Any = None) -> Buf:
         """A new buffer; its name is made unique."""
@@ -205,6 +209,12 @@ class Graph:
         self._names.add(n)
         b = Buf(n, kind, dtype, tuple(int(s) for s in shape), value)
         self.bufs.append(b)
+        if not b.onchip:
+            self.hbm_bytes += b.nbytes
+            if self.hbm_limit is not None and self.hbm_bytes > self.hbm_limit:
+                raise error("NCC_EOOM001", f"the model needs more than {self.hbm_bytes:,} bytes of device memory "
+                            f"(inputs, outputs, constants and intermediates, at {self.origin or 'its inputs'}); "
+                            f"the device has {self.hbm_limit:,}", hint="shard the model or use a larger target")
         return b
 
     def tile(self, shape: Iterable[int], dtype: dt.DType, mem: str = "sbuf", name: str = "t") -> Buf:
@@ -212,6 +222,9 @@ class Graph:
 
     def add(self, engine: str, opcode: str, *operands: Ref, **attrs: Any) -> Inst:
         """Append an instruction; its reads and writes come from the opcode's operand schema."""
+        if len(self.insts) >= MAX_INSTRUCTIONS:
+            raise error("NCC_EVRF007", f"the program needs more than {MAX_INSTRUCTIONS:,} instructions (at "
+                        f"{self.origin or 'the start'})", hint="the model is too large for one NeuronCore program")
         op = OPS[opcode]
         inst = Inst(engine, opcode, tuple(operands), dict(attrs), self.origin, len(self.insts))
         for spec, r in zip(op.operands, operands):

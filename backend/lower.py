@@ -84,6 +84,7 @@ class Lowering:
     output_of: dict[int, list[Buf]] = field(default_factory=dict)  # node id -> output buffers it fills
     consumers: dict[int, set[int]] = field(default_factory=dict)  # node id -> ids of the nodes that read it
     cluster_of: dict[int, Any] = field(default_factory=dict)  # elementwise node id -> its fused cluster
+    absorbed: set[int] = field(default_factory=set)  # nodes another operator's lowering does itself
     _consts: dict[tuple, Ref] = field(default_factory=dict)
 
     # --- where values live ----------------------------------------------------------------------
@@ -157,11 +158,24 @@ class Lowering:
         from nxsat.backend.elementwise import clusters
 
         entry = self.module.entry
+        self.graph.hbm_limit = self.target.hbm_bytes
         order = entry.post_order()
         for node in order:
             for o in node.operands:
                 self.consumers.setdefault(o.id, set()).add(node.id)
         self.cluster_of = clusters(self, order)
+        # tf32 roundings that only feed dots: TensorE's tf32 mode does them (backend/matmul.py)
+        nodes = {n.id: n for n in order}
+        cand = {n.id for n in order if is_tf32_rounding(n) and n.id not in self.output_of
+                and self.consumers.get(n.id) and all(nodes[c].op == "dot" for c in self.consumers[n.id])}
+        changed = True
+        while changed:  # a dot takes tf32 mode only when both its operands are such roundings
+            changed = False
+            for i in list(cand):
+                if any(not all(o.id in cand for o in nodes[c].operands) for c in self.consumers[i]):
+                    cand.discard(i)
+                    changed = True
+        self.absorbed = cand
         for p in entry.params:
             if not isinstance(p.type, TensorType):
                 raise error("NCC_EUOC002", f"parameter {p.name} is a tuple: the device takes tensors", p.loc)
@@ -175,7 +189,7 @@ class Lowering:
             self.outputs.append(b)
             self.output_of.setdefault(leaf.id, []).append(b)
         for node in order:
-            if node.op == "parameter" or node.id in self.values:
+            if node.op == "parameter" or node.id in self.values or node.id in self.absorbed:
                 continue
             fn = LOWERINGS.get(node.op)
             if fn is None:
@@ -197,6 +211,13 @@ class Lowering:
             self.graph.origin = _origin(leaf)
             self.graph.add("dma", "dma", out.ref(), v)
         self.graph.origin = None
+
+
+def is_tf32_rounding(node: Node) -> bool:
+    """``reduce-precision`` of fp32 to tf32's 8 exponent and 10 mantissa bits (what --auto-cast-type tf32
+    puts on TensorE operands)."""
+    return (node.op == "reduce-precision" and node.attrs.get("exponent_bits") == 8
+            and node.attrs.get("mantissa_bits") == 10 and node.dtype is dt.F32)
 
 
 def _leaves(root: Node) -> list[Node]:

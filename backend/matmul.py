@@ -43,13 +43,16 @@ def dot(lw: Lowering, node: Node) -> None:
     M = math.prod(lhs.shape[d] for d in lf)
     K = math.prod(lhs.shape[d] for d in lc)
     N = math.prod(rhs.shape[d] for d in rf)
+    tf32 = lhs.id in lw.absorbed and rhs.id in lw.absorbed
+    if tf32:  # both operands rounded to tf32 only for this: TensorE's tf32 mode rounds them
+        lhs, rhs = lhs.operands[0], rhs.operands[0]
     L = lw.view(lw.ref(lhs).permute(*lb, *lf, *lc), lambda r: r.reshape(B, M, K), node)
     R = lw.view(lw.ref(rhs).permute(*rb, *rc, *rf), lambda r: r.reshape(B, K, N), node)
     out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
-    matmul(lw, node, L, R, out)
+    matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32")
 
 
-def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref) -> None:
+def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = "fp32") -> None:
     """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, K]``, R ``[B, K, N]``, out ``[B, M, N]``."""
     g = lw.graph
     B, M, K = L.shape
@@ -74,7 +77,8 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref) -> None:
                 acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
                 for j, (k0, kn, st) in enumerate(stationary):
                     mv = _load(lw, R[b, k0:k0 + kn, n0:n0 + nn], (kn, nn), mt)
-                    g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(stationary) - 1)
+                    g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(stationary) - 1,
+                          **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                 res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()
                 if evac % 2 == 0:
                     g.add("act", "activation", res, acc)

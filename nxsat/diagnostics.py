@@ -79,6 +79,7 @@ CODES: dict[str, str] = {
     "NCC_ENEF005": "NEFF compiled for another target",
     "NCC_ENEF006": "not an nxsat NEFF file",
     "NCC_ERUN001": "simulation exceeds a host limit",
+    "NCC_WARG001": "a deprecated flag was given; its replacement is used",
     "NCC_WRUN001": "out-of-bound access in a gather or scatter (indirect memory copy)",
     # relay
     "NCC_ERLY001": "Relay constants (--relay-constants file or #[metadata]) unreadable or malformed",

@@ -19,6 +19,7 @@ from nxsat.ir import Module
 
 if TYPE_CHECKING:
     from nxsat.rules.catalog import Catalog
+    from nxsat.rules.egraph import EGraph, Loaded
     from nxsat.rules.saturate import Report
 
 
@@ -28,15 +29,23 @@ class Optimized:
     report: Report
 
 
-def optimize(module: Module, model_type: str | None = None, level: int = 2, allow_approximate: bool = False,
-             canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = (),
-             time_rules: bool = False) -> Optimized:
-    """Load ``module`` (canonicalized unless ``canonical``), saturate with the model type's rules at
-    ``level`` (plus the sets ``extra_sets`` of ``cat``), and extract the smallest equivalent program.
-    ``time_rules`` measures each rule's time (each rule runs as its own step: slower)."""
+@dataclass
+class Saturated:
+    """A saturated e-graph and what loading recorded: what the compile driver hands an extractor."""
+
+    egraph: EGraph
+    loaded: Loaded
+    report: Report
+
+
+def saturate_module(module: Module, model_type: str | None = None, level: int = 2, allow_approximate: bool = False,
+                    canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = (),
+                    time_rules: bool = False) -> Saturated:
+    """Load ``module`` (canonicalized unless ``canonical``) and saturate it with the model type's rules at
+    ``level`` (plus the sets ``extra_sets`` of ``cat``); ``time_rules`` measures each rule's time (each
+    rule runs as its own step: slower). Extraction is the caller's (rules/ never imports extract/)."""
     from nxsat.rules.catalog import catalog
     from nxsat.rules.egraph import EGraph
-    from nxsat.rules.extract import extract
     from nxsat.rules.saturate import Budget, saturate
 
     if not canonical:
@@ -63,7 +72,18 @@ def optimize(module: Module, model_type: str | None = None, level: int = 2, allo
     report.cse_merged = loaded.cse_merged
     report.level = level
     report.sets = tuple(dict.fromkeys((*cat.sets_for(model_type), *extra_sets)))
-    return Optimized(extract(eg, loaded), report)
+    return Saturated(eg, loaded, report)
 
 
-__all__ = ["Optimized", "optimize"]
+def optimize(module: Module, model_type: str | None = None, level: int = 2, allow_approximate: bool = False,
+             canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = (),
+             time_rules: bool = False) -> Optimized:
+    """Saturate (:func:`saturate_module`) and extract the smallest equivalent program (the rule tooling's
+    and the tests' path; the compile driver chooses its extractor itself)."""
+    from nxsat.rules.extract import extract
+
+    sat = saturate_module(module, model_type, level, allow_approximate, canonical, cat, extra_sets, time_rules)
+    return Optimized(extract(sat.egraph, sat.loaded), sat.report)
+
+
+__all__ = ["Optimized", "Saturated", "optimize", "saturate_module"]

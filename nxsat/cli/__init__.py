@@ -15,7 +15,7 @@ from nxsat import __version__
 from nxsat.diagnostics import NxsatError
 
 # Modules that contribute subcommands, in the order `nxsat --help` lists them.
-COMMAND_MODULES = ("nxsat.cli.model", "nxsat.cli.device", "nxsat.cli.rules")
+COMMAND_MODULES = ("nxsat.cli.compile", "nxsat.cli.model", "nxsat.cli.device", "nxsat.cli.rules")
 
 
 # Exit statuses, as docs/error-codes.md documents them.
@@ -58,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if argv and argv[0] == "compile":
+        argv = ["compile", *env_flags(), *argv[1:]]  # the command line's flags come last and win
     args = parser.parse_args(argv)
+    if getattr(args, "command", None) == "compile":
+        args.flags_given = [a for a in argv[1:] if a != args.model]
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

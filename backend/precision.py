@@ -1,0 +1,161 @@
+"""The precision policy: ``--auto-cast`` and ``--auto-cast-type`` as neuronx-cc documents them, as a pass
+on the extracted graph (the -O1 path, and the baseline the cost model's choices must beat).
+
+- ``none``: no type changes.
+- ``matmult``: the operands of TensorE operations (``dot``, ``convolution``) that are fp32 are cast to
+  the auto-cast type; the result stays fp32 (TensorE accumulates in fp32). For ``tf32`` the operands
+  are rounded to tf32 (``reduce-precision`` to 8 exponent and 10 mantissa bits, which the backend
+  turns into TensorE's tf32 mode) and stay fp32 in memory.
+- ``all``: in addition, every fp32 elementwise operation computes in the auto-cast type.
+  Reductions keep accumulating in fp32 with mixed-precision accumulation (the default); with
+  ``--disable-mixed-precision-accumulation`` a reduction over a cast value accumulates in it.
+
+Inputs and outputs keep their types: a cast value is converted back to fp32 wherever something
+that stays fp32 (an output among them) reads it. The casts are explicit ``convert`` nodes, so the
+reference interpreter computes exactly what the device does, and the report counts each decision.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from nxsat import dtypes as dt
+from nxsat.builder import infer_type
+from nxsat.ir import Computation, Module, Node, TensorType, TupleType
+
+CAST_TYPES = {"bf16": dt.BF16, "fp16": dt.F16, "fp8_e4m3": dt.F8E4M3FN, "tf32": dt.F32}
+TENSOR_OPS = ("dot", "convolution")
+# Elementwise fp32 operations ``all`` computes in the auto-cast type.
+ELEMENTWISE = frozenset({
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "atan2", "abs", "negate",
+    "sign", "exponential", "exponential-minus-one", "log", "log-plus-one", "logistic", "sqrt", "rsqrt", "cbrt", "tanh",
+    "sine", "cosine", "tan", "erf", "floor", "ceil", "round-nearest-afz", "round-nearest-even", "clamp", "select",
+})
+
+
+@dataclass
+class PrecisionReport:
+    """What the policy decided: operations per computing type, and each cast it inserted."""
+
+    mode: str
+    cast_type: str
+    ops_by_type: dict[str, int] = field(default_factory=dict)
+    casts: int = 0
+    decisions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"auto_cast": self.mode, "auto_cast_type": self.cast_type, "ops_by_type": dict(self.ops_by_type),
+                "casts_inserted": self.casts}
+
+
+def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
+                    mixed_accumulation: bool = True) -> tuple[Module, PrecisionReport]:
+    """The module with the policy applied (a new module; ``module`` is not changed)."""
+    rep = PrecisionReport(mode, cast_type)
+    if mode == "none":
+        rep.ops_by_type = _count(module.entry)
+        return module, rep
+    low = CAST_TYPES[cast_type]
+    entry = module.entry
+    mapping: dict[int, Node] = {p.id: p for p in entry.params}
+    cast_cache: dict[tuple[int, str], Node] = {}
+
+    def convert(x: Node, to: dt.DType) -> Node:
+        if x.dtype is to:
+            return x
+        key = (x.id, to.name)
+        n = cast_cache.get(key)
+        if n is None:
+            attrs = {"dtype": to}
+            n = Node("convert", (x,), attrs, infer_type("convert", [x], attrs), f"{x.name}.{to.name}", x.loc)
+            cast_cache[key] = n
+            rep.casts += 1
+        return n
+
+    def tf32(x: Node) -> Node:
+        key = (x.id, "tf32")
+        n = cast_cache.get(key)
+        if n is None:
+            attrs = {"exponent_bits": 8, "mantissa_bits": 10}
+            n = Node("reduce-precision", (x,), attrs, x.type, f"{x.name}.tf32", x.loc)
+            cast_cache[key] = n
+            rep.casts += 1
+        return n
+
+    for node in entry.post_order():
+        if node.op == "parameter":
+            continue
+        ops = [mapping[o.id] for o in node.operands]
+        new: Node
+        if node.op in TENSOR_OPS and all(o.dtype is dt.F32 for o in node.operands):
+            if cast_type == "tf32":
+                ops = [tf32(o) for o in ops]
+            else:
+                ops = [convert(o, low) for o in ops]
+            rep.decisions.append(f"{node.name}: {node.op} operands in {cast_type}")
+            new = Node(node.op, ops, dict(node.attrs), node.type, node.name, node.loc)
+        elif (mode == "all" and cast_type != "tf32" and node.op in ELEMENTWISE and isinstance(node.type, TensorType)
+              and node.dtype is dt.F32):
+            ops = [convert(o, low) if o.dtype is dt.F32 else o for o in ops]
+            t = infer_type(node.op, ops, node.attrs, node.loc)
+            new = Node(node.op, ops, dict(node.attrs), t, node.name, node.loc)
+        elif (mode == "all" and not mixed_accumulation and cast_type != "tf32" and node.op == "reduce"
+              and len(node.operands) == 2 and node.dtype is dt.F32 and _simple_body(node.attrs["to_apply"])):
+            body = _body_in(node.attrs["to_apply"], low)
+            ops = [convert(o, low) for o in ops]
+            attrs = dict(node.attrs, to_apply=body)
+            new = Node("reduce", ops, attrs, infer_type("reduce", ops, attrs, node.loc), node.name, node.loc)
+        else:
+            # Everything else keeps fp32: a cast value it reads is converted back.
+            ops = [convert(m, o.dtype) if isinstance(o.type, TensorType) and m.dtype is not o.dtype else m
+                   for m, o in zip(ops, node.operands)]
+            new = Node(node.op, ops, node.attrs, node.type, node.name, node.loc)
+        mapping[node.id] = new
+    root = mapping[entry.root.id]
+    root = _restore(root, entry.root, convert)
+    comp = Computation(entry.name, list(entry.params), root, None, entry.loc)
+    out = Module(module.name, comp, None, module.attrs, module.source, module.framework)
+    out.warnings.extend(module.warnings)
+    rep.ops_by_type = _count(comp)
+    return out, rep
+
+
+def _restore(new: Node, old: Node, convert: Any) -> Node:
+    """The outputs in their original types."""
+    if isinstance(old.type, TupleType):
+        ops = [_restore(n, o, convert) for n, o in zip(new.operands, old.operands)]
+        return Node("tuple", ops, {}, TupleType(tuple(o.type for o in ops)), new.name, new.loc)
+    return convert(new, old.dtype) if new.dtype is not old.dtype else new
+
+
+def _simple_body(body: Computation) -> bool:
+    r = body.root
+    return len(body.params) == 2 and r.op in ("add", "multiply", "maximum", "minimum") and \
+        {o.id for o in r.operands} == {p.id for p in body.params}
+
+
+def _body_in(body: Computation, d: dt.DType) -> Computation:
+    t = TensorType(d, ())
+    a = Node("parameter", (), {"index": 0, "type": t}, t, "a")
+    b = Node("parameter", (), {"index": 1, "type": t}, t, "b")
+    r = Node(body.root.op, (a, b), {}, t, "r")
+    return Computation(f"{body.name}_{d.name}", [a, b], r)
+
+
+def _count(comp: Computation) -> dict[str, int]:
+    """Computing operations per result type (data movement, parameters and constants left out)."""
+    skip = {"parameter", "constant", "reshape", "transpose", "broadcast", "slice", "tuple", "get-tuple-element",
+            "copy", "bitcast", "concatenate", "pad", "reverse", "convert", "reduce-precision"}
+    c: Counter[str] = Counter()
+    for n in comp.post_order():
+        if n.op in skip or not isinstance(n.type, TensorType):
+            continue
+        key = n.dtype.name
+        if n.op == "dot" and n.operands and n.operands[0].op == "reduce-precision":
+            key = "tf32"
+        elif n.op in TENSOR_OPS and n.operands:
+            key = n.operands[0].dtype.name
+        c[key] += 1
+    return dict(sorted(c.items()))

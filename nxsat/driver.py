@@ -1,0 +1,242 @@
+"""The compile driver: a model file in, a NEFF and its report out, through named stages.
+
+Each stage is a step with a contract (``STAGES``), timed, shown on the progress line, and dumped to
+``--workdir`` when asked, so a user can see what each step did:
+
+    frontend      text -> IR; every instruction's shape checked            01-input.hlo
+    canonicalize  calls inlined, conditionals if-converted, static loops unrolled   02-canonical.hlo
+    saturate      the model type's rules in the e-graph, bounded by the -O level     03-egraph.json
+    extract       the program the extractor chooses from the e-graph                04-extracted.hlo
+    precision     --auto-cast as a policy: casts as explicit converts                05-precision.hlo/.json
+    lower         operators -> an instruction graph on tiles                         06-lowered.json
+    schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
+    neff          the device program checked by the verifier and written             (the output)
+    simulate      the timing model's replay of the NEFF: the report's latency        08-profile.json
+
+``rules`` never imports later stages: the driver takes the saturated e-graph from
+``rules.saturate_module`` and runs the extractor itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nxsat.diagnostics import Warnings, error
+from nxsat.io import atomic_write
+from nxsat.ir import Module
+from nxsat.progress import Progress
+
+AUTO_CAST = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
+EXTRACTORS = ("smallest",)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    contract: str
+
+
+STAGES = (
+    Stage("frontend", "the model's text as IR, every instruction's shape checked"),
+    Stage("canonicalize", "the same values, with no call, fusion or conditional, and static loops unrolled"),
+    Stage("saturate", "an e-graph holding the program and everything the rules prove equal to it"),
+    Stage("extract", "one program from the e-graph (the extractor's choice)"),
+    Stage("precision", "the --auto-cast policy applied: casts as explicit converts, inputs and outputs kept"),
+    Stage("lower", "every operator as instructions on tiles, with their dependences"),
+    Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
+    Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
+    Stage("simulate", "the timing model's replay: latency, utilization, memory"),
+)
+
+
+@dataclass
+class CompileOptions:
+    """The compile flags (docs/compiling.md)."""
+
+    framework: str | None = None
+    target: str = "trn1"
+    model_type: str = "generic"
+    auto_cast: str = "none"
+    auto_cast_type: str = "bf16"
+    mixed_precision_accumulation: bool = True
+    saturate_infinity: bool = False
+    optlevel: int = 2
+    distribution_strategy: str | None = None
+    lnc: int | None = None
+    num_parallel_jobs: int = 8
+    extractor: str | None = None
+    workdir: str | None = None
+    relay_constants: str | None = None
+    flags: tuple[str, ...] = ()  # the flags as given, recorded in the NEFF
+
+    def check(self) -> None:
+        if self.auto_cast not in AUTO_CAST:
+            raise error("NCC_EARG002", f"--auto-cast {self.auto_cast}: one of {', '.join(AUTO_CAST)}")
+        if self.auto_cast_type not in AUTO_CAST_TYPES:
+            raise error("NCC_EARG002", f"--auto-cast-type {self.auto_cast_type}: one of {', '.join(AUTO_CAST_TYPES)}")
+        if self.optlevel not in (1, 2, 3):
+            raise error("NCC_EARG002", f"-O{self.optlevel}: the levels are 1, 2 and 3")
+        if self.extractor is not None and self.extractor not in EXTRACTORS:
+            raise error("NCC_EARG002", f"--extractor {self.extractor}: one of {', '.join(EXTRACTORS)}")
+        if self.num_parallel_jobs < 1:
+            raise error("NCC_EARG002", "--num-parallel-jobs must be at least 1")
+
+
+@dataclass
+class CompileResult:
+    neff: bytes
+    report: dict[str, Any]
+    warnings: Warnings = field(default_factory=Warnings)
+
+
+class _Stages:
+    """Runs stages: times each, shows it, dumps what it made when a workdir is given."""
+
+    def __init__(self, workdir: str | None, progress: Progress) -> None:
+        self.seconds: dict[str, float] = {}
+        self.workdir = Path(workdir) if workdir else None
+        self.progress = progress
+        if self.workdir is not None:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        assert any(s.name == name for s in STAGES), name
+        self.progress.stage(name)
+        t0 = time.perf_counter()
+        out = fn()
+        self.seconds[name] = round(time.perf_counter() - t0, 4)
+        return out
+
+    def dump(self, filename: str, text: str | bytes) -> None:
+        if self.workdir is not None:
+            atomic_write(self.workdir / filename, text)
+
+
+def compile_model(path: str, opts: CompileOptions, progress: Progress | None = None) -> CompileResult:
+    """Compile the model at ``path`` for ``opts.target``: the NEFF bytes and the report."""
+    from nxsat import sim
+    from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
+    from nxsat.backend.precision import apply_precision
+    from nxsat.frontend import load
+    from nxsat.modelinfo import model_info
+    from nxsat.passes import canonicalize
+    from nxsat.printer import to_hlo_text as print_module
+    from nxsat.rules import saturate_module
+    from nxsat.rules.extract import extract
+
+    opts.check()
+    if opts.target == "inf1":
+        raise error("NCC_EARG002", "inf1 (NeuronCore-v1) models are compiled by neuron-cc, not neuronx-cc; nxsat "
+                    "compiles for trn1, trn1n, inf2 and trn2", hint="nxsat assemble/run still take inf1 programs")
+    target = sim.load_target(opts.target, opts.lnc)
+    progress = progress or Progress(enabled=False)
+    st = _Stages(opts.workdir, progress)
+    warnings = Warnings()
+
+    options: dict[str, Any] = {}
+    if opts.relay_constants:
+        options["relay_constants"] = opts.relay_constants
+    module: Module = st.run("frontend", lambda: load(path, opts.framework, **options))
+    warnings.extend(module.warnings)
+    st.dump("01-input.hlo", print_module(module))
+    canonical = st.run("canonicalize", lambda: canonicalize(module))
+    st.dump("02-canonical.hlo", print_module(canonical))
+    sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True))
+    rep = sat.report
+    sizes = sat.egraph.sizes()
+    egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
+              "stop_reason": rep.stop_reason}
+    st.dump("03-egraph.json", json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
+                                         sort_keys=True))
+    extracted = st.run("extract", lambda: extract(sat.egraph, sat.loaded))
+    st.dump("04-extracted.hlo", print_module(extracted))
+    precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
+                                                                  opts.mixed_precision_accumulation))
+    st.dump("05-precision.hlo", print_module(precise))
+    st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
+    lowering = st.run("lower", lambda: lower_graph(precise, target, Options(opts.mixed_precision_accumulation,
+                                                                          opts.saturate_infinity)))
+    warnings.extend(lowering.warnings)
+    st.dump("06-lowered.json", json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
+    compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags))
+    data = st.run("neff", lambda: sim.build_neff(compiled.program, target, compiled.constants))
+    model = sim.load(data, "compiled.neff")
+    st.dump("07-program.nxs", model.text)
+    summary, _ = st.run("simulate", model.profile)
+    st.dump("08-profile.json", json.dumps(summary, indent=1))
+    info = model_info(canonical)
+    report = _report(opts, target, info, summary, st.seconds, egraph, prec, compiled, extracted)
+    return CompileResult(data, report, warnings)
+
+
+def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any], seconds: dict[str, float],
+            egraph: dict[str, Any], prec: Any, compiled: Any, module: Module) -> dict[str, Any]:
+    """The compile report (docs/compiling.md lists the fields)."""
+    flops = sum(info.flops.get(k, 0) for k in ("dot", "convolution"))
+    matmul_type = {"none": "f32", "matmult": None, "all": None}[opts.auto_cast]
+    if matmul_type is None:
+        matmul_type = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8_e4m3": "f8e4m3fn"}[opts.auto_cast_type]
+    peak = target.peak_flops(matmul_type if target.supports_matmul_dtype(matmul_type) else "f32")
+    io_bytes = sum(b.nbytes for b in compiled.inputs + compiled.outputs) + \
+        sum(int(v.nbytes) for v in compiled.constants.values())
+    compute_ns = flops / peak if peak else 0.0
+    memory_ns = io_bytes / target.memory_bw
+    roof = max(compute_ns, memory_ns)
+    lat = summary["latency_ns"]
+    engines = {k: e["utilization"] for k, e in summary["engines"].items()}
+    return {
+        "model": module.name, "target": target.name, "lnc": target.lnc, "optlevel": opts.optlevel,
+        "model_type": opts.model_type, "auto_cast": opts.auto_cast, "auto_cast_type": opts.auto_cast_type,
+        "latency_us": round(lat / 1000, 3),
+        "roofline_us": round(roof / 1000, 3),
+        "roofline": {"compute_us": round(compute_ns / 1000, 3), "memory_us": round(memory_ns / 1000, 3),
+                     "bound": "compute" if compute_ns >= memory_ns else "memory", "flops": flops,
+                     "matmul_precision": matmul_type, "compulsory_hbm_bytes": io_bytes},
+        "latency_over_roofline": round(lat / roof, 3) if roof else None,
+        "stages": seconds,
+        "egraph": egraph,
+        "extraction": {"extractor": opts.extractor or "smallest", "cost": len(module_nodes(module))},
+        "precision": prec.to_json(),
+        "engines": engines,
+        "instructions": summary["instructions"],
+        "hbm_bytes": summary["hbm"]["bytes"],
+        "spill_bytes": summary["spill_bytes"],
+        "sbuf_peak_bytes": summary["sbuf"]["peak_bytes"],
+        "psum_peak_bytes": summary["psum"]["peak_bytes"],
+        "mfu": summary["mfu"],
+        "distribution_strategy": opts.distribution_strategy,
+    }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The report as a short table for a terminal."""
+    lines = [
+        f"{r['model']} for {r['target']} (lnc {r['lnc']}), -O{r['optlevel']}, model type {r['model_type']}, "
+        f"auto-cast {r['auto_cast']}" + (f" ({r['auto_cast_type']})" if r["auto_cast"] != "none" else ""),
+        f"  latency      {r['latency_us']:>12.3f} us   (simulated)",
+        f"  roofline     {r['roofline_us']:>12.3f} us   ({r['roofline']['bound']}-bound)"
+        + (f"; latency / roofline {r['latency_over_roofline']:.2f}" if r["latency_over_roofline"] else ""),
+        f"  instructions {r['instructions']:>12,}     MFU {r['mfu']:.1%}",
+        f"  HBM traffic  {r['hbm_bytes']:>12,} B   spill {r['spill_bytes']:,} B   SBUF peak {r['sbuf_peak_bytes']:,} B",
+        "  engines      " + "  ".join(f"{k} {v:.0%}" for k, v in r["engines"].items() if not k.startswith("q"))
+        + f"  DMA queues {sum(1 for k in r['engines'] if k.startswith('q'))}",
+        f"  e-graph      {r['egraph']['nodes']:,} nodes, {r['egraph']['classes']:,} classes, "
+        f"{r['egraph']['iterations']} iterations ({r['egraph']['stop_reason']})",
+        "  stages       " + ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def write_neff(path: str, result: CompileResult) -> None:
+    atomic_write(path, result.neff)
+
+
+def module_nodes(module: Module) -> list[Any]:
+    """The computing nodes of a module's entry (what the smallest-term extractor minimises)."""
+    return [n for n in module.entry.post_order() if n.op not in ("parameter",)]

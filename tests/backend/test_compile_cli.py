@@ -1,0 +1,146 @@
+"""``nxsat compile`` as a user meets it: the NEFF runs and reproduces XLA, the report has its fields, the
+flags behave as neuronx-cc documents them, and bad input is one coded line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from harness import DATA
+
+from nxsat import sim
+from nxsat.cli import main
+
+MLP = DATA / "jax" / "mlp.hlo"
+
+
+def _run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compile_writes_a_neff_that_reproduces_xla(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "mlp.neff"
+    rep = tmp_path / "r.json"
+    code, text, _ = _run(capsys, "compile", str(MLP), "-o", str(out), "--report", str(rep), "--logfile", "")
+    assert code == 0 and "latency" in text and "roofline" in text
+    ref = np.load(DATA / "jax" / "mlp.npz")
+    m = sim.load_file(out, verify=True)
+    got = m.run({k: ref[k] for k in ref.files if k.startswith("in")})
+    np.testing.assert_allclose(got[0], ref["out0"], rtol=1e-5, atol=1e-5 * np.abs(ref["out0"]).max())
+    r = json.loads(rep.read_text())
+    for key in ("latency_us", "roofline_us", "stages", "egraph", "extraction", "precision", "engines", "instructions",
+                "hbm_bytes", "spill_bytes", "sbuf_peak_bytes"):
+        assert key in r, key
+    assert {"nodes", "classes", "iterations", "stop_reason"} <= set(r["egraph"])
+    assert r["latency_us"] >= r["roofline_us"] > 0
+    assert set(r["stages"]) >= {"frontend", "canonicalize", "saturate", "extract", "precision", "lower", "schedule",
+                                "neff", "simulate"}
+    assert m.manifest["compile_flags"][:2] == ["-o", str(out)]
+
+
+def test_compiling_twice_gives_the_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    a, b = tmp_path / "a.neff", tmp_path / "b.neff"
+    for p in (a, b):
+        assert _run(capsys, "compile", str(MLP), "-o", str(p), "--logfile", "", "-O1", "--auto-cast", "matmult")[0] == 0
+    # the flags (and so the NEFFs) differ only in the output name: compile again with the same one
+    c = tmp_path / "c.neff"
+    for _ in range(2):
+        assert _run(capsys, "compile", str(MLP), "-o", str(c), "--logfile", "")[0] == 0
+        data = c.read_bytes()
+    assert _run(capsys, "compile", str(MLP), "-o", str(c), "--logfile", "")[0] == 0
+    assert c.read_bytes() == data
+
+
+def test_auto_cast_matmult_casts_tensor_engine_operands_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rep = tmp_path / "r.json"
+    _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--report", str(rep), "--logfile", "",
+         "--auto-cast", "matmult", "--auto-cast-type", "fp16", "--auto-cast-type", "bf16")
+    r = json.loads(rep.read_text())
+    assert r["precision"]["auto_cast_type"] == "bf16"  # the right-most flag wins
+    assert r["precision"]["ops_by_type"].get("bf16") == 2  # the two dots; everything else stays f32
+    assert r["precision"]["ops_by_type"].get("f32", 0) > 0
+
+
+def test_flags_from_neuron_cc_flags(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--auto-cast all --auto-cast-type fp16")
+    rep = tmp_path / "r.json"
+    _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--report", str(rep), "--logfile", "",
+         "--auto-cast-type", "bf16")
+    r = json.loads(rep.read_text())
+    assert r["auto_cast"] == "all" and r["auto_cast_type"] == "bf16"
+
+
+def test_deprecated_o1_warns_and_means_o1(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    rep = tmp_path / "r.json"
+    code, _, err = _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--report", str(rep),
+                        "--logfile", "", "--enable-experimental-O1")
+    assert code == 0 and "NCC_WARG001" in err
+    assert json.loads(rep.read_text())["optlevel"] == 1
+
+
+@pytest.mark.parametrize("argv,code_,text", [
+    (["--target", "trn1", "--logical-nc-config", "2"], "NCC_EARG001", "not valid for trn1"),
+    (["--target", "inf1"], "NCC_EARG002", "neuron-cc"),
+    (["--target", "trn9"], "NCC_EARG002", "unknown target"),
+])
+def test_impossible_flags_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], code_: str,
+                                      text: str) -> None:
+    out = tmp_path / "x.neff"
+    code, _, err = _run(capsys, "compile", str(MLP), "-o", str(out), "--logfile", "", *argv)
+    assert code == 2 and code_ in err and text in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def _hlo(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "m.hlo"
+    p.write_text(body)
+    return p
+
+
+def test_a_model_over_device_memory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    p = _hlo(tmp_path, "HloModule big\nENTRY e {\n  p = f32[65536,65536,2] parameter(0)\n"
+                       "  ROOT n = f32[65536,65536,2] negate(p)\n}\n")
+    out = tmp_path / "x.neff"
+    code, _, err = _run(capsys, "compile", str(p), "-o", str(out), "--logfile", "")
+    assert code == 1 and "NCC_EOOM001" in err and "bytes" in err and not out.exists()
+
+
+def test_an_operator_the_device_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    p = _hlo(tmp_path, "HloModule m\nENTRY e {\n  p = f32[4,4] parameter(0)\n"
+                       "  ROOT c = f32[4,4] cholesky(p), lower=true\n}\n")
+    out = tmp_path / "x.neff"
+    code, _, err = _run(capsys, "compile", str(p), "-o", str(out), "--logfile", "")
+    assert code == 1 and "NCC_EUOC002" in err and "m.hlo:4" in err and not out.exists()
+
+
+def test_an_unwritable_output_fails_before_compiling(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "no" / "x.neff"), "--logfile", "")
+    assert code == 1 and "NCC_EFIL002" in err
+    code, _, err = _run(capsys, "compile", str(MLP), "-o", str(MLP), "--logfile", "")
+    assert code == 1 and "NCC_EFIL002" in err and MLP.read_text().startswith("HloModule")
+
+
+def test_workdir_dumps_every_stage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    wd = tmp_path / "wd"
+    assert _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--logfile", "", "--workdir",
+                str(wd))[0] == 0
+    names = sorted(os.listdir(wd))
+    assert names == ["01-input.hlo", "02-canonical.hlo", "03-egraph.json", "04-extracted.hlo", "05-precision.hlo",
+                     "05-precision.json", "06-lowered.json", "07-program.nxs", "08-profile.json"]
+    assert (wd / "07-program.nxs").read_text().startswith(".isa 1.1")
+
+
+def test_help_explains_every_option(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--framework", "--target", "--model-type", "--auto-cast", "--auto-cast-type",
+                 "--enable-mixed-precision-accumulation", "--enable-saturate-infinity", "--optlevel",
+                 "--distribution-strategy", "--logical-nc-config", "--num-parallel-jobs", "--output", "--logfile",
+                 "--verbose", "--workdir", "--report"):
+        assert flag in text, flag
