@@ -21,6 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
 from nxsat import dtypes as dt
 from nxsat.builder import infer_type
 from nxsat.ir import Computation, Module, Node, TensorType, TupleType
@@ -51,9 +54,11 @@ class PrecisionReport:
 
 
 def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
-                    mixed_accumulation: bool = True) -> tuple[Module, PrecisionReport]:
+                    mixed_accumulation: bool = True, saturate_infinity: bool = False) -> tuple[Module, PrecisionReport]:
     """The module with the policy applied (a new module; ``module`` is not changed)."""
     rep = PrecisionReport(mode, cast_type)
+    if saturate_infinity:
+        module = _saturate_infinity(module, rep)
     if mode == "none":
         rep.ops_by_type = _count(module.entry)
         return module, rep
@@ -120,6 +125,42 @@ def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
     out.warnings.extend(module.warnings)
     rep.ops_by_type = _count(comp)
     return out, rep
+
+
+SATURATED_OPS = ("multiply", "divide", "dot", "convolution")
+
+
+def _saturate_infinity(module: Module, rep: PrecisionReport) -> Module:
+    """``--enable-saturate-infinity``: the float operands of operations that turn an infinity into NaN
+    (inf x 0, inf / inf) are clamped to the largest finite values first, as explicit ``clamp`` nodes."""
+    entry = module.entry
+    mapping: dict[int, Node] = {p.id: p for p in entry.params}
+    made: dict[int, Node] = {}
+
+    def clamp(x: Node) -> Node:
+        if not isinstance(x.type, TensorType) or not x.dtype.is_float:
+            return x
+        c = made.get(x.id)
+        if c is None:
+            big = float(ml_dtypes.finfo(x.dtype.np).max)
+            t = TensorType(x.dtype, ())
+            lo = Node("constant", (), {"value": np.asarray(-big).astype(x.dtype.np), "type": t}, t, f"{x.name}.lo")
+            hi = Node("constant", (), {"value": np.asarray(big).astype(x.dtype.np), "type": t}, t, f"{x.name}.hi")
+            c = made[x.id] = Node("clamp", (lo, x, hi), {}, x.type, f"{x.name}.sat", x.loc)
+            rep.decisions.append(f"{x.name}: infinities saturated")
+        return c
+
+    for node in entry.post_order():
+        if node.op == "parameter":
+            continue
+        ops = [mapping[o.id] for o in node.operands]
+        if node.op in SATURATED_OPS:
+            ops = [clamp(o) for o in ops]
+        mapping[node.id] = Node(node.op, ops, node.attrs, node.type, node.name, node.loc)
+    comp = Computation(entry.name, list(entry.params), mapping[entry.root.id], None, entry.loc)
+    out = Module(module.name, comp, None, module.attrs, module.source, module.framework)
+    out.warnings.extend(module.warnings)
+    return out
 
 
 def _restore(new: Node, old: Node, convert: Any) -> Node:

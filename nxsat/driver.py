@@ -157,7 +157,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     extracted = st.run("extract", lambda: extract(sat.egraph, sat.loaded))
     st.dump("04-extracted.hlo", print_module(extracted))
     precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
-                                                                  opts.mixed_precision_accumulation))
+                                                                  opts.mixed_precision_accumulation,
+                                                                  opts.saturate_infinity))
     st.dump("05-precision.hlo", print_module(precise))
     st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
     lowering = st.run("lower", lambda: lower_graph(precise, target, Options(opts.mixed_precision_accumulation,

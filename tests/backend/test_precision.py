@@ -60,3 +60,16 @@ def test_tf32_uses_tensor_engine_tf32_mode() -> None:
     mm = [i for i in c.program.instrs if i.opcode == "matmul"]
     assert mm and all(i.attrs.get("precision") == "tf32" for i in mm)
     assert not any(i.opcode == "tensor_scalar" and "reduce" in (i.origin or "") for i in c.program.instrs)
+
+
+def test_saturate_infinity_keeps_inf_times_zero_finite() -> None:
+    from harness import module_of as mod
+
+    text = ("HloModule m\nENTRY e {\n  a = f32[4] parameter(0)\n  b = f32[4] parameter(1)\n"
+            "  ROOT m = f32[4] multiply(a, b)\n}\n")
+    m = mod(text)
+    x = {"in0": np.array([np.inf, -np.inf, 1, 2], np.float32), "in1": np.array([0, 0, 3, 4], np.float32)}
+    plain, _ = device_run(m, x)
+    sat, rep = apply_precision(m, "none", saturate_infinity=True)
+    got, _ = device_run(sat, x)
+    assert np.isnan(plain[0][:2]).all() and np.array_equal(got[0], [0, 0, 3, 8]) and rep.decisions
