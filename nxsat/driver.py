@@ -73,6 +73,7 @@ class CompileOptions:
     extractor: str | None = None
     workdir: str | None = None
     relay_constants: str | None = None
+    fill_elided_constants: int | None = None  # a seed: elided constants get random values
     flags: tuple[str, ...] = ()  # the flags as given, recorded in the NEFF
 
     def check(self) -> None:
@@ -143,6 +144,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if opts.relay_constants:
         options["relay_constants"] = opts.relay_constants
     module: Module = st.run("frontend", lambda: load(path, opts.framework, **options))
+    if opts.fill_elided_constants is not None:
+        from nxsat.passes import fill_elided_constants
+
+        module = fill_elided_constants(module, opts.fill_elided_constants)
     warnings.extend(module.warnings)
     st.dump("01-input.hlo", print_module(module))
     canonical = st.run("canonicalize", lambda: canonicalize(module))

@@ -279,3 +279,28 @@ def has_control_flow(comp: Computation) -> bool:
                 return True
             stack.extend(subcomputations(n))
     return False
+
+
+def fill_elided_constants(module: Module, seed: int = 0) -> Module:
+    """Constants the model text elided (``constant({...})``) get seeded random values, as XLA's own
+    tools fill them to run a model dumped without its literals: floats from a standard normal,
+    integers in [0, 16) (small and non-negative: they are often indices or shift counts), predicates
+    at random. The values are meaningless; the model's cost is real. Deterministic per constant name
+    and seed."""
+    import zlib
+
+    def value(node: Node) -> np.ndarray:
+        t = node.tensor
+        rng = np.random.default_rng([seed, zlib.crc32(node.name.encode())])
+        if t.dtype.is_float:
+            return dt.cast(rng.standard_normal(t.shape).astype(np.float32), t.dtype)
+        if t.dtype.is_pred:
+            return rng.integers(0, 2, t.shape).astype(bool)
+        return rng.integers(0, 16, t.shape).astype(t.dtype.np)
+
+    def expand(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+        if node.op == "constant" and attrs.get("value") is None and isinstance(node.type, TensorType):
+            return Node("constant", (), dict(attrs, value=value(node)), node.type, node.name, node.loc)
+        return None
+
+    return _rewrite_module(module, expand)

@@ -32,7 +32,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         saturate_infinity=args.enable_saturate_infinity, optlevel=args.O,
         distribution_strategy=args.distribution_strategy, lnc=args.lnc, num_parallel_jobs=args.num_parallel_jobs,
         extractor=args.extractor, workdir=args.workdir, relay_constants=args.relay_constants,
-        flags=tuple(args.flags_given))
+        fill_elided_constants=args.seed if args.fill_elided_constants else None, flags=tuple(args.flags_given))
     log: list[str] = [f"nxsat compile {' '.join(args.flags_given)}"]
     t0 = time.perf_counter()
     try:
@@ -75,6 +75,7 @@ class _Flags(argparse.Action):
 
 def register(sub: Any) -> None:
     """Add ``compile`` to the CLI's subparsers."""
+    from nxsat.cli.model import add_elided_argument
     from nxsat.driver import AUTO_CAST, AUTO_CAST_TYPES, EXTRACTORS
 
     p = sub.add_parser(
@@ -123,4 +124,6 @@ def register(sub: Any) -> None:
                    help="what to print: info (default) prints the report, warning only warnings, error nothing")
     p.add_argument("--workdir", metavar="DIR", help="dump what each stage made (docs/compiling.md)")
     p.add_argument("--relay-constants", metavar="FILE", help="Relay only: values of meta[relay.Constant][i]")
+    p.add_argument("--seed", type=int, default=0, help="seed for --fill-elided-constants (default 0)")
+    add_elided_argument(p)
     p.set_defaults(func=cmd_compile)

@@ -27,6 +27,12 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="seed for generated values (Relay constants from JSON, random inputs); default 0")
 
 
+def add_elided_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fill-elided-constants", action="store_true",
+                   help="give constants the model text elided (constant({...})) seeded random values (--seed), "
+                   "as XLA's tools do to run such a model: its cost is real, its results are not")
+
+
 def load_model(args: argparse.Namespace) -> Module:
     from nxsat.frontend import load
 
@@ -84,6 +90,10 @@ def cmd_interpret(args: argparse.Namespace) -> int:
     with Progress() as progress:  # a large model loads for seconds and runs for minutes
         progress.stage("load")
         module = load_model(args)
+        if args.fill_elided_constants:
+            from nxsat.passes import fill_elided_constants
+
+            module = fill_elided_constants(module, args.seed)
         progress.clear()  # input_arrays may say that the inputs are random
         arrays, source = input_arrays(args.inputs, args.seed, lambda seed: random_inputs(module, seed, progress))
         inputs = match_inputs(module, arrays, source=source)
@@ -165,6 +175,7 @@ def register(sub: Any) -> None:
     add_model_arguments(p)
     p.add_argument("--inputs", metavar="IN.npz", help="input values (default: seeded random inputs)")
     p.add_argument("--output", "-o", metavar="OUT.npz", help="where to write the outputs")
+    add_elided_argument(p)
     p.set_defaults(func=cmd_interpret)
 
     p = sub.add_parser("list-operators", help="the operators nxsat supports",

@@ -1,0 +1,77 @@
+"""Compile benchmark: per model, compile seconds per stage, peak memory, instructions, simulated latency,
+roofline and their ratio (trn1, -O2, --auto-cast matmult, bf16 unless told otherwise).
+
+    python bench/compile_bench.py                       # the issue's models
+    python bench/compile_bench.py --models mha_block_1x12x128x64_bf16 --auto-cast none
+
+Each model compiles in a fresh process (``nxsat compile --report``), so its peak memory (max RSS) is
+its own; models whose text elides constants compile with --fill-elided-constants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {
+    "resnet50": ROOT / "tests/data/hlo/resnet50_keras_jax_f32.hlo",
+    "gemma3_1b": ROOT / "tests/data/hlo/gemma3_1b_flax_call.hlo",
+    "mha_block": ROOT / "tests/data/hlo/mha_block_1x12x128x64_bf16.hlo",
+    "layer_norm": ROOT / "tests/data/hlo/layer_norm_1x4096x768_bf16.hlo",
+    "transformer_layer": ROOT / "tests/data/jax/transformer_layer.hlo",
+}
+
+
+def compile_one(path: Path, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        rep = Path(tmp) / "r.json"
+        cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(Path(tmp) / "m.neff"), "--report",
+               str(rep), "--logfile", "", "--verbose", "error", "--target", args.target, f"-O{args.O}",
+               "--auto-cast", args.auto_cast, "--auto-cast-type", args.auto_cast_type, "--fill-elided-constants"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, NXSAT_PROGRESS="0"))
+        wall = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        if p.returncode != 0:
+            return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+        r = json.loads(rep.read_text())
+        r["wall_s"] = wall
+        r["peak_rss_mb"] = max(peak, before) / 1024  # ru_maxrss: the largest child so far (KB)
+        return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS), help="names (see MODELS) or paths, comma-separated")
+    ap.add_argument("--target", default="trn1")
+    ap.add_argument("-O", type=int, default=2)
+    ap.add_argument("--auto-cast", default="matmult")
+    ap.add_argument("--auto-cast-type", default="bf16")
+    args = ap.parse_args()
+    print(f"target {args.target}, -O{args.O}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); seconds, MB, us")
+    print(f"{'model':<18} {'wall':>6} {'front':>6} {'satur':>6} {'lower':>6} {'sched':>6} {'neff':>6} {'sim':>6} "
+          f"{'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} {'ratio':>8}")
+    for name in args.models.split(","):
+        path = MODELS.get(name, Path(name))
+        r = compile_one(path, args)
+        if "error" in r:
+            print(f"{name:<18} failed: {r['error'][:150]}")
+            continue
+        s = r["stages"]
+        print(f"{name:<18} {r['wall_s']:6.1f} {s['frontend']:6.2f} {s['saturate']:6.2f} {s['lower']:6.2f} "
+              f"{s['schedule']:6.2f} {s['neff']:6.2f} {s['simulate']:6.2f} {r['peak_rss_mb']:6.0f} "
+              f"{r['instructions']:9,} {r['latency_us']:11.1f} {r['roofline_us']:10.2f} "
+              f"{r['latency_over_roofline']:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
