@@ -202,10 +202,3 @@ def assert_ulps(actual: np.ndarray, ref: np.ndarray, max_ulps: int = 1, max_inex
     inexact = float((d != 0).mean()) if d.size else 0.0
     assert inexact <= max_inexact, f"{what}: {inexact:.1%} of values not exact (allowed {max_inexact:.1%})"
 
-
-def ulp_of(x: np.ndarray, name: str) -> np.ndarray:
-    """One unit in the last place of float type ``name`` at |x| (at least the smallest subnormal)."""
-    info = ml_dtypes.finfo(NP[name])
-    tiny = float(info.smallest_subnormal)
-    e = np.floor(np.log2(np.maximum(np.abs(np.asarray(x, np.float64)), float(info.smallest_normal))))
-    return np.maximum(2.0 ** (e - MANTISSA[name]), tiny)

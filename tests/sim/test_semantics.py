@@ -7,6 +7,7 @@ test_mutations.py plants bugs in the executor and shows these checks catch them.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import semchecks as sc
 from nxsim_progs import build
@@ -88,6 +89,17 @@ MIXED_TS = [("s32", "f32", "f32"), ("bf16", "s32", "bf16"), ("s32", "s32", "u8")
 @pytest.mark.parametrize("src,dst,scalar", MIXED_TS)
 def test_tensor_scalar_mixed_types(engine: str, src: str, dst: str, scalar: str) -> None:
     sc.check_tensor_scalar(engine, src, dst, scalar=scalar)
+
+
+@pytest.mark.xfail(strict=True, reason="an fp32 intermediate crossing into the integer domain (tensor_scalar op0 on "
+                   "VectorE, op1 bitwise) is saturated at s32 whatever the tile type: u32 3000000000 + 2 then xor "
+                   "23130 gives 2147460517 (2^31-1 ^ 23130), not 2999977050; GpSimd gives 2999977048 (exact)")
+def test_u32_carried_from_fp32_into_a_bitwise_step() -> None:
+    x = np.full((4, 8), 3_000_000_000, np.uint32)
+    got = sc.run(["dve tensor_scalar y, x, op0=add, scalar0=2, op1=xor, scalar1=23130"], {"x": x},
+                 {"y": ("u32", (4, 8))})["y"]
+    # fp32 holds 3000000000 exactly and rounds 3000000002 to it; the bits of that u32 then meet the xor
+    assert int(got[0, 0]) == 3_000_000_000 ^ 23130
 
 
 @pytest.mark.parametrize("op", sc.BITWISE)
