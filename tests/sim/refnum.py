@@ -19,8 +19,6 @@ INTS = ("s32", "u32", "s16", "u16", "s8", "u8")
 NP = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16, "f8e4m3fn": ml_dtypes.float8_e4m3fn,
       "f8e5m2": ml_dtypes.float8_e5m2, "s32": np.int32, "u32": np.uint32, "s16": np.int16, "u16": np.uint16,
       "s8": np.int8, "u8": np.uint8}
-# Explicit mantissa bits of each float type.
-MANTISSA = {"f32": 23, "bf16": 7, "f16": 10, "f8e4m3fn": 3, "f8e5m2": 2}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
 
 
