@@ -1,8 +1,10 @@
-"""Shared fixtures: where the test data lives and how outputs are compared with references."""
+"""Shared fixtures: where the test data lives, how outputs are compared with references, and how much
+work (function calls) a piece of code does."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 # The suite runs in parallel workers (pytest -n 2): a BLAS that also starts a thread per core in each
 # worker oversubscribes the cores and its spinning threads make every matmul of the simulator many
@@ -37,3 +39,42 @@ def assert_matches_reference(actual: np.ndarray, ref: np.ndarray, what: str = ""
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+class CallBudgetExceeded(BaseException):
+    """More Python and C function calls than a ``call_budget`` allows (a BaseException, so that code
+    under test that turns ``Exception`` into coded errors cannot swallow it)."""
+
+
+class CallCounter:
+    """Counts function calls (Python and C) while active: the measure of work tests assert on instead of
+    seconds, which depend on the machine and its load. With a ``limit`` the count raises
+    CallBudgetExceeded as soon as it passes the limit, so runaway work fails the test instead of hanging."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.calls = 0
+        self._previous = None
+
+    def _profile(self, frame, event, arg):  # noqa: ANN001, ANN202 - sys.setprofile's signature
+        if event == "call" or event == "c_call":
+            self.calls += 1
+            if self.limit is not None and self.calls > self.limit:
+                raise CallBudgetExceeded(f"more than {self.limit} calls")
+
+    def __enter__(self) -> CallCounter:
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        sys.setprofile(self._previous)
+        if self.limit is not None and exc_type is None:  # the budget was exceeded and the error swallowed
+            assert self.calls <= self.limit, f"{self.calls} calls, the budget is {self.limit}"
+
+
+def count_calls(fn, *args, **kwargs) -> int:  # noqa: ANN001
+    """How many function calls ``fn(*args, **kwargs)`` makes (deterministic for a given input)."""
+    with CallCounter() as c:
+        fn(*args, **kwargs)
+    return c.calls

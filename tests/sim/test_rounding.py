@@ -1,9 +1,10 @@
 """Where the device rounds, bit for bit (hypothesis): each engine computes in fp32 and rounds once, on
 writing, to the destination type; TensorE products are exact and PSUM accumulates in fp32.
 
-The references here do not use the executor's cast: bf16 and tf32 round by integer arithmetic on
-the fp32 bits, fp16 by numpy's IEEE conversion, and fp8 by a search of the 256 codes of the type
-(nearest, ties to the even code; e4m3 saturating at +-448, e5m2 overflowing to infinity).
+The references here do not use the executor's cast (tests/sim/refnum.py): bf16 and tf32 round by
+integer arithmetic on the fp32 bits, fp16 by numpy's IEEE conversion, and fp8 by a search of the 256
+codes of the type (nearest, ties to the even code; e4m3 saturating at +-448, e5m2 overflowing to
+infinity).
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nxsim_progs import build
+from refnum import bf16 as _bf16
+from refnum import cast, same_bits
+from refnum import fp8 as _fp8
+from refnum import tf32 as _tf32
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -20,82 +25,6 @@ N = 32
 F32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 FINITE = st.floats(-1e30, 1e30, width=32)
 ROWS = st.lists(F32, min_size=N, max_size=N)
-
-
-def _bf16(x: np.ndarray) -> np.ndarray:
-    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    out = rounded.view(ml_dtypes.bfloat16)
-    return np.where(np.isnan(x), np.float32(np.nan), out.astype(np.float32)).astype(ml_dtypes.bfloat16)
-
-
-def _fp8_table(np_type: type) -> tuple[np.ndarray, np.ndarray]:
-    codes = np.arange(256, dtype=np.uint8)
-    vals = codes.view(np_type).astype(np.float64)
-    ok = np.isfinite(vals)
-    return codes[ok], vals[ok]
-
-
-def _fp8(x: np.ndarray, name: str) -> np.ndarray:
-    np_type = ml_dtypes.float8_e4m3fn if name == "f8e4m3fn" else ml_dtypes.float8_e5m2
-    codes, vals = _fp8_table(np_type)
-    top = float(vals.max())
-    x = np.asarray(x, np.float64)
-    out = np.empty(x.shape, np.uint8)
-    nan_code = np.array([np.nan], np.float32).astype(np_type).view(np.uint8)[0]
-    for k, v in np.ndenumerate(x):
-        if np.isnan(v):
-            out[k] = nan_code
-            continue
-        if name == "f8e4m3fn":
-            v = min(max(v, -top), top)  # saturate (infinities too)
-        else:
-            # e5m2: past max + half an ulp (a tie goes to the even code, infinity's side) is infinity
-            ulp = top - float(np.sort(vals)[-2])
-            if abs(v) >= top + ulp / 2:
-                out[k] = np.array([np.copysign(np.inf, v)], np.float32).astype(np_type).view(np.uint8)[0]
-                continue
-        d = np.abs(vals - v)
-        best = np.flatnonzero(d == d.min())
-        if len(best) > 1:  # a tie: the even code (+0 and -0 tie only at zero: keep the sign)
-            even = [b for b in best if codes[b] % 2 == 0]
-            best = [b for b in (even or best) if np.signbit(vals[b]) == np.signbit(v)] or even or list(best)
-        out[k] = codes[best[0]]
-    return out.view(np_type)
-
-
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """10 explicit mantissa bits and fp32's exponent range: subnormals are spaced 2^-136."""
-    x = np.asarray(x, np.float64)
-    m, e = np.frexp(x)
-    normal = np.ldexp(np.round(m * 2.0**11) / 2.0**11, e)  # np.round: half to even
-    sub = np.round(x / 2.0**-136) * 2.0**-136
-    with np.errstate(over="ignore"):
-        return np.where(np.abs(x) < 2.0**-126, sub, normal).astype(np.float32)
-
-
-def cast(x: np.ndarray, name: str) -> np.ndarray:
-    x = np.asarray(x, np.float32)
-    if name == "f32":
-        return x
-    if name == "bf16":
-        return _bf16(x)
-    if name == "f16":
-        with np.errstate(over="ignore"):
-            return x.astype(np.float16)
-    return _fp8(x, name)
-
-
-def same_bits(actual: np.ndarray, ref: np.ndarray) -> None:
-    a = np.asarray(actual)
-    r = np.asarray(ref)
-    assert a.dtype == r.dtype and a.shape == r.shape
-    an = np.isnan(a.astype(np.float32))
-    rn = np.isnan(r.astype(np.float32))
-    assert (an == rn).all()
-    width = {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
-    bad = (a.view(width) != r.view(width)) & ~an
-    assert not bad.any(), (a[bad][:4], r[bad][:4], np.flatnonzero(bad)[:4])
 
 
 def test_reference_casts_agree_with_the_documented_corner_cases() -> None:
