@@ -272,13 +272,16 @@ def _alu_domain(c: LInstr, target: Any, op: str | None, *ras: RAccess) -> str:
     return nm.compute_domain(c.stream, op, [r.dtype for r in ras], target.exact_int_engines, target.exact_int_types)
 
 
-def _convert(v: np.ndarray, src: str, dst: str) -> np.ndarray:
-    """An intermediate value carried from one ALU step's domain to the next's."""
+def _convert(v: np.ndarray, src: str, dst: str, tile: dt.DType) -> np.ndarray:
+    """An intermediate value carried from one ALU step's domain to the next's: into the integer
+    domain it truncates and saturates to the 32-bit range of the tile's signedness (a u32 tile's
+    3e9 stays 3e9)."""
     if src == dst:
         return v
     if dst == "f32":
         return nm.to_f32(v)
-    return dt.cast(np.asarray(v, dtype=np.float32), dt.S32).astype(np.int64)  # truncate and saturate
+    wide = dt.S32 if tile.is_signed else dt.U32
+    return dt.cast(np.asarray(v, dtype=np.float32), wide).astype(np.int64)
 
 
 # --- opcodes -----------------------------------------------------------------------------------
@@ -670,7 +673,7 @@ class TensorScalar(Op):
         v = nm.BINARY[c.attrs["op0"]](v, _scalar(x, c.attrs["scalar0"], dst, d0))
         if c.attrs["op1"] != "none":
             d1 = c.domains[1]
-            v = nm.BINARY[c.attrs["op1"]](_convert(v, d0, d1), _scalar(x, c.attrs["scalar1"], dst, d1))
+            v = nm.BINARY[c.attrs["op1"]](_convert(v, d0, d1, dst.dtype), _scalar(x, c.attrs["scalar1"], dst, d1))
         x.write(dst, v)
 
 

@@ -64,7 +64,8 @@ def _f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.nd
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    # 0.5 x (1 + tanh y) == x sigmoid(2y): no cancellation in the far negative tail
+    return x * special.expit(2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))
 
 
 def _f32(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
@@ -89,7 +90,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "tanh": _f64(np.tanh),
     "sigmoid": _f64(lambda x: special.expit(x)),
     "relu": _f32(lambda x: np.maximum(x, _ZERO)),
-    "gelu": _f64(lambda x: 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))),
+    "gelu": _f64(lambda x: 0.5 * x * special.erfc(-x / np.sqrt(2.0))),  # erfc: no cancellation for x << 0
     "gelu_tanh": _f64(_gelu_tanh),
     "silu": _f64(lambda x: x * special.expit(x)),
     "softplus": _f64(lambda x: np.logaddexp(0.0, x)),

@@ -49,9 +49,6 @@ dve activation b, a, func={func}, wait=s>=1
     assert e.value.code == "NCC_EASM004" and "VectorE" in e.value.message
 
 
-@pytest.mark.xfail(strict=True, reason="gelu and gelu_tanh compute 0.5 t (1 + erf/tanh(..)) in float64, which "
-                   "cancels for t < -4.4: not the correctly rounded fp32 result docs/device-model.md promises "
-                   "(e.g. gelu(-11.88) gives -0.0, the value is -8.6e-32)")
 @pytest.mark.parametrize("func", ["gelu", "gelu_tanh"])
 def test_gelu_tail_is_correctly_rounded(func: str) -> None:
     sc.check_activation_tail(func)
@@ -91,10 +88,8 @@ def test_tensor_scalar_mixed_types(engine: str, src: str, dst: str, scalar: str)
     sc.check_tensor_scalar(engine, src, dst, scalar=scalar)
 
 
-@pytest.mark.xfail(strict=True, reason="an fp32 intermediate crossing into the integer domain (tensor_scalar op0 on "
-                   "VectorE, op1 bitwise) is saturated at s32 whatever the tile type: u32 3000000000 + 2 then xor "
-                   "23130 gives 2147460517 (2^31-1 ^ 23130), not 2999977050; GpSimd gives 2999977048 (exact)")
 def test_u32_carried_from_fp32_into_a_bitwise_step() -> None:
+    """The fp32 intermediate enters the integer step in the tile's (unsigned) 32-bit range."""
     x = np.full((4, 8), 3_000_000_000, np.uint32)
     got = sc.run(["dve tensor_scalar y, x, op0=add, scalar0=2, op1=xor, scalar1=23130"], {"x": x},
                  {"y": ("u32", (4, 8))})["y"]
