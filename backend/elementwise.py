@@ -70,7 +70,7 @@ def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
     position = {n.id: k for k, n in enumerate(order)}
     of: dict[int, Cluster] = {}
     for k, n in enumerate(order):
-        if not is_elementwise(n):
+        if not is_elementwise(n) or n.id in lw.absorbed:  # an absorbed cast is done by its consumer
             continue
         joined = None
         for o in n.operands:

@@ -39,6 +39,7 @@ class Buf:
     value: Any = None  # const: the numpy array
     partition: int = 0
     offset: int | None = None
+    shard: int | None = None  # input/output: the dimension split across the SPMD ranks
     users: list[Inst] = field(default_factory=list, repr=False)
 
     @property
@@ -57,7 +58,8 @@ class Buf:
     def tensor(self) -> Tensor:
         """The device-program declaration (on-chip tiles at a placeholder place until allocated)."""
         return Tensor(self.name, self.kind, self.dtype, self.shape, partition=self.partition,
-                      offset=self.offset if self.offset is not None else (0 if self.onchip else None))
+                      offset=self.offset if self.offset is not None else (0 if self.onchip else None),
+                      shard=self.shard)
 
     def ref(self) -> Ref:
         return Ref(self, ())

@@ -163,7 +163,6 @@ class Lowering:
         for node in order:
             for o in node.operands:
                 self.consumers.setdefault(o.id, set()).add(node.id)
-        self.cluster_of = clusters(self, order)
         # tf32 roundings that only feed dots: TensorE's tf32 mode does them (backend/matmul.py)
         nodes = {n.id: n for n in order}
         cand = {n.id for n in order if is_tf32_rounding(n) and n.id not in self.output_of
@@ -175,17 +174,28 @@ class Lowering:
                 if any(not all(o.id in cand for o in nodes[c].operands) for c in self.consumers[i]):
                     cand.discard(i)
                     changed = True
+        # Casts to a TensorE type that only feed dots: the dot converts the tile it loads (one HBM read
+        # of the source instead of a cast written to scratch and read back).
+        # Only where the dot multiplies in the cast's type (both operands of it), so the on-chip cast is
+        # the same rounding.
+        cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
+                 and self.target.supports_matmul_dtype(n.dtype.name) and self.consumers.get(n.id)
+                 and all(nodes[c].op == "dot" and all(o.dtype is n.dtype for o in nodes[c].operands)
+                         for c in self.consumers[n.id])}
         self.absorbed = cand
+        self.cluster_of = clusters(self, order)
         for p in entry.params:
             if not isinstance(p.type, TensorType):
                 raise error("NCC_EUOC002", f"parameter {p.name} is a tuple: the device takes tensors", p.loc)
             b = self.graph.buf(p.name, "input", device_dtype(p.type.dtype, p), p.type.shape)
+            b.shard = p.attrs.get("shard_dim")  # backend/partition.py: this rank's part of a weight
             self.inputs.append(b)
             self.set(p, b.ref())
         leaves = _leaves(entry.root)
         for k, leaf in enumerate(leaves):
             t = leaf.tensor
             b = self.graph.buf(f"out{k}_{leaf.name}", "output", device_dtype(t.dtype, leaf), t.shape)
+            b.shard = leaf.attrs.get("shard_dim")
             self.outputs.append(b)
             self.output_of.setdefault(leaf.id, []).append(b)
         for node in order:
@@ -218,6 +228,13 @@ def is_tf32_rounding(node: Node) -> bool:
     puts on TensorE operands)."""
     return (node.op == "reduce-precision" and node.attrs.get("exponent_bits") == 8
             and node.attrs.get("mantissa_bits") == 10 and node.dtype is dt.F32)
+
+
+def is_operand_cast(node: Node) -> bool:
+    """A convert between float types into a type TensorE multiplies in (what --auto-cast matmult puts
+    on dot operands)."""
+    return (node.op == "convert" and node.dtype.name in ("bf16", "f16", "f8e4m3fn", "f8e5m2")
+            and node.operands[0].tensor.dtype.is_float)
 
 
 def _leaves(root: Node) -> list[Node]:

@@ -16,7 +16,7 @@ import math
 
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.backend.lower import Lowering, device_dtype, is_tf32_rounding, lowers, onchip_dtype
 from nxsat.extract.plan import matmul_plan
 from nxsat.ir import Node
 
@@ -43,22 +43,29 @@ def dot(lw: Lowering, node: Node) -> None:
     M = math.prod(lhs.shape[d] for d in lf)
     K = math.prod(lhs.shape[d] for d in lc)
     N = math.prod(rhs.shape[d] for d in rf)
-    tf32 = lhs.id in lw.absorbed and rhs.id in lw.absorbed
-    if tf32:  # both operands rounded to tf32 only for this: TensorE's tf32 mode rounds them
-        lhs, rhs = lhs.operands[0], rhs.operands[0]
+    tf32 = is_tf32_rounding(lhs) and lhs.id in lw.absorbed and is_tf32_rounding(rhs) and rhs.id in lw.absorbed
+    # An operand cast lowering absorbed (a tf32 rounding, or a cast into a TensorE type) is done on the
+    # loaded tile: the dot reads the cast's source and multiplies in the cast's type.
+    types = [lhs.dtype, rhs.dtype]
+    if lhs.id in lw.absorbed:
+        lhs = lhs.operands[0]
+    if rhs.id in lw.absorbed:
+        rhs = rhs.operands[0]
     L = lw.view(lw.ref(lhs).permute(*lb, *lf, *lc), lambda r: r.reshape(B, M, K), node)
     R = lw.view(lw.ref(rhs).permute(*rb, *rc, *rf), lambda r: r.reshape(B, K, N), node)
     out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
-    matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32")
+    matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
 
 
-def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = "fp32") -> None:
-    """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, K]``, R ``[B, K, N]``, out ``[B, M, N]``."""
+def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = "fp32",
+           mt: dt.DType | None = None) -> None:
+    """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, K]``, R ``[B, K, N]``, out ``[B, M, N]``;
+    the operands are multiplied in ``mt`` (default: their common TensorE type), cast on chip."""
     g = lw.graph
     B, M, K = L.shape
     N = R.shape[2]
     t = lw.target
-    mt = operand_type(L.dtype, R.dtype, lw)
+    mt = mt or operand_type(L.dtype, R.dtype, lw)
     plan = matmul_plan(M, K, N, mt.name, t)
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
@@ -69,14 +76,13 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
             stationary = []
             for k0 in range(0, K, plan.k_tile):
                 kn = min(plan.k_tile, K - k0)
-                src = L[b, m0:m0 + mn, k0:k0 + kn]
-                st = _load(lw, src, (kn, mn), mt, transpose=True, transpose_dma=transpose_dma)
+                st = _load_kmajor(lw, L[b, m0:m0 + mn, k0:k0 + kn].T, mt, transpose_dma)
                 stationary.append((k0, kn, st))
             for n0 in range(0, N, plan.n_tile):
                 nn = min(plan.n_tile, N - n0)
                 acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
                 for j, (k0, kn, st) in enumerate(stationary):
-                    mv = _load(lw, R[b, k0:k0 + kn, n0:n0 + nn], (kn, nn), mt)
+                    mv = _load_kmajor(lw, R[b, k0:k0 + kn, n0:n0 + nn], mt, transpose_dma)
                     g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(stationary) - 1,
                           **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                 res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()
@@ -86,6 +92,24 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                     g.add("dve", "tensor_copy", res, acc)
                 evac += 1
                 g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
+
+
+def _load_kmajor(lw: Lowering, src: Ref, dtype: dt.DType, transpose_dma: bool) -> Ref:
+    """A ``[K, X]`` operand tile (K on partitions) read the way its bytes lie: a plain DMA when X is
+    the contiguous dimension in HBM, else a transposing load of the ``[X, K]`` view (the DMA
+    engines' transpose where the target has one) rather than an element-by-element copy."""
+    if _inner_stride(src) != 1 and _inner_stride(src.T) == 1:
+        return _load(lw, src.T, src.shape, dtype, transpose=True, transpose_dma=transpose_dma)
+    return _load(lw, src, src.shape, dtype)
+
+
+def _inner_stride(r: Ref) -> int | None:
+    """The element stride of a 2-D access's last dimension (None when the chain is not a box)."""
+    ap = r.resolved().ap
+    if ap is None or not ap.dims:
+        return None
+    size, stride = ap.dims[-1]
+    return 1 if size == 1 else stride
 
 
 def _load(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType, transpose: bool = False,

@@ -8,6 +8,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
     saturate      the model type's rules in the e-graph, bounded by the -O level     03-egraph.json
     extract       the program the extractor chooses from the e-graph                04-extracted.hlo
     precision     --auto-cast as a policy: casts as explicit converts                05-precision.hlo/.json
+    partition     weights split across a logical core's physical cores where it pays  05-partition.hlo/.json
     lower         operators -> an instruction graph on tiles                         06-lowered.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
@@ -48,6 +49,8 @@ STAGES = (
     Stage("saturate", "an e-graph holding the program and everything the rules prove equal to it"),
     Stage("extract", "one program from the e-graph (the extractor's choice)"),
     Stage("precision", "the --auto-cast policy applied: casts as explicit converts, inputs and outputs kept"),
+    Stage("partition", "the same values; weights whose split pays are sharded over the logical core's "
+          "physical cores, their results joined by all-gathers or sharded outputs"),
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
     Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
     Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
@@ -123,6 +126,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     """Compile the model at ``path`` for ``opts.target``: the NEFF bytes and the report."""
     from nxsat import sim
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
+    from nxsat.backend.partition import partition
     from nxsat.backend.precision import apply_precision
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
@@ -166,7 +170,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                                                                   opts.saturate_infinity))
     st.dump("05-precision.hlo", print_module(precise))
     st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
-    lowering = st.run("lower", lambda: lower_graph(precise, target, Options(opts.mixed_precision_accumulation,
+    mm_type = matmul_precision(opts)
+    parted, sharding = st.run("partition", lambda: partition(precise, target, mm_type))
+    if sharding.ranks > 1:
+        st.dump("05-partition.hlo", print_module(parted))
+        st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
+    lowering = st.run("lower", lambda: lower_graph(parted, target, Options(opts.mixed_precision_accumulation,
                                                                           opts.saturate_infinity)))
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
@@ -178,21 +187,31 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     info = model_info(canonical)
     report = _report(opts, target, info, summary, st.seconds, egraph, prec, compiled, extracted)
+    report["sharding"] = sharding.to_json()
     return CompileResult(data, report, warnings)
+
+
+def matmul_precision(opts: CompileOptions) -> str:
+    """The type TensorE operations run in under the --auto-cast flags."""
+    if opts.auto_cast == "none":
+        return "f32"
+    return {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8_e4m3": "f8e4m3fn"}[opts.auto_cast_type]
 
 
 def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any], seconds: dict[str, float],
             egraph: dict[str, Any], prec: Any, compiled: Any, module: Module) -> dict[str, Any]:
     """The compile report (docs/compiling.md lists the fields)."""
     flops = sum(info.flops.get(k, 0) for k in ("dot", "convolution"))
-    matmul_type = {"none": "f32", "matmult": None, "all": None}[opts.auto_cast]
-    if matmul_type is None:
-        matmul_type = {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8_e4m3": "f8e4m3fn"}[opts.auto_cast_type]
-    peak = target.peak_flops(matmul_type if target.supports_matmul_dtype(matmul_type) else "f32")
-    io_bytes = sum(b.nbytes for b in compiled.inputs + compiled.outputs) + \
-        sum(int(v.nbytes) for v in compiled.constants.values())
+    from nxsat.sim.target import physical_cores
+
+    matmul_type = matmul_precision(opts)
+    # The logical core's ideal: every physical core's TensorE and DMA engines busy on the model.
+    cores = physical_cores(target)
+    peak = cores * target.peak_flops(matmul_type if target.supports_matmul_dtype(matmul_type) else "f32")
+    io_bytes = sum(b.nbytes * (cores if b.shard is not None else 1) for b in compiled.inputs + compiled.outputs) \
+        + sum(int(v.nbytes) for v in compiled.constants.values())
     compute_ns = flops / peak if peak else 0.0
-    memory_ns = io_bytes / target.memory_bw
+    memory_ns = io_bytes / (cores * target.memory_bw)
     roof = max(compute_ns, memory_ns)
     lat = summary["latency_ns"]
     engines = {k: e["utilization"] for k, e in summary["engines"].items()}
@@ -203,7 +222,7 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
         "roofline_us": round(roof / 1000, 3),
         "roofline": {"compute_us": round(compute_ns / 1000, 3), "memory_us": round(memory_ns / 1000, 3),
                      "bound": "compute" if compute_ns >= memory_ns else "memory", "flops": flops,
-                     "matmul_precision": matmul_type, "compulsory_hbm_bytes": io_bytes},
+                     "matmul_precision": matmul_type, "compulsory_hbm_bytes": io_bytes, "cores": cores},
         "latency_over_roofline": round(lat / roof, 3) if roof else None,
         "stages": seconds,
         "egraph": egraph,

@@ -17,7 +17,7 @@ import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.diagnostics import error
-from nxsat.ir import Computation, TensorType, TupleType, Type
+from nxsat.ir import Computation, Node, TensorType, TupleType, Type
 from nxsat.ops.common import count, tensor, tensors
 from nxsat.ops.reduce import body_attr, similar
 from nxsat.ops.registry import DMA, NONE, Ctx, ShapeError, op
@@ -54,17 +54,30 @@ def group_size(attrs: dict, name: str) -> int:
     return len(groups[0]) if groups else 1
 
 
-def _single_replica(attrs: dict, ctx: Ctx) -> None:
-    groups = attrs.get("replica_groups") or ()
+def check_single_replica(node: Node) -> None:
+    """Refuse a collective over more than one replica (the interpreter and the backend alike)."""
+    if node.op == "collective-permute":
+        pairs = node.attrs.get("source_target_pairs") or ()
+        if any(r != 0 for p in pairs for r in p):
+            shown = ",".join(f"{{{s},{t}}}" for s, t in pairs)
+            raise error("NCC_EUOC002", f"collective-permute {node.name} with pairs {{{shown}}}: "
+                        "multi-replica execution is not supported yet (nxsat runs one replica)", node.loc, _HINT)
+        return
+    groups = node.attrs.get("replica_groups") or ()
     if any(len(g) > 1 for g in groups):
         shown = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
-        raise error("NCC_EUOC002", f"{ctx.node.op} {ctx.node.name} over replica groups {shown}: "
+        raise error("NCC_EUOC002", f"{node.op} {node.name} over replica groups {shown}: "
                     "multi-replica execution is not supported yet (nxsat runs one replica)",
-                    ctx.node.loc, _HINT)
+                    node.loc, _HINT)
+
+
+def permute_receives(node: Node) -> bool:
+    """Does replica 0 receive anything from a (single-replica) collective-permute? If not, zeros."""
+    return (0, 0) in (node.attrs.get("source_target_pairs") or ())
 
 
 def _identity(args: list[Any], attrs: dict, ctx: Ctx) -> Any:
-    _single_replica(attrs, ctx)
+    check_single_replica(ctx.node)
     return args[0] if len(args) == 1 else tuple(args)
 
 
@@ -174,14 +187,8 @@ def _pairs(attrs: dict, name: str) -> tuple[tuple[int, int], ...]:
 
 def _collective_permute_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     (x,) = args
-    pairs = attrs.get("source_target_pairs") or ()
-    if any(r != 0 for p in pairs for r in p):
-        shown = ",".join(f"{{{s},{t}}}" for s, t in pairs)
-        raise error("NCC_EUOC002", f"collective-permute {ctx.node.name} with pairs {{{shown}}}: "
-                    "multi-replica execution is not supported yet (nxsat runs one replica)",
-                    ctx.node.loc, _HINT)
-    # A replica no pair sends to receives zeros.
-    return x if (0, 0) in pairs else np.zeros_like(x)
+    check_single_replica(ctx.node)
+    return x if permute_receives(ctx.node) else np.zeros_like(x)  # a replica no pair sends to gets zeros
 
 
 @op("collective-permute", engine=DMA, arity=(1, 1), impl=_collective_permute_impl,
