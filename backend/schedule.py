@@ -233,6 +233,13 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
     def access(r: Ref) -> Access:
         a = r.access()
         name = slot.get(id(r.buf), r.buf.name)
+        if r.as_type is not None:  # a bitcast: a tensor of the other type over the same bytes
+            b = r.buf
+            key = (b.kind, b.partition, b.offset, r.as_type.name, b.shape)
+            name = slots.get(key)
+            if name is None:
+                name = slots[key] = f"{'sb' if b.kind == 'sbuf' else 'ps'}{len(slots)}"
+                prog.tensors[name] = Tensor(name, b.kind, r.as_type, b.shape, partition=b.partition, offset=b.offset)
         return Access(name, a.index, a.views)
 
     # Streams: engines as named; DMA queues chosen round-robin, loads and stores apart.
