@@ -117,7 +117,7 @@ def iota(lw: Lowering, node: Node) -> None:
         while i0 < n:
             P = min(PARTS, n - i0)
             Q = max(1, min((n - i0) // P, cap // (Ac * Bc)))
-            t = _iota_tile(lw, (P, Ac, Q, Bc), tdt, base=i0, cm=Q, steps=(0, 1, 0), pred=node.dtype.is_pred)
+            t = _iota_tile(lw, (P, Ac, Q, Bc), tdt, base=i0, cm=Q, steps=(0, 1, 0))
             for a0 in range(0, A, Ac):
                 an = min(Ac, A - a0)
                 for b0 in range(0, B, Bc):
@@ -131,7 +131,7 @@ def iota(lw: Lowering, node: Node) -> None:
         for i0 in range(0, n, nc):
             nn = min(nc, n - i0)
             for a0, pc, qa in _blocks(0, A, max(1, cap // (nc * Bc))):
-                t = _iota_tile(lw, (pc, qa, nn, Bc), tdt, base=i0, cm=0, steps=(0, 1, 0), pred=node.dtype.is_pred)
+                t = _iota_tile(lw, (pc, qa, nn, Bc), tdt, base=i0, cm=0, steps=(0, 1, 0))
                 for b0 in range(0, B, Bc):
                     bn = min(Bc, B - b0)
                     dst = o3[a0:a0 + pc * qa, i0:i0 + nn, b0:b0 + bn].reshape(pc, qa, nn, bn)
@@ -139,16 +139,11 @@ def iota(lw: Lowering, node: Node) -> None:
 
 
 def _iota_tile(lw: Lowering, shape: tuple[int, ...], dtype: dt.DType, base: int, cm: int,
-               steps: tuple[int, ...], pred: bool = False) -> Ref:
-    """A tile of ``base + cm * p + steps . i`` in ``dtype`` (predicates: value != 0)."""
-    g = lw.graph
-    t = g.tile(shape, dt.S32 if dtype is dt.U8 and pred else dtype, "sbuf", "iota").ref()
-    g.add("pool", "iota", t, base=base, channel_multiplier=cm, steps=steps)
-    if t.dtype is dtype:
-        return t
-    b = g.tile(shape, dtype, "sbuf", "iota").ref()
-    g.add("pool", "tensor_scalar", b, t, op0="min", scalar0=1)
-    return b
+               steps: tuple[int, ...]) -> Ref:
+    """A tile of ``base + cm * p + steps . i`` in ``dtype``."""
+    t = lw.graph.tile(shape, dtype, "sbuf", "iota").ref()
+    lw.graph.add("pool", "iota", t, base=base, channel_multiplier=cm, steps=steps)
+    return t
 
 
 # --- rows addressed at run time --------------------------------------------------------------------
@@ -666,3 +661,283 @@ def _order_key(t: Tiles, x: Ref) -> Ref:
         bits = t.copy(bits, dt.S32)  # sign-extends
     mask = t.scalar2(bits, "shr", width - 1, "and", (1 << (width - 1)) - 1, dt.S32)
     return t.binary("xor", bits, mask, dt.S32)
+
+
+# --- sort ------------------------------------------------------------------------------------------
+
+SORT_ROW_BYTES = 32768  # per partition: a row of every operand and its positions, padded to a power of 2
+
+
+def _memset(lw: Lowering, ref: Ref, value: float | int) -> None:
+    lw.graph.add("pool" if ref.dtype.is_int else "dve", "memset", ref, value=value)
+
+
+@lowers("sort")
+def sort(lw: Lowering, node: Node) -> None:
+    """A stable sort by any comparator: a bitonic network along the free dimension (rows on partitions,
+    several rows per partition when they are short), the comparator evaluated on whole stages."""
+    ops = node.operands
+    d = node.attrs["dimension"]
+    comp: Computation = node.attrs["to_apply"]
+    outs = lw.results(node) if len(ops) > 1 else (lw.result(node),)
+    shape = ops[0].shape
+    n = shape[d]
+    if math.prod(shape) == 0:
+        return
+    if n == 1:
+        for o, x in zip(outs, ops):
+            lw.graph.add("dma", "dma", o, lw.ref(x))
+        return
+    types = [_dtype(x.dtype) for x in ops]
+    Np = 1 << (n - 1).bit_length()
+    row = Np * (sum(t.itemsize for t in types) + 4)
+    if row > SORT_ROW_BYTES:
+        raise error("NCC_EUOC002", f"sort {node.name}: rows of {n} elements ({row} bytes per partition with the "
+                    f"positions, over {SORT_ROW_BYTES}) do not fit the on-chip sorting network", node.loc,
+                    "docs/backend.md, 'Indexing, sorting and top-k'")
+    perm = [a for a in range(len(shape)) if a != d] + [d]
+    R = math.prod(shape) // n
+    srcs = [lw.view(lw.ref(x).permute(*perm), lambda r: r.reshape(R, n), node) for x in ops]
+    dsts = [_writable(lw, o.permute(*perm), (R, n), f"{node.name}_{i}") for i, o in enumerate(outs)]
+    g = lw.graph
+    for r0, pc, gr in _blocks(0, R, max(1, LIMIT // row)):
+        arrays = []
+        for x, t in zip(srcs, types):
+            a = g.tile((pc, gr, Np), t, "sbuf", "sortv").ref()
+            g.add("dma", "dma", a[:, :, 0:n], x[r0:r0 + pc * gr].reshape(pc, gr, n))
+            if Np > n:
+                _memset(lw, a[:, :, n:Np], 0)
+            arrays.append(a)
+        pos = g.tile((pc, gr, Np), dt.S32, "sbuf", "sortp").ref()
+        g.add("pool", "iota", pos, steps=(0, 1))
+        arrays.append(pos)
+        k = 2
+        while k <= Np:
+            j = k // 2
+            while j >= 1:
+                arrays = _sort_stage(lw, comp, arrays, n, k, j)
+                j //= 2
+            k *= 2
+        for (dst, _), a in zip(dsts, arrays):
+            g.add("dma", "dma", dst[r0:r0 + pc * gr].reshape(pc, gr, n), a[:, :, 0:n])
+    for _, done in dsts:
+        done()
+
+
+def _sort_stage(lw: Lowering, comp: Computation, arrays: list[Ref], n: int, k: int, j: int) -> list[Ref]:
+    """One stage of the bitonic network: elements ``i`` and ``i + j`` (``i & j == 0``) are exchanged when
+    they are out of order for the direction of their block of ``k`` (ascending where ``i & k == 0``).
+    "Before" is the comparator, ties broken by position (``arrays[-1]``), pads (positions ``>= n``) last:
+    a strict total order, so the network's result is the stable sort."""
+    g = lw.graph
+    pc, gr, Np = arrays[0].shape
+    shape = (pc, gr, Np // (2 * j), j)
+    t = Tiles(g, shape, "sortc")
+    kern = Kernel(lw, t)
+
+    def half(a: Ref, h: int) -> Ref:
+        return a.reshape(pc, gr, Np // (2 * j), 2, j)[:, :, :, h, :]
+
+    A = [half(a, 0) for a in arrays]
+    B = [half(a, 1) for a in arrays]
+    c_ba = _apply(kern, comp, [v for pair in zip(B[:-1], A[:-1]) for v in pair])[0]
+    c_ab = _apply(kern, comp, [v for pair in zip(A[:-1], B[:-1]) for v in pair])[0]
+    t_ba = t.binary("lt", B[-1], A[-1], dt.S32)
+    before = t.binary("max", c_ba, t.binary("lt", c_ab, t_ba, dt.S32), dt.S32)  # c_ba or (not c_ab and t_ba)
+    if Np > n:
+        pad = t.binary("ge", t.binary("max", A[-1], B[-1], dt.S32), n, dt.S32)
+        before = t.select(pad, t_ba, before, dt.S32)
+    if k < Np:
+        at = t.tile(dt.S32)
+        g.add("pool", "iota", at, steps=(0, 2 * j, 0))  # the position of each pair's first element
+        desc = t.scalar2(at, "and", k, "shr", k.bit_length() - 1, dt.S32)
+        before = t.binary("xor", before, desc, dt.S32)
+    out = []
+    for a, x, y in zip(arrays, A, B):
+        na = g.tile(a.shape, a.dtype, "sbuf", "sortv").ref()
+        eng = "pool" if a.dtype.name in ("s32", "u32") else "dve"
+        g.add(eng, "select", half(na, 0), before, y, x)
+        g.add(eng, "select", half(na, 1), before, x, y)
+        out.append(na)
+    return out
+
+
+# --- topk ------------------------------------------------------------------------------------------
+
+TOPK_FREE = 1024  # elements per partition of one top-k round
+TOPK_MAX_SPLIT = 4096  # elements per partition when a row is spread over every partition
+TOPK_MERGE = 128  # candidates per partition in a merge round: small rounds, few levels
+
+
+def _topk_keys(t: Tiles, x: Ref, largest: bool) -> Ref:
+    """int32 keys whose signed order is the order top-k ranks ``x`` in (totalOrder for floats; the
+    smallest first becomes the largest key when ``largest`` is false)."""
+    if x.dtype.is_float:
+        key = _order_key(t, x)
+    elif x.dtype is dt.U32:
+        key = t.binary("xor", x, INT_MIN, dt.S32)  # unsigned order as signed
+    else:
+        key = t.copy(x, dt.S32) if x.dtype is not dt.S32 else t.binary("add", x, 0, dt.S32)
+    return t.binary("xor", key, -1, dt.S32) if not largest else key
+
+
+def _topk_values(t: Tiles, key: Ref, dtype: dt.DType, largest: bool) -> Ref:
+    """The values the keys came from (bit for bit)."""
+    if not largest:
+        key = t.binary("xor", key, -1, dt.S32)
+    if dtype.is_float:
+        width = dtype.itemsize * 8
+        bits = t.binary("xor", key, t.scalar2(key, "shr", 31, "and", (1 << (width - 1)) - 1, dt.S32), dt.S32)
+        sint = {32: dt.S32, 16: dt.S16, 8: dt.S8}[width]
+        if sint is not dt.S32:
+            bits = t.copy(bits, sint)
+        return bits.bitcast(dtype)
+    if dtype is dt.U32:
+        return t.binary("xor", key, INT_MIN, dt.U32)
+    return key if dtype is dt.S32 else t.copy(key, dtype)
+
+
+def _topk_rounds(lw: Lowering, km: Ref, posa: Ref, pos: Ref, kk: int, payload: Ref | None) -> tuple[Ref, Ref]:
+    """``kk`` rounds of: the largest key of every row (``[P, G, F]`` tiles, exact on GpSimd), the first
+    position holding it among the live ones (``posa``: the position, or BIG once taken or a pad), and
+    knocking it out. Returns the keys ``[P, G, kk]`` in rank order and their indices (the positions, or
+    ``payload`` at them; BIG for a round that found nothing live)."""
+    g = lw.graph
+    P, G, F = km.shape
+    t = Tiles(g, (P, G, F), "topk")
+    big = t.memset(BIG, dt.S32)
+    low = t.memset(INT_MIN, dt.S32)
+    keys = g.tile((P, G, kk), dt.S32, "sbuf", "topkk").ref()
+    idx = g.tile((P, G, kk), dt.S32, "sbuf", "topki").ref()
+    for i in range(kk):
+        m = keys[:, :, i:i + 1]
+        g.add("pool", "tensor_reduce", keys[:, :, i], km, op="max", axes=(2,))
+        eq = _eq_rows(t, km, m)
+        cand = t.select(eq, posa, big, dt.S32)
+        sel = idx[:, :, i:i + 1] if payload is None else g.tile((P, G, 1), dt.S32, "sbuf", "topks").ref()
+        g.add("pool", "tensor_reduce", sel.reshape(P, G), cand, op="min", axes=(2,))
+        if payload is None and i == kk - 1:
+            break
+        hit = _eq_rows(t, pos, sel)
+        if payload is not None:
+            pv = t.select(hit, payload, big, dt.S32)
+            g.add("pool", "tensor_reduce", idx[:, :, i], pv, op="min", axes=(2,))
+        if i < kk - 1:
+            g.add("pool", "select", km, hit, low, km)
+            g.add("pool", "select", posa, hit, big, posa)
+    return keys, idx
+
+
+def _eq_rows(t: Tiles, x: Ref, v: Ref) -> Ref:
+    """``x == v`` with ``v`` ``[P, G, 1]`` one value per row: a per-partition scalar when a partition holds
+    one row (one pass), else a broadcast operand."""
+    P, G, F = x.shape
+    if G > 1:
+        return t.binary("eq", x, v.broadcast(2, F), dt.S32)
+    out = t.tile(dt.S32)
+    t.g.add("pool", "tensor_scalar", out, x, op0="eq", scalar0=v)
+    return out
+
+
+@lowers("topk")
+def topk(lw: Lowering, node: Node) -> None:
+    """The k largest (or smallest) along the last dimension with their int32 indices, ties to the lower
+    index: rounds of max / first index / knock out on GpSimd over int32 total-order keys. A long row is
+    spread over partitions; their candidates merge in a tree of the same rounds (candidates keep row
+    order, so ties still go to the lower index)."""
+    g = lw.graph
+    x = node.operands[0]
+    k = node.attrs["k"]
+    largest = node.attrs.get("largest", True)
+    vals, idxs = lw.results(node)
+    n = x.shape[-1]
+    R = math.prod(x.shape[:-1])
+    if k == 0 or R == 0:
+        return
+    X = lw.view(lw.ref(x), lambda r: r.reshape(R, n), node)
+    V, I = vals.reshape(R, k), idxs.reshape(R, k)
+    xt = _dtype(x.dtype)
+    if n <= TOPK_FREE:
+        for r0, pc, gr in _blocks(0, R, max(1, TOPK_FREE // n)):
+            t = Tiles(g, (pc, gr, n), "topk")
+            xs = t.tile(xt)
+            g.add("dma", "dma", xs, X[r0:r0 + pc * gr].reshape(pc, gr, n))
+            km = _topk_keys(t, xs, largest)
+            pos = t.tile(dt.S32)
+            g.add("pool", "iota", pos, steps=(0, 1))
+            posa = t.binary("add", pos, 0, dt.S32)
+            keys, idx = _topk_rounds(lw, km, posa, pos, k, None)
+            _topk_store(lw, keys, idx, V[r0:r0 + pc * gr].reshape(pc, gr, k), I[r0:r0 + pc * gr].reshape(pc, gr, k),
+                        vals.dtype, largest)
+        return
+    S = min(PARTS, -(-n // 256))
+    F = -(-n // S)
+    S = -(-n // F)
+    if F > TOPK_MAX_SPLIT:
+        raise error("NCC_EUOC002", f"topk {node.name}: rows of {n} elements exceed {PARTS * TOPK_MAX_SPLIT} (the "
+                    "partitions times the elements each takes)", node.loc, "docs/backend.md, 'Indexing, sorting and "
+                    "top-k'")
+    rb = max(1, PARTS // S)
+    for r0 in range(0, R, rb):
+        rn = min(rb, R - r0)
+        P = rn * S
+        t = Tiles(g, (P, 1, F), "topk")
+        xs = t.tile(xt)
+        full = n // F
+        if full * F < n or S * F > n:
+            _memset(lw, xs, 0)
+        for r in range(rn):
+            g.add("dma", "dma", xs[r * S:r * S + full, :, :], X[r0 + r, 0:full * F].reshape(full, 1, F))
+            if full * F < n:
+                g.add("dma", "dma", xs[r * S + full:r * S + full + 1, :, 0:n - full * F],
+                      X[r0 + r:r0 + r + 1, full * F:n].reshape(1, 1, n - full * F))
+        pos = t.tile(dt.S32)
+        g.add("pool", "iota", pos, channel_multiplier=F, steps=(0, 1))
+        if rn > 1:  # positions within the row: minus (p // S) * S * F
+            pt = Tiles(g, (P, 1), "topk")
+            p = pt.tile(dt.S32)
+            g.add("pool", "iota", p, channel_multiplier=1)
+            off = pt.scalar2(p, "div", S, "mul", -S * F, dt.S32)
+            pos2 = t.tile(dt.S32)
+            g.add("pool", "tensor_scalar", pos2, pos, op0="add", scalar0=off)
+            pos = pos2
+        key = _topk_keys(t, xs, largest)
+        live = t.binary("lt", pos, n, dt.S32)
+        km = t.select(live, key, INT_MIN, dt.S32)
+        posa = t.select(live, pos, BIG, dt.S32)
+        kk = min(k, F)
+        keys, idx = _topk_rounds(lw, km, posa, pos, kk, None)
+        cur = S
+        while cur > 1:
+            f = max(2, TOPK_MERGE // kk)
+            nxt = -(-cur // f)
+            slots = f * kk
+            t2 = Tiles(g, (rn * nxt, 1, slots), "topk")
+            ck, ci = t2.tile(dt.S32), t2.tile(dt.S32)
+            if cur % f:
+                _memset(lw, ck, INT_MIN)
+                _memset(lw, ci, BIG)
+            for r in range(rn):
+                for s2 in range(nxt):
+                    cnt = min(f, cur - s2 * f)
+                    at = r * nxt + s2
+                    src = r * cur + s2 * f
+                    for dst_t, src_t in ((ck, keys), (ci, idx)):
+                        g.add("dma", "dma", dst_t[at:at + 1, :, 0:cnt * kk].reshape(1, cnt, kk),
+                              src_t[src:src + cnt, 0, :])
+            pos = t2.tile(dt.S32)
+            g.add("pool", "iota", pos, steps=(0, 1))
+            live = t2.binary("lt", ci, BIG, dt.S32)
+            posa = t2.select(live, pos, BIG, dt.S32)
+            kk = min(k, slots)
+            keys, idx = _topk_rounds(lw, ck, posa, pos, kk, ci)
+            cur = nxt
+        _topk_store(lw, keys, idx, V[r0:r0 + rn].reshape(rn, 1, k), I[r0:r0 + rn].reshape(rn, 1, k), vals.dtype,
+                    largest)
+
+
+def _topk_store(lw: Lowering, keys: Ref, idx: Ref, vdst: Ref, idst: Ref, dtype: dt.DType, largest: bool) -> None:
+    t = Tiles(lw.graph, keys.shape, "topk")
+    v = _topk_values(t, keys, _dtype(dtype), largest)
+    lw.graph.add("dma", "dma", vdst, v)
+    lw.graph.add("dma", "dma", idst, idx)
