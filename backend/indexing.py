@@ -393,18 +393,58 @@ def _scalar_loader(lw: Lowering, starts: list[Node], wanted: set[int]) -> Loader
 
 # --- dynamic slices ----------------------------------------------------------------------------------
 
+def _fixed_starts(lw: Lowering, starts: list[Node], shape: tuple[int, ...], sizes: tuple[int, ...]
+                  ) -> tuple[tuple[slice, ...], set[int]]:
+    """Start indices that are constants, clamped now (XLA's clamp): the slice they take of every dimension
+    (whole dimensions elsewhere) and which dimensions they fix."""
+    key, fixed = [], set()
+    for d, s in enumerate(starts):
+        c = lw.scalar(s)
+        if c is None:
+            key.append(slice(None))
+            continue
+        c = min(max(int(c), 0), shape[d] - sizes[d])
+        key.append(slice(c, c + sizes[d]))
+        fixed.add(d)
+    return tuple(key), fixed
+
+
+def _slice_rows(lw: Lowering, node: Node, ref: Ref, starts: list[Node], sizes: tuple[int, ...]
+                ) -> tuple[Rows, Indexer, Ref] | None:
+    """A dynamic slice's rows: dimensions with a constant start are sliced out of ``ref`` first (the rows
+    then start at 0 there), the others are clamped at run time; the table of ``ref`` (None: ``ref``'s
+    access pattern cannot be seen as one)."""
+    shape = ref.shape
+    key, fixed = _fixed_starts(lw, starts, shape, sizes)
+    for attempt in (fixed, set()):
+        sub = ref[tuple(k if d in attempt else slice(None) for d, k in enumerate(key))] if key else ref
+        sshape = tuple(sizes[d] if d in attempt else shape[d] for d in range(len(sizes)))
+        dyn = tuple((d, d) for d in range(len(sizes)) if sshape[d] > sizes[d])
+        rows = Rows(sshape, sizes, dyn, (), ())
+        try:
+            table = rows.table(sub)
+            table.shape  # noqa: B018 - resolves the chain
+        except (AccessError, IndexError):
+            continue
+        return rows, Indexer(lw, rows, _scalar_loader(lw, starts, {k for _, k in dyn}), True, node.name), table
+    return None
+
+
 @lowers("dynamic-slice")
 def dynamic_slice(lw: Lowering, node: Node) -> None:
-    """A gather of the slice's rows at the clamped start (see the module docstring)."""
+    """A gather of the slice's rows at the clamped start (see the module docstring); constant starts are
+    a plain slice of the access pattern (nothing moves)."""
     x, *starts = node.operands
     sizes = tuple(node.attrs["sizes"])
-    out = lw.result(node)
-    if math.prod(sizes) == 0:
+    key, fixed = _fixed_starts(lw, starts, x.shape, sizes)
+    if len(fixed) == len(starts) or math.prod(sizes) == 0:
+        lw.set(node, lw.ref(x)[key] if key else lw.ref(x))
         return
-    dyn = tuple((d, d) for d in range(len(sizes)) if x.shape[d] > sizes[d])
-    rows = Rows(x.shape, sizes, dyn, (), ())
-    ix = Indexer(lw, rows, _scalar_loader(lw, starts, {k for _, k in dyn}), True, node.name)
-    table = lw.view(_bytes_table(lw, lw.ref(x), node.name), rows.table, node)
+    out = lw.result(node)
+    src = _bytes_table(lw, lw.ref(x), node.name)
+    plan = _slice_rows(lw, node, src, starts, sizes) or _slice_rows(lw, node, lw.contiguous(src, node), starts, sizes)
+    assert plan is not None  # a contiguous operand is always a table
+    rows, ix, table = plan
     dst, done = _writable(lw, out, (rows.W, rows.R), node.name)
     _gather_rows(lw, ix, table, dst, table.dtype)
     done()
@@ -412,17 +452,23 @@ def dynamic_slice(lw: Lowering, node: Node) -> None:
 
 @lowers("dynamic-update-slice")
 def dynamic_update_slice(lw: Lowering, node: Node) -> None:
-    """The operand copied to the result, then the update's rows scattered at the clamped start."""
+    """The operand copied to the result, then the update's rows scattered at the clamped start (a DMA
+    into a slice when every start is a constant)."""
     x, upd, *starts = node.operands
     out = lw.result(node)
     lw.graph.add("dma", "dma", out, lw.ref(x))
     if math.prod(upd.shape) == 0:
         return
-    dyn = tuple((d, d) for d in range(len(upd.shape)) if x.shape[d] > upd.shape[d])
-    rows = Rows(x.shape, upd.shape, dyn, (), ())
-    ix = Indexer(lw, rows, _scalar_loader(lw, starts, {k for _, k in dyn}), True, node.name)
+    key, fixed = _fixed_starts(lw, starts, x.shape, upd.shape)
+    if len(fixed) == len(starts):
+        lw.graph.add("dma", "dma", out[key] if key else out, lw.ref(upd))
+        return
+    tg = _Target(lw, out)
+    plan = _slice_rows(lw, node, tg.buf, starts, upd.shape)
+    assert plan is not None  # the result is contiguous
+    rows, ix, tg.table = plan
     src = lw.view(lw.ref(upd), lambda r: r.reshape(rows.W, rows.R), node)
-    _scatter_rows(lw, ix, [_Target(lw, out, rows, node.name)], [src], node)
+    _scatter_rows(lw, ix, [tg], [src], node)
 
 
 @dataclass
@@ -431,16 +477,14 @@ class _Target:
 
     lw: Lowering
     out: Ref
-    rows: Rows
-    name: str
+    buf: Ref = field(init=False)
     table: Ref = field(init=False)
 
     def __post_init__(self) -> None:
         self.buf = self.out
         if self.out.dtype.is_pred:
-            self.buf = self.lw.graph.buf(self.name + "_u8", "scratch", dt.U8, self.out.shape).ref()
+            self.buf = self.lw.graph.buf(self.out.buf.name + "_u8", "scratch", dt.U8, self.out.shape).ref()
             self.lw.graph.add("dma", "dma", self.buf, self.out)
-        self.table = self.rows.table(self.buf)
 
     def finish(self) -> None:
         if self.buf is not self.out:
@@ -591,7 +635,9 @@ def scatter(lw: Lowering, node: Node) -> None:
     order = [*scatter_dims, *dims.update_window_dims]
     srcs = [_bytes_table(lw, lw.view(lw.ref(u).permute(*order), lambda r: r.reshape(rows.B * rows.W, rows.R), node),
                          node.name) for u in updates]
-    targets = [_Target(lw, o, rows, f"{node.name}_{i}") for i, o in enumerate(outs)]
+    targets = [_Target(lw, o) for o in outs]
+    for tg in targets:
+        tg.table = rows.table(tg.buf)
     body: Computation = node.attrs["to_apply"]
     kinds = _combiners(body, n)
     same = all(p.type.dtype is a.dtype for p, a in zip(body.params, [*operands, *updates]))

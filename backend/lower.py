@@ -87,6 +87,7 @@ class Lowering:
     consumers: dict[int, set[int]] = field(default_factory=dict)  # node id -> ids of the nodes that read it
     cluster_of: dict[int, Any] = field(default_factory=dict)  # elementwise node id -> its fused cluster
     _consts: dict[tuple, Ref] = field(default_factory=dict)
+    _by_id: dict[int, Node] = field(default_factory=dict)
 
     # --- where values live ----------------------------------------------------------------------
     def ref(self, node: Node) -> Ref:
@@ -128,8 +129,10 @@ class Lowering:
         """Where each element of a tuple-valued operator's value goes (its output buffer when the model
         returns that element, else a new scratch buffer); sets the node's value to the tuple."""
         assert isinstance(node.type, TupleType)
-        gtes = {n.attrs["index"]: n for n in self.module.entry.post_order() if n.op == "get-tuple-element"
-                and n.operands[0] is node and n.id in self.output_of}
+        if not self._by_id:
+            self._by_id = {n.id: n for n in self.module.entry.post_order()}
+        users = (self._by_id[c] for c in self.consumers.get(node.id, ()))
+        gtes = {n.attrs["index"]: n for n in users if n.op == "get-tuple-element" and n.id in self.output_of}
         refs = []
         for i, t in enumerate(node.type.elements):
             assert isinstance(t, TensorType), f"{node.name}: nested tuple results"

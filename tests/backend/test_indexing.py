@@ -184,6 +184,21 @@ ENTRY e {
 }""", lambda r: {"in0": r.standard_normal((2, 64, 4, 32)).astype(np.float32), "in1": np.int32(57),
                  "in2": r.standard_normal((2, 1, 4, 32)).astype(np.float32)})
 
+# constant starts clamped at compile time (a plain slice), runtime ones on a transposed operand
+_case("dynamic_slice_constants_and_views", """HloModule m
+ENTRY e {
+  x = f32[6,7] parameter(0)
+  i = s32[] parameter(1)
+  xt = f32[7,6] transpose(x), dimensions={1,0}
+  c = s32[] constant(100)
+  n = s32[] constant(-4)
+  a = f32[3,2] dynamic-slice(xt, i, c), dynamic_slice_sizes={3,2}
+  b = f32[2,2] dynamic-slice(x, c, n), dynamic_slice_sizes={2,2}
+  u = f32[7,6] dynamic-update-slice(xt, b, c, i)
+  v = f32[6,7] dynamic-update-slice(x, b, n, c)
+  ROOT r = (f32[3,2], f32[2,2], f32[7,6], f32[6,7]) tuple(a, b, u, v)
+}""", lambda r: {"in0": r.standard_normal((6, 7)).astype(np.float32), "in1": np.int32(3)})
+
 # more rows than partitions, rows padded to a power of two, an index payload (argsort)
 _case("sort_rows_payload", """HloModule m
 lt { a = f32[] parameter(0)
