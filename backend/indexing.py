@@ -546,7 +546,7 @@ def _rounds(lw: Lowering, ix: Indexer, targets: list[_Target], updates: list[Ref
             for tg, up in zip(targets, updates):
                 c = g.tile((pc, nc, cn), tg.table.dtype, "sbuf", "cur").ref()
                 g.add("pool", "gather", c, tg.table[:, c0:c0 + cn], idx, oob="skip")
-                u = g.tile((pc, nc, cn), tg.table.dtype, "sbuf", "upd").ref()
+                u = g.tile((pc, nc, cn), up.dtype, "sbuf", "upd").ref()
                 g.add("dma", "dma", u, up[m0:m0 + pc * nc, c0:c0 + cn].reshape(pc, nc, cn))
                 cur.append(c)
                 new.append(u)

@@ -171,6 +171,21 @@ ENTRY e {
 }""", lambda r: {"in0": r.standard_normal((8, 2)).astype(np.float32), "in1": _ints(r, 0, 8, (12, 1)),
                  "in2": r.standard_normal((12, 2)).astype(np.float32)})
 
+# updates of another float type than the operand (XLA allows it): the body converts
+_case("scatter_mixed_types", """HloModule m
+body { a = f32[] parameter(0)
+ b = bf16[] parameter(1)
+ c = f32[] convert(b)
+ ROOT r = f32[] add(a, c) }
+ENTRY e {
+  x = f32[8,2] parameter(0)
+  i = s32[12,1] parameter(1)
+  u = bf16[12,2] parameter(2)
+  ROOT s = f32[8,2] scatter(x, i, u), update_window_dims={1}, inserted_window_dims={0},
+      scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=body
+}""", lambda r: {"in0": r.standard_normal((8, 2)).astype(np.float32), "in1": _ints(r, 0, 8, (12, 1)),
+                 "in2": r.standard_normal((12, 2)).astype(np.float32)})
+
 # a key-value cache: a time step read and written at a runtime position
 _case("kv_cache_step", """HloModule m
 ENTRY e {
