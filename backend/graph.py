@@ -75,13 +75,23 @@ class Buf:
 @dataclass(frozen=True, eq=False)
 class Ref:
     """An access to a buffer: a chain of ``index``, ``permute``, ``reshape`` and ``broadcast`` steps,
-    built numpy-style (``buf[0:128, 3].reshape(128, 4, 2).T``)."""
+    built numpy-style (``buf[0:128, 3].reshape(128, 4, 2).T``). ``as_type`` reads an on-chip tile's
+    bytes as another type of the same width (:meth:`bitcast`)."""
 
     buf: Buf
     ops: tuple[tuple[str, Any], ...]
+    as_type: dt.DType | None = None
 
     def _then(self, op: str, arg: Any) -> Ref:
-        return Ref(self.buf, self.ops + ((op, arg),))
+        return Ref(self.buf, self.ops + ((op, arg),), self.as_type)
+
+    def bitcast(self, dtype: dt.DType) -> Ref:
+        """The same elements of an on-chip tile seen as ``dtype`` (same width): the device program declares
+        a tensor of that type over the tile's bytes, as on-chip tensors may share memory. Dependences
+        stay exact: the geometry is the tile's own."""
+        if not self.buf.onchip or dtype.itemsize != self.buf.dtype.itemsize:
+            raise ValueError(f"cannot view {self.buf} as {dtype.name}")
+        return Ref(self.buf, self.ops, None if dtype is self.buf.dtype else dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -89,7 +99,7 @@ class Ref:
 
     @property
     def dtype(self) -> dt.DType:
-        return self.buf.dtype
+        return self.as_type or self.buf.dtype
 
     def __getitem__(self, key: Any) -> Ref:
         shape = self.shape

@@ -82,10 +82,13 @@ class Lowering:
     outputs: list[Buf] = field(default_factory=list)
     warnings: Warnings = field(default_factory=Warnings)
     output_of: dict[int, list[Buf]] = field(default_factory=dict)  # node id -> output buffers it fills
+    # (node id, element) -> output buffers an element of a tuple-valued operator (sort, scatter, topk) fills
+    element_outputs: dict[tuple[int, int], list[Buf]] = field(default_factory=dict)
     consumers: dict[int, set[int]] = field(default_factory=dict)  # node id -> ids of the nodes that read it
     cluster_of: dict[int, Any] = field(default_factory=dict)  # elementwise node id -> its fused cluster
     absorbed: set[int] = field(default_factory=set)  # nodes another operator's lowering does itself
     _consts: dict[tuple, Ref] = field(default_factory=dict)
+    _by_id: dict[int, Node] = field(default_factory=dict)
 
     # --- where values live ----------------------------------------------------------------------
     def ref(self, node: Node) -> Ref:
@@ -122,6 +125,23 @@ class Lowering:
             r = self.graph.buf(name or node.name, "scratch", device_dtype(t.dtype, node), t.shape).ref()
         self.set(node, r)
         return r
+
+    def results(self, node: Node) -> tuple[Ref, ...]:
+        """Where each element of a tuple-valued operator's value goes (its output buffer when the model
+        returns that element, else a new scratch buffer); sets the node's value to the tuple."""
+        assert isinstance(node.type, TupleType)
+        if not self._by_id:
+            self._by_id = {n.id: n for n in self.module.entry.post_order()}
+        users = (self._by_id[c] for c in self.consumers.get(node.id, ()))
+        gtes = {n.attrs["index"]: n for n in users if n.op == "get-tuple-element" and n.id in self.output_of}
+        refs = []
+        for i, t in enumerate(node.type.elements):
+            assert isinstance(t, TensorType), f"{node.name}: nested tuple results"
+            outs = self.element_outputs.get((node.id, i)) or (self.output_of[gtes[i].id] if i in gtes else None)
+            refs.append(outs[0].ref() if outs else
+                        self.graph.buf(f"{node.name}_{i}", "scratch", device_dtype(t.dtype, node), t.shape).ref())
+        self.set(node, tuple(refs))
+        return tuple(refs)
 
     def const(self, value: np.ndarray, dtype: dt.DType, name: str = "const") -> Ref:
         """A constant in HBM (one buffer per distinct value)."""
@@ -192,12 +212,15 @@ class Lowering:
             self.inputs.append(b)
             self.set(p, b.ref())
         leaves = _leaves(entry.root)
-        for k, leaf in enumerate(leaves):
-            t = leaf.tensor
+        for k, (leaf, elem) in enumerate(leaves):
+            t = leaf.tensor if elem is None else leaf.type.elements[elem]
             b = self.graph.buf(f"out{k}_{leaf.name}", "output", device_dtype(t.dtype, leaf), t.shape)
             b.shard = leaf.attrs.get("shard_dim")
             self.outputs.append(b)
-            self.output_of.setdefault(leaf.id, []).append(b)
+            if elem is None:
+                self.output_of.setdefault(leaf.id, []).append(b)
+            else:
+                self.element_outputs.setdefault((leaf.id, elem), []).append(b)
         for node in order:
             if node.op == "parameter" or node.id in self.values or node.id in self.absorbed:
                 continue
@@ -213,8 +236,8 @@ class Lowering:
             fn(self, node)
         self.graph.origin = None
         # Outputs a node did not write itself (a parameter, a constant, a view, a value returned twice).
-        for k, leaf in enumerate(leaves):
-            v = self.ref(leaf)
+        for k, (leaf, elem) in enumerate(leaves):
+            v = self.ref(leaf) if elem is None else self.values[leaf.id][elem]
             out = self.outputs[k]
             if v.buf is out and not v.ops:
                 continue
@@ -237,13 +260,16 @@ def is_operand_cast(node: Node) -> bool:
             and node.operands[0].tensor.dtype.is_float)
 
 
-def _leaves(root: Node) -> list[Node]:
-    if isinstance(root.type, TupleType):
-        out: list[Node] = []
+def _leaves(root: Node) -> list[tuple[Node, int | None]]:
+    """The model's outputs: tensor-valued nodes, or elements of a tuple-valued operator (sort, topk)."""
+    if root.op == "tuple":
+        out: list[tuple[Node, int | None]] = []
         for op in root.operands:
             out.extend(_leaves(op))
         return out
-    return [root]
+    if isinstance(root.type, TupleType):
+        return [(root, i) for i in range(len(root.type.elements))]
+    return [(root, None)]
 
 
 def _types(node: Node) -> list[dt.DType]:
