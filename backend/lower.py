@@ -169,11 +169,12 @@ class Lowering:
             self.inputs.append(b)
             self.set(p, b.ref())
         leaves = _leaves(entry.root)
-        for k, leaf in enumerate(leaves):
-            t = leaf.tensor
+        for k, (leaf, path) in enumerate(leaves):
+            t = _element(leaf.type, path)
             b = self.graph.buf(f"out{k}_{leaf.name}", "output", device_dtype(t.dtype, leaf), t.shape)
             self.outputs.append(b)
-            self.output_of.setdefault(leaf.id, []).append(b)
+            if not path:  # an element of a tuple-valued operator is copied there at the end
+                self.output_of.setdefault(leaf.id, []).append(b)
         for node in order:
             if node.op == "parameter" or node.id in self.values:
                 continue
@@ -189,8 +190,10 @@ class Lowering:
             fn(self, node)
         self.graph.origin = None
         # Outputs a node did not write itself (a parameter, a constant, a view, a value returned twice).
-        for k, leaf in enumerate(leaves):
-            v = self.ref(leaf)
+        for k, (leaf, path) in enumerate(leaves):
+            v = self.values[leaf.id]
+            for i in path:
+                v = v[i]
             out = self.outputs[k]
             if v.buf is out and not v.ops:
                 continue
@@ -199,13 +202,27 @@ class Lowering:
         self.graph.origin = None
 
 
-def _leaves(root: Node) -> list[Node]:
-    if isinstance(root.type, TupleType):
-        out: list[Node] = []
+def _leaves(root: Node) -> list[tuple[Node, tuple[int, ...]]]:
+    """The model's outputs in order: (node, index path into its tuple value; () for an array)."""
+    if root.op == "tuple":
+        out: list[tuple[Node, tuple[int, ...]]] = []
         for op in root.operands:
             out.extend(_leaves(op))
         return out
-    return [root]
+    return [(root, path) for path in _paths(root.type)]
+
+
+def _paths(t: Any) -> list[tuple[int, ...]]:
+    if isinstance(t, TupleType):
+        return [(i, *p) for i, e in enumerate(t.elements) for p in _paths(e)]
+    return [()]
+
+
+def _element(t: Any, path: tuple[int, ...]) -> TensorType:
+    for i in path:
+        t = t.elements[i]
+    assert isinstance(t, TensorType)
+    return t
 
 
 def _types(node: Node) -> list[dt.DType]:
