@@ -33,9 +33,9 @@ import ml_dtypes
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.backend.elementwise import MAX_COLS, Kernel, _split, elementwise, emits
+from nxsat.backend.elementwise import EMITTERS, MAX_COLS, Kernel, _split, elementwise, emits
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.backend.lower import LOWERINGS, Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
 from nxsat.ir import Node
@@ -48,7 +48,7 @@ TWO23 = float(2**23)
 
 OPS = ("floor", "ceil", "round-nearest-even", "round-nearest-afz", "exponential-minus-one", "log-plus-one",
        "cbrt", "tan", "is-finite", "remainder", "atan2", "shift-right-logical", "shift-right-arithmetic", "popcnt",
-       "count-leading-zeros", "reduce-precision", "iota")
+       "count-leading-zeros", "reduce-precision")
 
 
 def _out(node: Node) -> dt.DType:
@@ -589,7 +589,6 @@ def _num(v: np.ndarray) -> float | int:
     return float(v) if v.dtype.kind == "f" or v.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np) else int(v)
 
 
-@emits("iota")
 def _iota(k: Kernel, node: Node, ops: list[Operand]) -> Operand:
     """The index along ``iota_dimension`` from the flat element index (GpSimd's iota over the tile, then
     exact integer division and remainder)."""
@@ -608,6 +607,14 @@ def _iota(k: Kernel, node: Node, ops: list[Operand]) -> Operand:
 
 
 lowers(*OPS)(elementwise)
+
+
+def fuse_iota() -> None:
+    """iota as an elementwise operator of its consumers' pass (no HBM round trip), unless another family
+    lowers it (backend/families.py calls this after importing every family)."""
+    if "iota" not in LOWERINGS:
+        EMITTERS["iota"] = _iota
+        lowers("iota")(elementwise)
 
 
 # --- bitcast-convert that changes the width, and bitcast ------------------------------------------------
