@@ -15,10 +15,10 @@ integers in fp32 too (exact below 2**24 only), bitwise operators act on bits, an
 * **Roundings** (floor, ceil, round-to-even and away-from-zero) add and subtract 2**23 in fp32 (one
   correctly rounded step) and fix up the tie, the direction and the sign of zero; beyond 2**23 every
   float is an integer already.
-* **Multi-instruction functions** and the error bounds measured on them (tests/backend/
-  test_elementwise.py asserts them, docs/backend.md states them): expm1 and log1p by Kahan's
-  formulas on correctly rounded exp/log (<= 2 ulp), cbrt as a Newton step on pow(|x|, 1/3)
-  (<= 1 ulp), tan as sin/cos (<= 2 ulp), atan2 on ISA 1.1's arctan (<= 2 ulp), remainder exactly
+* **Multi-instruction functions** and their error bounds (docs/backend.md states them, tests/backend/
+  test_elementwise.py asserts them): expm1 and log1p from correctly rounded exp/log with the rounding
+  error of u = exp(x) or u = 1 + x corrected (<= 2 ulp), cbrt as a Newton step on pow(|x|, 1/3)
+  (<= 1.5 ulp), tan as sin/cos (<= 2 ulp), atan2 on ISA 1.1's arctan (<= 2 ulp), remainder exactly
   (integer long division of the mantissas, 8 bits per step).
 * **Conversions** go through one engine copy (round to nearest even, float to integer truncating
   and saturating), except that XLA's f8e4m3fn has no saturation: what rounds beyond 448 is NaN.
@@ -113,7 +113,7 @@ def _wide(k: Kernel, x: Operand, d: dt.DType, signed: bool | None = None) -> Ope
     assert isinstance(x, Ref)
     if x.dtype.itemsize == 4:  # 32 bits already (also a value widened before)
         return k.t.view(x, S32 if signed else U32)
-    src = k.t.view(x, (SINT if signed else UINT)[d.itemsize])
+    src = k.t.view(x, (SINT if signed else UINT)[x.dtype.itemsize])
     out = k.t.tile(S32)
     k.g.add("pool", "tensor_scalar", out, src, op0="or", scalar0=0)
     return out
