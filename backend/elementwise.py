@@ -37,8 +37,9 @@ ALU = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "max
        "power": "pow", "and": "and", "or": "or", "xor": "xor", "shift-left": "shl"}
 COMPARE = {"EQ": "eq", "NE": "ne", "LT": "lt", "LE": "le", "GT": "gt", "GE": "ge"}
 
-Emit = Callable[["Kernel", Node, list[Operand]], Ref]
+Emit = Callable[["Kernel", Node, list[Operand]], Operand]
 EMITTERS: dict[str, Emit] = {}
+SHAPE_CHANGING = frozenset({"bitcast-convert"})  # elementwise only when the shape stays
 
 
 def emits(*ops: str) -> Callable[[Emit], Emit]:
@@ -62,7 +63,12 @@ class Cluster:
 
 
 def is_elementwise(node: Node) -> bool:
-    return node.op in EMITTERS and isinstance(node.type, TensorType)
+    """An operator computed element by element on tiles of its own shape (a bitcast-convert that
+    changes the element width changes the shape too: it is lowered on its own)."""
+    if node.op not in EMITTERS or not isinstance(node.type, TensorType):
+        return False
+    return all(isinstance(o.type, TensorType) and o.shape == node.shape for o in node.operands) or \
+        node.op not in SHAPE_CHANGING
 
 
 def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
@@ -90,12 +96,18 @@ def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
 # --- the kernel ------------------------------------------------------------------------------------
 
 class Kernel:
-    """One tile of one cluster: its inputs loaded, its members computed in order."""
+    """One tile of one cluster: its inputs loaded, its members computed in order. The tile is rows
+    ``at[0]..`` and columns ``at[1]..`` of the cluster's ``shape`` seen as ``[rows, cols]`` (``grid``):
+    what an operator whose values depend on the position (iota) needs."""
 
-    def __init__(self, lw: Lowering, tiles: Tiles) -> None:
+    def __init__(self, lw: Lowering, tiles: Tiles, shape: tuple[int, ...] = (), at: tuple[int, int] = (0, 0),
+                 grid: tuple[int, int] = (1, 1)) -> None:
         self.lw = lw
         self.t = tiles
         self.g = lw.graph
+        self.shape = shape
+        self.at = at
+        self.grid = grid
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -125,6 +137,8 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
             s = lw.scalar(o)
             if s is not None:
                 inputs[o.id] = s
+            elif o.shape == () and cl.shape != ():  # a scalar operand (select's predicate, clamp's bounds)
+                inputs[o.id] = lw.ref(o).reshape(1, 1).broadcast(0, rows).broadcast(1, cols)
             else:
                 inputs[o.id] = lw.view(lw.ref(o), lambda r: r.reshape(rows, cols), m)
     stores = {m.id: lw.view(lw.result(m), lambda r: r.reshape(rows, cols), m) for m in outputs}
@@ -132,7 +146,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
         rn = min(part, rows - r0)
         for c0 in range(0, cols, MAX_COLS):
             cn = min(MAX_COLS, cols - c0)
-            k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"))
+            k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), cl.shape, (r0, c0), (rows, cols))
             val: dict[int, Operand] = {}
             for oid, src in inputs.items():
                 if is_num(src):
@@ -164,11 +178,29 @@ def _emit(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
     fn = EMITTERS.get(node.op)
     if fn is None:
         raise error("NCC_EUOC002", f"operator {node.op} ({node.name}) cannot run on the NeuronCore yet", node.loc)
+    if ops and all(is_num(o) for o in ops):
+        from nxsat.backend.elementwise_ext import fold
+
+        return fold(node, ops)  # numbers only: computed now, by the reference semantics
     out = fn(k, node, ops)
     want = onchip_dtype(device_dtype(node.dtype))
     if isinstance(out, Ref) and out.dtype is not want:
-        out = k.t.copy(out, want)
+        out = narrow(k.t, out, want)
     return out
+
+
+E4M3_NAN_ABOVE = 464.0  # f8e4m3fn: 448 is its largest value; XLA makes what rounds beyond it (> 464) NaN
+
+
+def narrow(t: Tiles, v: Ref, want: dt.DType) -> Ref:
+    """``v`` converted to ``want`` as XLA converts: one engine copy (round to nearest even, float to
+    integer truncating and saturating, integers wrapping), except that XLA's f8e4m3fn has no
+    saturation (the device's copy saturates at +-448): what rounds beyond 448, and infinity, is NaN."""
+    y = t.copy(v, want)
+    if want is not dt.F8E4M3FN:
+        return y
+    big = t.scalar2(v, "abs_max", 0, "gt", E4M3_NAN_ABOVE, dt.U8)
+    return t.select(big, math.nan, y, want)
 
 
 @lowers(*ACTIVATION, *ALU, "compare", "select", "clamp", "negate", "abs", "convert", "sign", "not")
@@ -191,89 +223,5 @@ def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
     x = ops[0]
     if is_num(x):
         x = k.t.memset(x, dt.F32)
-    return k.t.act(ACTIVATION[node.op], x, _dtype(node))
-
-
-@emits(*ALU)
-def _alu(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    a, b = ops
-    op = ALU[node.op]
     d = _dtype(node)
-    if node.dtype.is_int and op == "div":
-        # XLA: x / 0 = -1 (all ones); the ALU divides by one instead
-        q = k.t.binary("div", a, b, d)
-        zero = k.t.binary("eq", b, 0, dt.U8) if not is_num(b) else None
-        return q if zero is None else k.t.select(zero, -1 if node.dtype.is_signed else 2 ** (8 * d.itemsize) - 1, q, d)
-    return k.t.binary(op, a, b, d)
-
-
-@emits("compare")
-def _compare(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    a, b = ops
-    return k.t.binary(COMPARE[node.attrs["direction"]], a, b, dt.U8)
-
-
-@emits("select")
-def _select(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    p, a, b = ops
-    if is_num(p):
-        return a if p else b  # type: ignore[return-value]
-    return k.t.select(p, a, b, _dtype(node))
-
-
-@emits("clamp")
-def _clamp(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    lo, x, hi = ops
-    d = _dtype(node)
-    return k.t.binary("min", k.t.binary("max", x, lo, d), hi, d)
-
-
-@emits("negate")
-def _negate(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    d = _dtype(node)
-    if node.dtype.is_int:
-        return k.t.binary("rsub", ops[0], 0, d) if not is_num(ops[0]) else k.t.memset(-ops[0], d)
-    return k.t.binary("mul", ops[0], -1.0, d)
-
-
-@emits("abs")
-def _abs(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    d = _dtype(node)
-    if node.dtype.is_int:
-        return k.t.binary("abs_max", ops[0], 0, d)
-    x = ops[0] if not is_num(ops[0]) else k.t.memset(ops[0], d)
-    return k.t.act("abs", x, d)
-
-
-@emits("sign")
-def _sign(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    d = _dtype(node)
-    x = ops[0] if not is_num(ops[0]) else k.t.memset(ops[0], d)
-    if node.dtype.is_int:
-        pos = k.t.binary("gt", x, 0, d)
-        neg = k.t.binary("lt", x, 0, d)
-        return k.t.binary("sub", pos, neg, d)
-    return k.t.act("sign", x, d)
-
-
-@emits("not")
-def _not(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    d = _dtype(node)
-    x = ops[0] if not is_num(ops[0]) else k.t.memset(ops[0], d)
-    if node.dtype.is_pred:
-        return k.t.binary("eq", x, 0, d)
-    return k.t.binary("xor", x, -1 if node.dtype.is_signed else 2 ** (8 * d.itemsize) - 1, d)
-
-
-@emits("convert")
-def _convert(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    d = _dtype(node)
-    x = ops[0]
-    src = node.operands[0].dtype
-    if is_num(x):
-        return k.t.memset(x, onchip_dtype(device_dtype(src)))
-    if node.dtype.is_pred:
-        return k.t.binary("ne", x, 0, d)
-    if src.is_pred:
-        return k.t.copy(x, d)
-    return k.t.copy(x, d)
+    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d)  # e4m3fn: narrowed as XLA

@@ -1,3 +1,14 @@
 """Every operator family's lowerings (importing registers them with ``lowers``)."""
 
-from nxsat.backend import collective, elementwise, indexing, matmul, movement, reduce  # noqa: F401
+from nxsat.backend import (  # noqa: F401
+    collective,
+    elementwise,
+    elementwise_ext,
+    indexing,
+    matmul,
+    movement,
+    reduce,
+    rng,
+)
+
+elementwise_ext.fuse_iota()  # after every family: a family's own iota lowering comes first

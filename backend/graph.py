@@ -30,7 +30,8 @@ class Buf:
     """A buffer: an HBM tensor (``input output const scratch``) or an on-chip tile (``sbuf psum``).
 
     On-chip tiles are placed by the scheduler (``partition``/``offset``); an HBM constant carries its
-    value."""
+    value. A tile with a ``base`` is a view of that tile's bytes as another element type or shape
+    (:meth:`Graph.alias`): it has no place of its own, and its uses keep its base alive."""
 
     name: str
     kind: str
@@ -41,6 +42,12 @@ class Buf:
     offset: int | None = None
     shard: int | None = None  # input/output: the dimension split across the SPMD ranks
     users: list[Inst] = field(default_factory=list, repr=False)
+    base: Buf | None = field(default=None, repr=False)
+
+    @property
+    def root(self) -> Buf:
+        """The buffer that owns the bytes (itself, unless it is a view of another tile)."""
+        return self.base if self.base is not None else self
 
     @property
     def onchip(self) -> bool:
@@ -140,6 +147,8 @@ class Ref:
     def reshape(self, *shape: int) -> Ref:
         if tuple(shape) == self.shape:
             return self
+        if self.ops and self.ops[-1][0] == "reshape":  # a reshape of a reshape is one (no rank-0 step between)
+            return Ref(self.buf, self.ops[:-1]).reshape(*shape)
         return self._then("reshape", tuple(int(s) for s in shape))
 
     def broadcast(self, dim: int, size: int) -> Ref:
@@ -232,6 +241,21 @@ class Graph:
     def tile(self, shape: Iterable[int], dtype: dt.DType, mem: str = "sbuf", name: str = "t") -> Buf:
         return self.buf(name, mem, dtype, shape)
 
+    def alias(self, buf: Buf, dtype: dt.DType, shape: Iterable[int]) -> Buf:
+        """A view of on-chip tile ``buf``'s bytes as ``dtype[shape]`` (same partitions, starting at its
+        first byte, no more bytes per partition): bit reinterpretation with no instruction. The
+        scheduler places it with its base and keeps the base alive for the view's uses; dependences
+        between the two are exact per byte (they are tracked as one buffer)."""
+        root = buf.root
+        shape = tuple(int(s) for s in shape)
+        if not root.onchip:
+            raise ValueError(f"{root.name} is not an on-chip tile: only tiles can be viewed as another type")
+        if shape[0] != root.shape[0] or math.prod(shape[1:]) * dtype.itemsize > root.row_bytes:
+            raise ValueError(f"a {dtype.name}{list(shape)} view does not fit tile {root}")
+        b = self.buf(root.name + "_as_" + dtype.name, root.kind, dtype, shape)
+        b.base = root
+        return b
+
     def add(self, engine: str, opcode: str, *operands: Ref, **attrs: Any) -> Inst:
         """Append an instruction; its reads and writes come from the opcode's operand schema."""
         if len(self.insts) >= MAX_INSTRUCTIONS:
@@ -251,8 +275,10 @@ class Graph:
             inst.reads.append(operands[0])
         self._depend(inst)
         self.insts.append(inst)
-        for r in {id(r.buf): r for r in (*inst.reads, *inst.writes)}.values():
-            r.buf.users.append(inst)
+        touched = {id(r.buf): r.buf for r in (*inst.reads, *inst.writes)}
+        touched.update({id(b.root): b.root for b in list(touched.values())})
+        for b in touched.values():
+            b.users.append(inst)
         return inst
 
     def resolved(self, r: Ref) -> RAccess:
@@ -267,7 +293,7 @@ class Graph:
             for r in refs:
                 if r.buf.kind in ("input", "const") and not is_write:
                     continue
-                tr = self._track.setdefault(id(r.buf), _Track())
+                tr = self._track.setdefault(id(r.buf.root), _Track())  # a view and its base: one memory
                 ra = self.resolved(r)
                 keep = []
                 for e_ra, e_inst, e_write in tr.entries:

@@ -121,7 +121,9 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     sbuf = _Space(target.sbuf_bytes, ALIGN)
     psum = _Space(target.psum_bytes, ALIGN)
     bank = target.psum_bank_bytes
-    remaining: dict[int, int] = {id(b): len({u.index for u in b.users}) for b in graph.bufs if b.onchip}
+    # Tiles that own memory (views of a tile's bytes are placed with it; their uses count as its uses).
+    remaining: dict[int, int] = {id(b): len({u.index for u in b.users}) for b in graph.bufs
+                                 if b.onchip and b.base is None}
     placed: set[int] = set()
     extra: dict[int, list[Inst]] = defaultdict(list)  # reuse dependences found while placing
     # A tile's reuse dependences, for every instruction that writes it: two writers of disjoint parts of a
@@ -141,7 +143,8 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     scheduled = [False] * n
 
     def place(i: Inst) -> bool:
-        new = list({id(r.buf): r.buf for r in i.writes if r.buf.onchip and id(r.buf) not in placed}.values())
+        new = list({id(r.buf.root): r.buf.root for r in i.writes
+                    if r.buf.onchip and id(r.buf.root) not in placed}.values())
         got: list[tuple[Buf, _Space]] = []
         for b in new:
             space = sbuf if b.kind == "sbuf" else psum
@@ -196,7 +199,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
             indeg[s.index] -= 1
             if indeg[s.index] == 0:
                 heapq.heappush(ready_loads if is_load(s) else ready_other, s.index)
-        for b in {id(r.buf): r.buf for r in (*pick.reads, *pick.writes)}.values():
+        for b in {id(r.buf.root): r.buf.root for r in (*pick.reads, *pick.writes)}.values():
             if not b.onchip:
                 continue
             remaining[id(b)] -= 1
@@ -225,6 +228,8 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
     for b in graph.bufs:
         if not b.onchip or not b.users:
             continue
+        if b.base is not None:  # a view: the same bytes as its base
+            b.partition, b.offset = b.base.partition, b.base.offset
         key = (b.kind, b.partition, b.offset, b.dtype.name, b.shape)
         name = slots.get(key)
         if name is None:

@@ -43,6 +43,18 @@ class Tiles:
             return "pool"
         return "dve"
 
+    def view(self, a: Ref, dtype: dt.DType) -> Ref:
+        """Tile ``a``'s bytes as ``dtype`` (no instruction): ``[rows, row bytes / dtype's size]``. Bit
+        operations on floats (sign, exponent, mantissa) run on an integer view of the same tile."""
+        if a.dtype is dtype:
+            return a
+        if a.ops:
+            raise ValueError("only a whole tile can be viewed as another type")
+        b = a.buf
+        n, rem = divmod(b.row_bytes, dtype.itemsize)
+        assert rem == 0, f"{b} does not hold whole {dtype.name} elements"
+        return self.g.alias(b, dtype, (b.shape[0], n)).ref()
+
     def memset(self, value: float | int, dtype: dt.DType) -> Ref:
         t = self.tile(dtype)
         self.g.add("pool" if dtype.is_int else "dve", "memset", t, value=value)
@@ -76,7 +88,10 @@ class Tiles:
                    scalar1=_imm(s1, out, a))
         return out
 
-    def act(self, func: str, a: Ref, dtype: dt.DType, scale: float = 1.0, bias: float = 0.0) -> Ref:
+    def act(self, func: str, a: Ref, dtype: dt.DType, scale: float = 1.0, bias: float = -0.0) -> Ref:
+        """``func(scale * a + bias)`` on ScalarE. The default bias is -0.0, the identity of addition
+        (``x + -0.0`` is ``x`` for every x; ``-0.0 + 0.0`` would be +0.0): functions keep the sign of a
+        zero (``sqrt(-0) = -0``, ``rsqrt(-0) = -inf``), as XLA computes them."""
         out = self.tile(dtype)
         self.g.add("act", "activation", out, a, func=func, scale=float(scale), bias=float(bias))
         return out

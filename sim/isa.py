@@ -212,6 +212,7 @@ class Attr:
     default: Any = None
     choices: tuple[str, ...] = ()
     since: tuple[int, int] = (1, 0)  # the ISA version that introduced it (a non-default value needs it)
+    choices_since: tuple[tuple[str, tuple[int, int]], ...] = ()  # enum values added by a later version
 
 
 SB = frozenset({"sbuf"})
@@ -550,7 +551,8 @@ class Activation(Op):
     name = "activation"
     engines = ("act", "dve")
     operands = (Operand("dst", SBPS, write=True), Operand("src", SBPS))
-    attrs = (Attr("func", "enum", "identity", tuple(nm.ACTIVATIONS)), Attr("scale", "scalar", 1.0),
+    attrs = (Attr("func", "enum", "identity", tuple(nm.ACTIVATIONS), choices_since=tuple(nm.ACTIVATION_SINCE.items())),
+             Attr("scale", "scalar", 1.0),
              Attr("bias", "scalar", 0.0), Attr("accum", "out", None))
     doc = ("dst = func(scale * src + bias) in fp32; accum (optional) = per-partition sum of those fp32 "
            "results (before their cast to dst's type)")

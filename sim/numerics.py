@@ -103,7 +103,10 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "sin": _f64(np.sin),
     "cos": _f64(np.cos),
     "erf": _f64(special.erf),
+    "arctan": _f64(np.arctan),  # ISA 1.1 (NKI's ScalarE has arctan): atan2's core, correctly rounded
 }
+# Functions added after ISA 1.0: a program of an older version that uses one is refused.
+ACTIVATION_SINCE: dict[str, tuple[int, int]] = {"arctan": (1, 1)}
 
 
 def _cmp(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:

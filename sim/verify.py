@@ -325,6 +325,11 @@ class _Linker:
                 raise error("NCC_EASM002", f"{ins.opcode} attribute {a.name} is ISA {a.since[0]}.{a.since[1]}; the "
                             f"program says .isa {prog.version[0]}.{prog.version[1]}", loc,
                             f"write .isa {a.since[0]}.{a.since[1]}")
+            v_since = dict(a.choices_since).get(attrs[a.name]) if a.choices_since else None
+            if v_since is not None and prog.version < v_since:
+                raise error("NCC_EASM002", f"{ins.opcode} {a.name}={attrs[a.name]} is ISA {v_since[0]}.{v_since[1]}; "
+                            f"the program says .isa {prog.version[0]}.{prog.version[1]}", loc,
+                            f"write .isa {v_since[0]}.{v_since[1]}")
         for a in op.attrs:
             v = attrs.get(a.name)
             if a.kind in ("scalar", "in", "out") and isinstance(v, Access):

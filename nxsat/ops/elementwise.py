@@ -311,7 +311,7 @@ binary("shift-left", np.left_shift, kinds=INT, int_fn=_shift_left, relay=("left_
 binary("shift-right-logical", np.right_shift, kinds=INT, neuron=("ShiftRightLogical",),
        int_fn=_shift_right_logical)
 binary("shift-right-arithmetic", np.right_shift, kinds=INT, int_fn=_shift_right_arithmetic,
-       relay=("right_shift",), notes="on the device only for 32-bit operands (NCC_EVRF022)")
+       relay=("right_shift",), notes="neuronx-cc takes only 32-bit operands (NCC_EVRF022); nxsat runs every width")
 
 
 # --- compare ---------------------------------------------------------------------------------

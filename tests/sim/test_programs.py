@@ -8,7 +8,7 @@ from nxsim_progs import EXAMPLES, assert_close_dtype, build, rounded
 
 from nxsat import dtypes as dt
 from nxsat import sim
-from nxsat.diagnostics import Warnings
+from nxsat.diagnostics import NxsatError, Warnings
 
 FLOATS = ["f32", "bf16", "f16", "f8e4m3fn", "f8e5m2"]
 # Spacing of the smallest subnormals: below it a relative tolerance means nothing.
@@ -374,3 +374,34 @@ def test_examples_assemble_and_run(name: str) -> None:
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     else:
         np.testing.assert_array_equal(out, inputs["in0"][inputs["in1"][:, 0]])
+
+
+ARCTAN = """
+.isa {v}
+.target trn1
+input   x: f32[128, 64]
+output  y: f32[128, 64]
+sbuf    xs: f32[128, 64]
+sbuf    ys: f32[128, 64]
+sem     ld
+sem     done
+q0    dma         xs, x, signal=ld
+act   activation  ys, xs, func=arctan, scale=2.0, bias=-0.0, wait=ld>=1, signal=done
+q1    dma         y, ys, wait=done>=1
+"""
+
+
+def test_arctan_is_correctly_rounded_and_needs_isa_1_1() -> None:
+    """ISA 1.1's arctan (NKI's ScalarE has it): the fp32 result of arctan(scale * x + bias) correctly
+    rounded, signed zeros and infinities as IEEE; a 1.0 program that names it is refused."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((128, 64)) * np.exp2(rng.integers(-30, 30, (128, 64)))).astype(np.float32)
+    x[0, :6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e38]
+    y = build(ARCTAN.format(v="1.1")).run({"x": x})[0]
+    t = (np.float32(2.0) * x).astype(np.float64)
+    want = np.arctan(t).astype(np.float32)
+    np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    assert np.signbit(y[0, 1]) and y[0, 2] == np.float32(np.pi / 2) and np.isnan(y[0, 4])
+    with pytest.raises(NxsatError) as e:
+        build(ARCTAN.format(v="1.0"))
+    assert e.value.code == "NCC_EASM002" and "func=arctan is ISA 1.1" in e.value.message

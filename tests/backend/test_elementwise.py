@@ -1,0 +1,579 @@
+"""Elementwise operators on the device exactly as XLA defines them (backend/elementwise*.py, rng.py).
+
+Every per-operator case of tests/data/xla_ops in the elementwise families compiles for trn1 and trn2
+and matches the reference interpreter on the simulator (and XLA's own outputs), or is refused with
+the code docs/backend.md gives. Beyond the fixtures, each operator runs on every element type with
+special and random values: exact operators bit for bit (NaN as NaN, signed zeros), the functions
+computed by several instructions within the error bounds docs/backend.md states.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from harness import DATA, assert_device_matches, device_run, module_of, reference_run
+
+from nxsat import dtypes as dt
+from nxsat.backend import compile_graph
+from nxsat.backend.graph import Graph
+from nxsat.backend.schedule import schedule
+from nxsat.diagnostics import NxsatError
+from nxsat.io import read_npz
+from nxsat.sim import load_target
+
+XLA = DATA / "xla_ops"
+FAMILIES = re.compile(r"^(unary|binary|convert|bitcast|compare|clamp|select|shift|integer|logic|rng|random|"
+                      r"reduce_precision)_")
+# select_and_scatter_* is the windowed operator select-and-scatter (reductions), not select.
+CASES = sorted(p.stem for p in XLA.glob("*.hlo") if FAMILIES.match(p.stem) and not p.stem.startswith(
+    "select_and_scatter"))
+TARGETS = ["trn1", "trn2"]
+
+# Refused at compile time (docs/backend.md, "Elementwise operators"): the device has no f64
+# (NCC_ESPP004), and runs rng-bit-generator's default algorithm only (NCC_EVRF006, as neuronx-cc).
+F64 = ["binary_atan2_f64", "binary_div_f64", "binary_pow_f64", "binary_rem_f64", "bitcast_64bit",
+       "bitcast_u32_pairs_to_f64", "convert_f32_to_f64", "convert_f64_to_ints", "convert_f64_to_narrow_floats",
+       "convert_s64_to_floats", "convert_u64_to_floats", "reduce_precision_f64", "unary_cbrt_f64", "unary_exp_f64",
+       "unary_expm1_f64", "unary_log1p_f64", "unary_sin_f64", "unary_tanh_f64"]
+NOT_DEFAULT_RNG = ["rng_bit_generator_philox", "rng_bit_generator_philox_u64_output",
+                   "rng_bit_generator_philox_u64_state3", "rng_bit_generator_three_fry",
+                   "rng_bit_generator_three_fry_u64_output"]
+REFUSED = {**{c: "NCC_ESPP004" for c in F64}, **{c: "NCC_EVRF006" for c in NOT_DEFAULT_RNG}}
+
+# 64-bit integers are 32-bit on the device (NCC_WTYP001). Inputs are wrapped to 32 bits (the device
+# refuses values that do not fit) and outputs compared after wrapping the interpreter's to 32 bits. These
+# outputs follow the 32-bit meaning instead (the interpreter on the module with s64/u64 read as
+# s32/u32): bit counts (popcnt, clz), right shifts that bring in the high word, and float-to-int
+# saturation at the 32-bit bounds.
+WIDE = {"binary_int_s64": set(), "binary_int_u64": set(), "compare_s64": set(), "compare_u64": set(),
+        "convert_64bit_to_ints": set(), "convert_f32_to_64bit_ints": {0, 1}, "shift_s64": {1}, "shift_u64": {2},
+        "unary_int_s64": {4, 5}, "unary_int_u64": {1, 2}, "random_uniform_threefry": set(),
+        "rng_bit_generator_default_odd_shape": set(), "rng_bit_generator_default_u16_odd": set(),
+        "rng_bit_generator_default_u32": set(), "rng_bit_generator_default_u8_u64": set()}
+# u32 words that a module bitcasts to a u64 state: their high words are dropped on the device.
+HIGH_WORDS = {"rng_bit_generator_default_odd_shape", "rng_bit_generator_default_u32",
+              "rng_bit_generator_default_u8_u64"}
+STATISTICAL = {"rng_uniform_stat", "rng_uniform_s32_stat", "rng_normal_stat"}
+
+
+def _npz(name: str) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    arrays = read_npz(XLA / f"{name}.npz")
+    ins = {k: v for k, v in arrays.items() if k.startswith("in")}
+    outs = [arrays[f"out{i}"] for i in range(sum(k.startswith("out") for k in arrays))]
+    return ins, outs
+
+
+def _wrap32(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype == np.int64:
+        return a.astype(np.int32)
+    if a.dtype == np.uint64:
+        return a.astype(np.uint32)
+    return a
+
+
+def _narrowed(name: str) -> str:
+    text = (XLA / f"{name}.hlo").read_text()
+    return re.sub(r"\bu64\[", "u32[", re.sub(r"\bs64\[", "s32[", text))
+
+
+def _ulp(ref: np.ndarray, d: dt.DType) -> np.ndarray:
+    info = ml_dtypes.finfo(d.np)
+    mag = np.abs(ref.astype(np.float64))
+    e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
+    return np.exp2(np.maximum(e, math.log2(float(info.smallest_normal))) - int(info.nmant))
+
+
+def assert_same(got: np.ndarray, want: np.ndarray, d: dt.DType, ulps: float = 0.0, what: str = "",
+                signed_zeros: bool = True) -> None:
+    """Equal as values of ``d``: integers exactly; floats NaN where NaN, infinities equal, zeros of the
+    same sign, the rest within ``ulps`` units in the last place of ``d`` (0: equal)."""
+    got = np.asarray(got)
+    want = np.asarray(want).astype(d.np if not d.is_pred else np.bool_)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    if not d.is_float:
+        bad = got.astype(want.dtype) != want
+        assert not bad.any(), f"{what}: {bad.sum()} of {bad.size} differ: got {got[bad][:8]} want {want[bad][:8]}"
+        return
+    with np.errstate(invalid="ignore"):  # NaN payloads widen with a warning
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        bad = np.isnan(g) != np.isnan(w)
+        inf = np.isinf(g) | np.isinf(w)
+        bad |= inf & (g != w)
+        both = ~np.isnan(g) & ~np.isnan(w) & ~inf
+        bad |= both & (np.abs(g - w) > ulps * _ulp(w, d))
+        if signed_zeros:
+            bad |= both & (g == 0) & (w == 0) & (np.signbit(g) != np.signbit(w))
+    assert not bad.any(), (f"{what}: {bad.sum()} of {bad.size} differ: got {g[bad][:8]} want {w[bad][:8]}"
+                           f" (inputs at {np.argwhere(bad)[:4].tolist()})")
+
+
+# --- the fixtures ----------------------------------------------------------------------------------
+
+def test_every_fixture_is_classified() -> None:
+    """Each case of the families is run below; the refused and 64-bit lists name real cases."""
+    assert len(CASES) == 171
+    assert set(REFUSED) <= set(CASES) and set(WIDE) <= set(CASES) and STATISTICAL <= set(CASES)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", CASES)
+def test_xla_case(name: str, target: str) -> None:
+    module = module_of(XLA / f"{name}.hlo")
+    ins, xla = _npz(name)
+    if name in REFUSED:
+        with pytest.raises(NxsatError) as e:
+            compile_graph(module, load_target(target))
+        assert e.value.code == REFUSED[name]
+        return
+    types = [t.dtype for t in module.outputs]
+    if name in STATISTICAL:
+        (got,), _ = device_run(module, ins, target)
+        _check_distribution(name, got, ins)
+        return
+    if name in WIDE:
+        _check_wide(name, module, ins, target)
+        return
+    assert_device_matches(module, ins, target)
+    got, _ = device_run(module, ins, target)
+    for k, (g, w, d) in enumerate(zip(got, xla, types)):
+        # XLA CPU's transcendental functions are not correctly rounded (the interpreter's are): f32 within
+        # 4 ulp; narrow floats within 1 ulp (XLA also computes them in f32 and rounds once).
+        ulps = 0.0 if name.split("_")[0] not in ("unary", "binary") or "_int_" in name else (
+            4.0 if d is dt.F32 else 1.0)
+        assert_same(g, w, d, ulps, f"{name} out{k} vs XLA", signed_zeros=not name.startswith(("binary_m", "clamp")))
+
+
+def _check_wide(name: str, module, ins: dict[str, np.ndarray], target: str) -> None:
+    wrapped = {k: v.astype(np.int32).astype(np.int64) if v.dtype == np.int64 else
+               v.astype(np.uint32).astype(np.uint64) if v.dtype == np.uint64 else v.copy() for k, v in ins.items()}
+    if name in HIGH_WORDS:
+        for v in wrapped.values():
+            v.reshape(-1, 2)[:, 1] = 0
+    got, _ = device_run(module, wrapped, target)
+    want = reference_run(module, wrapped)
+    narrow = None
+    for k, (g, w) in enumerate(zip(got, want)):
+        if k in WIDE[name]:
+            if narrow is None:
+                m32 = module_of(_narrowed(name))
+                narrow = reference_run(m32, {key: _wrap32(v) for key, v in wrapped.items()})
+            w = narrow[k]
+        w = _wrap32(w)
+        assert g.dtype == w.dtype or w.dtype == np.bool_, f"out{k}: {g.dtype} vs {w.dtype}"
+        assert_same(g, w, dt.from_numpy(w.dtype), 0.0, f"{name} out{k}")
+
+
+def _check_distribution(name: str, got: np.ndarray, ins: dict[str, np.ndarray]) -> None:
+    """rng is implementation-defined in XLA: range and moments (as tests/test_xla_ops.py checks)."""
+    lo, hi = float(ins["in0"]), float(ins["in1"])
+    if name == "rng_normal_stat":
+        assert np.isfinite(got).all()
+        assert abs(got.mean() - lo) < 0.05 * hi * 4 and abs(got.std() - hi) < 0.05 * hi
+        assert 0.64 < np.mean(np.abs(got - lo) < hi) < 0.72
+        return
+    assert (got >= lo).all() and (got < hi).all()
+    integer = got.dtype.kind == "i"
+    span = hi - lo
+    if integer:
+        assert set(np.unique(got).tolist()) == set(range(int(lo), int(hi)))
+    ideal = span / np.sqrt(12) if not integer else np.sqrt((span**2 - 1) / 12)
+    assert abs(got.mean() - (lo + hi - (1 if integer else 0)) / 2) < 0.05 * span
+    assert abs(got.std() - ideal) < 0.05 * ideal
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("optimized", [False, True])
+def test_random_dropout_reproduces_xla(target: str, optimized: bool) -> None:
+    """JAX's threefry (u32 shifts, xors and adds; u64 counters that fit 32 bits) and dropout, bit-exact."""
+    ref = np.load(DATA / "jax" / "random_dropout.npz")
+    ins = {k: ref[k] for k in ref.files if k.startswith("in")}
+    outs = [ref[f"out{i}"] for i in range(sum(1 for k in ref.files if k.startswith("out")))]
+    got, _ = device_run(module_of(DATA / "jax" / "random_dropout.hlo", optimized=optimized), ins, target)
+    for g, w in zip(got, outs):
+        np.testing.assert_array_equal(g, w)
+
+
+# --- every operator on every type ------------------------------------------------------------------
+
+FLOATS = [dt.F32, dt.BF16, dt.F16, dt.F8E4M3FN, dt.F8E5M2]
+INTS = [dt.S8, dt.S16, dt.S32, dt.U8, dt.U16, dt.U32]
+RNG = np.random.default_rng(2026)
+
+
+def float_values(d: dt.DType, n: int = 700) -> np.ndarray:
+    """Special values (NaN of both signs, infinities, signed zeros, ties, extremes, subnormals) and
+    random bit patterns of ``d``."""
+    info = ml_dtypes.finfo(d.np)
+    specials = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 3.5,
+                0.49999997, -0.49999997, 0.50000006, 7.0, -8.0, 1e-3, -2e-4, 3.0e38, -3.0e38,
+                float(info.max), -float(info.max), float(info.smallest_normal), float(info.smallest_subnormal),
+                8388607.5, -8388608.5, 4194303.5, 16777215.0, 2.0**23, 2.0**23 + 2, 100.0, -1e6]
+    if d.itemsize == 1:
+        v = np.arange(256, dtype=np.uint8).view(d.np)
+    else:
+        bits = RNG.integers(0, 2 ** (8 * d.itemsize), n, dtype=np.uint64).astype(UNSIGNED[d.itemsize])
+        v = np.concatenate([bits.view(d.np), (RNG.standard_normal(n) * 4).astype(d.np)])
+    with np.errstate(over="ignore"):
+        s = np.array(specials, np.float64).astype(np.float32).astype(d.np)
+    return np.concatenate([s, v]).astype(d.np)
+
+
+UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def int_values(d: dt.DType, n: int = 700) -> np.ndarray:
+    info = np.iinfo(d.np)
+    specials = [0, 1, -1, 2, -2, 3, 7, -7, 8, 31, 32, 33, 63, 64, 100, info.min, info.max, info.min + 1,
+                info.max - 1, info.max // 2, info.min // 2]
+    s = np.array([v for v in specials if info.min <= v <= info.max], np.int64).astype(d.np)
+    r = RNG.integers(int(info.min), int(info.max) + 1, n, dtype=np.int64).astype(d.np)
+    small = RNG.integers(max(int(info.min), -40), min(int(info.max), 40) + 1, n, dtype=np.int64).astype(d.np)
+    return np.concatenate([s, r, small])
+
+
+def _hlo(op: str, ins: list[dt.DType], out: dt.DType, n: int, attrs: str = "", out_shape: str | None = None,
+         in_shapes: list[str] | None = None) -> str:
+    shapes = in_shapes or [f"[{n}]"] * len(ins)
+    params = "\n".join(f"  p{i} = {d.name}{s} parameter({i})" for i, (d, s) in enumerate(zip(ins, shapes)))
+    args = ", ".join(f"p{i}" for i in range(len(ins)))
+    return (f"HloModule m\nENTRY main {{\n{params}\n  ROOT r = {out.name}{out_shape or f'[{n}]'} {op}({args})"
+            f"{attrs}\n}}\n")
+
+
+def _pairs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every special value against every other (the first 40 of each), then random pairs."""
+    k = 40
+    a = np.repeat(x[:k], k)
+    b = np.tile(y[:k], k)
+    return np.concatenate([a, x[k:]]), np.concatenate([b, np.resize(y[k:], x[k:].size)])
+
+
+def run_both(text: str, inputs: list[np.ndarray], target: str = "trn1") -> tuple[list, list]:
+    module = module_of(text)
+    feed = {f"p{i}": v for i, v in enumerate(inputs)}
+    got, _ = device_run(module, feed, target)
+    return got, reference_run(module, feed)
+
+
+EXACT_UNARY = ["floor", "ceil", "round-nearest-even", "round-nearest-afz", "abs", "negate", "is-finite"]
+
+
+@pytest.mark.parametrize("d", FLOATS, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", EXACT_UNARY)
+def test_exact_float_unary(op: str, d: dt.DType) -> None:
+    x = float_values(d)
+    out = dt.PRED if op == "is-finite" else d
+    (got,), (want,) = run_both(_hlo(op, [d], out, x.size), [x])
+    if op == "round-nearest-afz":  # XLA rounds -0 to -0 (C's round); the interpreter's floor(x + 0.5) gives +0
+        want = np.where(x == 0, x, want)
+    assert_same(got, want, out, 0.0, f"{op} {d.name}")
+
+
+@pytest.mark.parametrize("d", FLOATS, ids=lambda d: d.name)
+def test_sign_is_xlas(d: dt.DType) -> None:
+    """XLA's sign: +-1 with x's sign, x for +-0 and NaN (sign(-0) = -0, which numpy's sign loses)."""
+    x = float_values(d)
+    (got,), _ = run_both(_hlo("sign", [d], d, x.size), [x])
+    with np.errstate(invalid="ignore"):
+        xf = x.astype(np.float64)
+    want = np.where(np.isnan(xf) | (xf == 0), xf, np.copysign(1.0, xf)).astype(d.np)
+    assert_same(got, want, d, 0.0, f"sign {d.name}")
+
+
+def _truth_ulps(got: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """|got - truth| in fp32 ulps of the truth (an f64 value; beyond fp32's range it is infinity)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = np.where(np.isinf(truth.astype(np.float32)), np.sign(truth) * np.inf, truth)
+        g = got.astype(np.float64)
+        err = np.abs(g - t) / _ulp(t, dt.F32)
+        err[(np.isnan(g) & np.isnan(t)) | (g == t)] = 0.0
+        err[np.isnan(g) != np.isnan(t)] = np.inf
+    return err
+
+
+# Error bounds of the functions computed by several instructions (f32 ulps, docs/backend.md).
+BOUNDS = {"exponential-minus-one": (np.expm1, 2.0), "log-plus-one": (np.log1p, 2.0), "cbrt": (np.cbrt, 1.5),
+          "tan": (np.tan, 2.0)}
+
+
+def _spread(n: int, lo: int, hi: int, signed: bool = True) -> np.ndarray:
+    m = RNG.uniform(1, 2, n) * np.exp2(RNG.integers(lo, hi, n))
+    return (m * (RNG.choice([-1, 1], n) if signed else 1)).astype(np.float32)
+
+
+@pytest.mark.parametrize("op", sorted(BOUNDS))
+def test_function_error_bound_f32(op: str) -> None:
+    fn, bound = BOUNDS[op]
+    x = np.concatenate([float_values(dt.F32), _spread(3000, -40, 8), RNG.uniform(-1.5, 1.5, 3000).astype(
+        np.float32), _spread(1000, -126, 127)])
+    (got,), (want,) = run_both(_hlo(op, [dt.F32], dt.F32, x.size), [x])
+    with np.errstate(all="ignore"):
+        err = _truth_ulps(got, fn(x.astype(np.float64)))
+    assert err.max() <= bound, f"{op}: {err.max():.3f} ulp at x = {x[np.argmax(err)]!r}"
+    zeros = x == 0
+    assert_same(got[zeros], want[zeros], dt.F32, 0.0, f"{op} of +-0")  # signed zeros kept
+
+
+@pytest.mark.parametrize("d", [dt.BF16, dt.F16], ids=lambda d: d.name)
+@pytest.mark.parametrize("op", sorted(BOUNDS))
+def test_function_narrow_floats(op: str, d: dt.DType) -> None:
+    """Computed in fp32, rounded once to the type: within one unit of its last place of the interpreter."""
+    x = float_values(d)
+    (got,), (want,) = run_both(_hlo(op, [d], d, x.size), [x])
+    assert_same(got, want, d, 1.0, f"{op} {d.name}")
+
+
+def test_atan2_error_bound_and_quadrants() -> None:
+    x = float_values(dt.F32)
+    a, b = _pairs(x, x[::-1].copy())
+    a = np.concatenate([a, _spread(4000, -60, 60), RNG.uniform(-3, 3, 2000).astype(np.float32)])
+    b = np.concatenate([b, _spread(4000, -60, 60), RNG.uniform(-3, 3, 2000).astype(np.float32)])
+    (got,), _ = run_both(_hlo("atan2", [dt.F32, dt.F32], dt.F32, a.size), [a, b])
+    with np.errstate(invalid="ignore"):
+        truth = np.arctan2(a.astype(np.float64), b.astype(np.float64))  # the signed zeros and infinities of C
+    err = _truth_ulps(got, truth)
+    assert err.max() <= 2.0, f"atan2: {err.max():.3f} ulp at {a[np.argmax(err)]!r}, {b[np.argmax(err)]!r}"
+    zero = truth == 0
+    assert (np.signbit(got[zero]) == np.signbit(truth[zero])).all()
+
+
+@pytest.mark.parametrize("d", FLOATS, ids=lambda d: d.name)
+def test_float_remainder_is_exact(d: dt.DType) -> None:
+    x = float_values(d)
+    a, b = _pairs(x, x[::-1].copy())
+    if d is dt.F32:  # far-apart exponents: the long division's every step
+        a = np.concatenate([a, _spread(2000, -126, 127), np.float32([3e38, 1e30, -1e30, 1.17e-38])])
+        b = np.concatenate([b, _spread(2000, -149, 127), np.float32([1.4e-45, 0.7, 3.0, 1e-45])])
+    (got,), (want,) = run_both(_hlo("remainder", [d, d], d, a.size), [a.astype(d.np), b.astype(d.np)])
+    assert_same(got, want, d, 0.0, f"fmod {d.name}")
+
+
+@pytest.mark.parametrize("d", FLOATS, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", ["maximum", "minimum", "add", "subtract", "multiply", "divide", "power", "atan2"])
+def test_float_binary(op: str, d: dt.DType) -> None:
+    """One fp32 step and one rounding (as XLA CPU computes narrow floats); NaN propagates through max/min.
+    atan2 and power on narrow floats: within one unit of the type's last place (the interpreter rounds
+    from f64); f32 power: numpy's powf, within 1 ulp of the interpreter's f64 pow."""
+    x = float_values(d)
+    a, b = _pairs(x, x[::-1].copy())
+    (got,), (want,) = run_both(_hlo(op, [d, d], d, a.size), [a, b])
+    ulps = 1.0 if op in ("atan2", "power") else 0.0
+    if op == "atan2" and d is dt.F32:
+        ulps = 2.0
+    assert_same(got, want, d, ulps, f"{op} {d.name}", signed_zeros=op not in ("maximum", "minimum"))
+
+
+@pytest.mark.parametrize("d", [dt.F32, dt.BF16, dt.F16], ids=lambda d: d.name)
+@pytest.mark.parametrize("fmt", [(5, 10), (8, 7), (4, 3), (2, 1), (8, 23), (1, 0), (5, 2), (11, 52)])
+def test_reduce_precision_bit_exact(d: dt.DType, fmt: tuple[int, int]) -> None:
+    x = float_values(d)
+    attrs = f", exponent_bits={fmt[0]}, mantissa_bits={fmt[1]}"
+    (got,), (want,) = run_both(_hlo("reduce-precision", [d], d, x.size, attrs), [x])
+    np.testing.assert_array_equal(got.view(UNSIGNED[d.itemsize]), want.view(UNSIGNED[d.itemsize]))
+
+
+@pytest.mark.parametrize("d", FLOATS + INTS, ids=lambda d: d.name)
+@pytest.mark.parametrize("direction", ["EQ", "NE", "LT", "LE", "GT", "GE"])
+def test_compare(d: dt.DType, direction: str) -> None:
+    x = float_values(d) if d.is_float else int_values(d)
+    a, b = _pairs(x, x[::-1].copy())
+    kinds = ["FLOAT", "TOTALORDER"] if d.is_float else ["SIGNED" if d.is_signed else "UNSIGNED"]
+    for kind in kinds:
+        (got,), (want,) = run_both(_hlo("compare", [d, d], dt.PRED, a.size, f", direction={direction}, type={kind}"),
+                                   [a, b])
+        np.testing.assert_array_equal(got, want, err_msg=f"{d.name} {direction} {kind}")
+
+
+INT_BINARY = ["add", "subtract", "multiply", "divide", "remainder", "maximum", "minimum", "and", "or", "xor",
+              "shift-left", "shift-right-logical", "shift-right-arithmetic", "power"]
+
+
+@pytest.mark.parametrize("d", INTS, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", INT_BINARY)
+def test_integer_binary_wraps_as_xla(op: str, d: dt.DType) -> None:
+    """x / 0 = -1, INT_MIN / -1 = INT_MIN, x % 0 = x, shifts past the width, wrapping everywhere."""
+    x = int_values(d)
+    a, b = _pairs(x, x[::-1].copy())
+    if op == "power":  # exponents worth computing (every bit of a 32-bit exponent is still looked at)
+        b = np.concatenate([b[:1600], int_values(d)[:200] % 40 - (0 if not d.is_signed else 5)]).astype(d.np)
+        a = np.resize(a, b.size)
+    (got,), (want,) = run_both(_hlo(op, [d, d], d, a.size), [a, b])
+    np.testing.assert_array_equal(got, want, err_msg=f"{op} {d.name}")
+
+
+@pytest.mark.parametrize("d", INTS, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", ["abs", "negate", "sign", "not", "popcnt", "count-leading-zeros"])
+def test_integer_unary(op: str, d: dt.DType) -> None:
+    x = int_values(d)
+    (got,), (want,) = run_both(_hlo(op, [d], d, x.size), [x])
+    np.testing.assert_array_equal(got, want, err_msg=f"{op} {d.name}")
+
+
+@pytest.mark.parametrize("d", [dt.F32, dt.BF16, dt.S8, dt.S32, dt.U32, dt.U16], ids=lambda d: d.name)
+def test_clamp_array_and_scalar_bounds_and_select_scalar_pred(d: dt.DType) -> None:
+    x = float_values(d) if d.is_float else int_values(d)
+    n = x.size
+    lo, hi = np.sort(np.stack([RNG.permutation(x), RNG.permutation(x)]), axis=0)
+    (got,), (want,) = run_both(_hlo("clamp", [d, d, d], d, n), [lo, x, hi])
+    assert_same(got, want, d, 0.0, "clamp arrays", signed_zeros=False)
+    s = _hlo("clamp", [d, d, d], d, n, in_shapes=["[]", f"[{n}]", "[]"])
+    (got,), (want,) = run_both(s, [np.array(x[7], d.np), x, np.array(x[6], d.np)])
+    assert_same(got, want, d, 0.0, "clamp scalars", signed_zeros=False)
+    for p in (True, False):
+        s = _hlo("select", [dt.PRED, d, d], d, n, in_shapes=["[]", f"[{n}]", f"[{n}]"])
+        (got,), (want,) = run_both(s, [np.array(p), x, x[::-1].copy()])
+        assert_same(got, want, d, 0.0, "select scalar pred")
+
+
+CONVERT_TYPES = [dt.PRED, *FLOATS, *INTS]
+
+
+@pytest.mark.parametrize("src", CONVERT_TYPES, ids=lambda d: d.name)
+def test_convert_every_pair(src: dt.DType) -> None:
+    """To every type: floats round to nearest even (f8e4m3fn: NaN beyond its range, as XLA), floats to
+    integers truncate and saturate (NaN is 0), integers wrap, anything to pred is x != 0."""
+    if src.is_pred:
+        x = np.array([True, False] * 20)
+    elif src.is_float:
+        x = float_values(src)
+    else:
+        x = int_values(src)
+    for d in CONVERT_TYPES:
+        (got,), (want,) = run_both(_hlo("convert", [src], d, x.size), [x])
+        assert_same(got, want, d, 0.0, f"convert {src.name} -> {d.name}")
+
+
+SAME_WIDTH = {1: [dt.U8, dt.S8, dt.F8E4M3FN, dt.F8E5M2], 2: [dt.U16, dt.S16, dt.F16, dt.BF16],
+              4: [dt.U32, dt.S32, dt.F32]}
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+def test_bitcast_convert_same_width(width: int) -> None:
+    types = SAME_WIDTH[width]
+    bits = RNG.integers(0, 2 ** (8 * width), 300, dtype=np.uint64).astype(UNSIGNED[width])
+    for src in types:
+        for d in types:
+            x = bits.view(src.np)
+            # fused with arithmetic on both sides: the view is of a tile the cluster computes
+            text = (f"HloModule m\nENTRY main {{\n  p0 = {src.name}[300] parameter(0)\n"
+                    f"  c = {d.name}[300] bitcast-convert(p0)\n  ROOT r = ({d.name}[300], {src.name}[300]) "
+                    f"tuple(c, p0)\n}}\n")
+            got, _ = run_both(text, [x])
+            np.testing.assert_array_equal(got[0].view(UNSIGNED[width]), bits, err_msg=f"{src.name} -> {d.name}")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("pair", [(dt.F32, dt.BF16), (dt.F32, dt.U8), (dt.S32, dt.F16), (dt.U16, dt.S8),
+                                  (dt.F16, dt.F8E5M2)], ids=lambda p: f"{p[0].name}-{p[1].name}")
+@pytest.mark.parametrize("shape", [(3, 5), (2, 700), (130, 3), (1100,)])
+def test_bitcast_convert_changes_width(pair: tuple[dt.DType, dt.DType], shape: tuple[int, ...], target: str
+                                       ) -> None:
+    """Wide to narrow adds a minor dimension (little endian), narrow to wide drops it: through a tile seen
+    as both types."""
+    wide, narrow = pair
+    r = wide.itemsize // narrow.itemsize
+    n = math.prod(shape)
+    bits = RNG.integers(0, 2 ** (8 * wide.itemsize), n, dtype=np.uint64).astype(UNSIGNED[wide.itemsize])
+    x = bits.view(wide.np).reshape(shape)
+    s, sn = ",".join(map(str, shape)), ",".join(map(str, (*shape, r)))
+    down = f"HloModule m\nENTRY main {{\n  p0 = {wide.name}[{s}] parameter(0)\n  ROOT r = {narrow.name}[{sn}] " \
+           f"bitcast-convert(p0)\n}}\n"
+    (got,), (want,) = run_both(down, [x], target)
+    np.testing.assert_array_equal(got.view(UNSIGNED[narrow.itemsize]), want.view(UNSIGNED[narrow.itemsize]))
+    up = f"HloModule m\nENTRY main {{\n  p0 = {narrow.name}[{sn}] parameter(0)\n  ROOT r = {wide.name}[{s}] " \
+         f"bitcast-convert(p0)\n}}\n"
+    (back,), _ = run_both(up, [want], target)
+    np.testing.assert_array_equal(back.view(UNSIGNED[wide.itemsize]), bits.reshape(shape))
+
+
+@pytest.mark.parametrize("shape,dim,d", [((5, 7), 1, dt.S32), ((300, 3), 0, dt.F32), ((4, 3, 500), 1, dt.U32),
+                                         ((2, 1500), 1, dt.BF16), ((260, 2, 3), 2, dt.S8)])
+def test_iota(shape: tuple[int, ...], dim: int, d: dt.DType) -> None:
+    s = ",".join(map(str, shape))
+    text = (f"HloModule m\nENTRY main {{\n  i = {d.name}[{s}] iota(), iota_dimension={dim}\n"
+            f"  ROOT r = {d.name}[{s}] add(i, i)\n}}\n")
+    (got,), (want,) = run_both(text, [])
+    np.testing.assert_array_equal(got, want)
+
+
+# --- random numbers ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("state,out", [(2, "u32[4,8]"), (3, "u32[5,3]"), (2, "u16[3,5]"), (3, "u8[7,3,3]"),
+                                       (2, "u64[7]"), (3, "s32[1]"), (2, "u32[200000]"), (3, "u64[3,70001]")])
+def test_rng_bit_generator_is_philox_bit_exact(state: int, out: str, target: str) -> None:
+    """rng_default is XLA's Philox-4x32-10 bit for bit (states whose words fit 32 bits, as the device holds
+    them; the counter's carry into its high word included), odd shapes, every output width; multi-tile."""
+    text = (f"HloModule m\nENTRY main {{\n  p0 = u64[{state}] parameter(0)\n  ROOT r = (u64[{state}], {out}) "
+            f"rng-bit-generator(p0), algorithm=rng_default\n}}\n")
+    seeds = np.array([0xDEADBEEF, 0xFFFFFFF0, 7][:state], np.uint64)
+    got, want = run_both(text, [seeds], target)
+    np.testing.assert_array_equal(got[0], want[0].astype(np.uint32))
+    np.testing.assert_array_equal(got[1], _wrap32(want[1]))
+
+
+def test_rng_bit_generator_other_algorithms_are_refused() -> None:
+    for alg in ("rng_philox", "rng_three_fry"):
+        text = (f"HloModule m\nENTRY main {{\n  s = u64[2] parameter(0)\n  ROOT r = (u64[2], u32[8]) "
+                f"rng-bit-generator(s), algorithm={alg}\n}}\n")
+        with pytest.raises(NxsatError) as e:
+            compile_graph(module_of(text), load_target("trn1"))
+        assert e.value.code == "NCC_EVRF006" and "rng_default" in str(e.value)
+
+
+@pytest.mark.parametrize("d,dist,a,b", [(dt.F32, "rng_uniform", -2.0, 3.0), (dt.BF16, "rng_uniform", 0.0, 1.0),
+                                        (dt.S32, "rng_uniform", -5, 7), (dt.U8, "rng_uniform", 3, 250),
+                                        (dt.S32, "rng_uniform", -2**31, 2**31 - 1),
+                                        (dt.F32, "rng_normal", 1.5, 0.5), (dt.F16, "rng_normal", -3.0, 2.0)])
+def test_rng_distributions(d: dt.DType, dist: str, a: float, b: float) -> None:
+    text = (f"HloModule m\nENTRY main {{\n  a = {d.name}[] parameter(0)\n  b = {d.name}[] parameter(1)\n"
+            f"  ROOT r = {d.name}[20000] rng(a, b), distribution={dist}\n}}\n")
+    (got,), _ = device_run(module_of(text), {"a": np.array(a, d.np), "b": np.array(b, d.np)})
+    g = got.astype(np.float64)
+    if dist == "rng_normal":
+        assert abs(g.mean() - a) < 0.03 * b and abs(g.std() - b) < 0.03 * b
+        assert 0.66 < np.mean(np.abs(g - a) < b) < 0.70
+        return
+    assert (g >= a).all() and (g < b).all()
+    span = b - a
+    mean, std = ((a + b) / 2, span / np.sqrt(12)) if d.is_float else ((a + b - 1) / 2, np.sqrt((span**2 - 1) / 12))
+    assert abs(g.mean() - mean) < 0.02 * span and abs(g.std() - std) < 0.02 * span
+    assert len(np.unique(got)) >= min(100, span)
+
+
+# --- the allocator's views -----------------------------------------------------------------------------
+
+def test_a_view_is_placed_with_its_base_and_keeps_it_alive() -> None:
+    """A tile seen as another type shares its base's bytes; the base's memory is not reused while a view
+    is still to be read, even after the base's own last use."""
+    g = Graph()
+    x = g.buf("x", "input", dt.F32, (128, 512)).ref()
+    out = g.buf("out", "output", dt.U32, (128, 512)).ref()
+    other = g.buf("o", "output", dt.F32, (128, 512)).ref()
+    base = g.tile((128, 512), dt.F32, "sbuf", "base")
+    view = g.alias(base, dt.U32, (128, 512))
+    g.add("dma", "dma", base.ref(), x)
+    t2 = g.tile((128, 512), dt.F32, "sbuf", "t2")
+    g.add("dve", "tensor_scalar", t2.ref(), base.ref(), op0="add", scalar0=1.0)  # the base's last direct use
+    t3 = g.tile((128, 512), dt.F32, "sbuf", "t3")  # placed while the view is still to be read
+    g.add("dve", "tensor_scalar", t3.ref(), t2.ref(), op0="mul", scalar0=2.0)
+    g.add("dma", "dma", other, t3.ref())
+    g.add("dma", "dma", out, view.ref())
+    t = load_target("trn1")
+    sch = schedule(g, t, [x.buf], [out.buf, other.buf])
+    decl = sch.program.tensors
+    places = {(v.dtype.name, v.offset) for v in decl.values() if v.kind == "sbuf"}
+    assert ("u32", base.offset) in places and view.offset == base.offset
+    lo, hi = base.offset, base.offset + base.row_bytes
+    assert not (t3.offset < hi and lo < t3.offset + t3.row_bytes), "the base's bytes were reused too early"
+    from nxsat import sim
+
+    m = sim.load(sim.build_neff(sch.program, t, sch.constants), verify=True)
+    xs = RNG.standard_normal((128, 512)).astype(np.float32)
+    got = m.run({"x": xs})
+    np.testing.assert_array_equal(got[0], xs.view(np.uint32))
