@@ -117,9 +117,10 @@ class _Stages:
         self.seconds[name] = round(time.perf_counter() - t0, 4)
         return out
 
-    def dump(self, filename: str, text: str | bytes) -> None:
+    def dump(self, filename: str, text: Callable[[], str | bytes] | str | bytes) -> None:
+        """Write a stage's result into the workdir; ``text`` may be a function, called only then."""
         if self.workdir is not None:
-            atomic_write(self.workdir / filename, text)
+            atomic_write(self.workdir / filename, text() if callable(text) else text)
 
 
 def compile_model(path: str, opts: CompileOptions, progress: Progress | None = None) -> CompileResult:
@@ -153,9 +154,9 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
 
         module = fill_elided_constants(module, opts.fill_elided_constants)
     warnings.extend(module.warnings)
-    st.dump("01-input.hlo", print_module(module))
+    st.dump("01-input.hlo", lambda: print_module(module, large_constants=False))
     canonical = st.run("canonicalize", lambda: canonicalize(module))
-    st.dump("02-canonical.hlo", print_module(canonical))
+    st.dump("02-canonical.hlo", lambda: print_module(canonical, large_constants=False))
     sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True))
     rep = sat.report
     sizes = sat.egraph.sizes()
@@ -164,25 +165,25 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     st.dump("03-egraph.json", json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
                                          sort_keys=True))
     extracted = st.run("extract", lambda: extract(sat.egraph, sat.loaded))
-    st.dump("04-extracted.hlo", print_module(extracted))
+    st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
     precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
                                                                   opts.mixed_precision_accumulation,
                                                                   opts.saturate_infinity))
-    st.dump("05-precision.hlo", print_module(precise))
+    st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
     st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
     mm_type = matmul_precision(opts)
     parted, sharding = st.run("partition", lambda: partition(precise, target, mm_type))
     if sharding.ranks > 1:
-        st.dump("05-partition.hlo", print_module(parted))
+        st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
         st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
     lowering = st.run("lower", lambda: lower_graph(parted, target, Options(opts.mixed_precision_accumulation,
                                                                           opts.saturate_infinity)))
     warnings.extend(lowering.warnings)
-    st.dump("06-lowered.json", json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
+    st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
     compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags))
     data = st.run("neff", lambda: sim.build_neff(compiled.program, target, compiled.constants))
     model = sim.load(data, "compiled.neff")
-    st.dump("07-program.nxs", model.text)
+    st.dump("07-program.nxs", lambda: model.text)
     summary, _ = st.run("simulate", model.profile)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     info = model_info(canonical)

@@ -64,6 +64,9 @@ def _nan_text(x: np.ndarray) -> str:
     return f"{sign}nan" + ("" if plain else f"(0x{payload:x})")
 
 
+LARGE_CONSTANT = 64
+
+
 def literal_text(value: np.ndarray) -> str:
     a = np.asarray(value)
     if a.dtype == np.bool_:
@@ -94,8 +97,9 @@ def literal_text(value: np.ndarray) -> str:
 
 
 class _Printer:
-    def __init__(self, module: Module) -> None:
+    def __init__(self, module: Module, large_constants: bool = True) -> None:
         self.module = module
+        self.large_constants = large_constants
         self.comp_names: dict[int, str] = {}
         used: set[str] = set()
         self.order = _callees_first(module.entry)
@@ -181,7 +185,9 @@ class _Printer:
             if n.op == "parameter":
                 args = str(n.attrs["index"])
             elif n.op == "constant":
-                args = literal_text(n.attrs["value"]) if n.attrs.get("value") is not None else "{...}"
+                v = n.attrs.get("value")
+                shown = v is not None and (self.large_constants or np.size(v) <= LARGE_CONSTANT)
+                args = literal_text(v) if shown else "{...}"
             else:
                 args = ", ".join(f"%{names[o.id]}" for o in n.operands)
             attrs = self.attrs(n)
@@ -234,9 +240,11 @@ def _unique(name: str, used: set[str]) -> str:
     return candidate
 
 
-def to_hlo_text(module: Module) -> str:
-    """The module as HLO text (deterministic: same graph, same text)."""
-    return _Printer(module).module_text()
+def to_hlo_text(module: Module, large_constants: bool = True) -> str:
+    """The module as HLO text (deterministic: same graph, same text). ``large_constants=False`` writes
+    constants of more than LARGE_CONSTANT elements as ``{...}``, as XLA's dumps do (a model's weights
+    would otherwise be most of the text)."""
+    return _Printer(module, large_constants).module_text()
 
 
 def computation_text(comp: Computation) -> str:
