@@ -136,6 +136,9 @@ class Ref:
         return self._then("index", tuple(idx))
 
     def permute(self, *perm: int) -> Ref:
+        if self.ops and self.ops[-1][0] == "permute":  # a permute of a permute is one
+            prev = self.ops[-1][1]
+            return Ref(self.buf, self.ops[:-1], self.as_type).permute(*(prev[p] for p in perm))
         if tuple(perm) == tuple(range(len(perm))):
             return self
         return self._then("permute", tuple(perm))

@@ -54,6 +54,8 @@ def dot(lw: Lowering, node: Node) -> None:
     L = lw.view(lw.ref(lhs).permute(*lb, *lf, *lc), lambda r: r.reshape(B, M, K), node)
     R = lw.view(lw.ref(rhs).permute(*rb, *rc, *rf), lambda r: r.reshape(B, K, N), node)
     out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
+    if device_dtype(node.dtype).is_int and L.dtype.is_int and R.dtype.is_int:
+        return int_matmul(lw, L, R, out)
     matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
 
 
@@ -92,6 +94,75 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                     g.add("dve", "tensor_copy", res, acc)
                 evac += 1
                 g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
+
+
+# Rows of L per tile and contraction elements per pass of the exact integer product.
+INT_K_CHUNK = 2048
+
+
+def int_matmul(lw: Lowering, L: Ref, R: Ref, out: Ref) -> None:
+    """An integer dot computed exactly, wrapping as XLA's does: TensorE multiplies in fp32 (exact only
+    below 2^24), so GpSimd's 32-bit integer arithmetic does it instead, a row tile of L at a time:
+    for each output column, the column of R broadcast over the partitions, multiplied elementwise
+    and summed along the free axis (products and sums wrap on writing; modular arithmetic makes the
+    wrapped sum the wrapped result). Slow next to TensorE, but integer dots are rare and small."""
+    g = lw.graph
+    B, M, K = L.shape
+    N = R.shape[2]
+    rt = onchip_dtype(out.dtype)
+    acc_t = dt.S32 if rt.is_signed else dt.U32
+    P = lw.target.partitions
+    for b in range(B):
+        for m0 in range(0, M, P):
+            mn = min(P, M - m0)
+            res = g.tile((mn, N), acc_t, "sbuf", "imm").ref()
+            for k0 in range(0, K, INT_K_CHUNK):
+                kn = min(INT_K_CHUNK, K - k0)
+                a = _int_tile(lw, L[b, m0:m0 + mn, k0:k0 + kn], acc_t)
+                for n in range(N):
+                    col = R[b, k0:k0 + kn, n].reshape(1, kn).broadcast(0, mn)
+                    bt = _int_tile(lw, col, acc_t)
+                    prod = g.tile((mn, kn), acc_t, "sbuf", "iprod").ref()
+                    g.add("pool", "tensor_tensor", prod, a, bt, op="mul")
+                    if k0 == 0:
+                        g.add("pool", "tensor_reduce", res[:, n:n + 1], prod, op="add")
+                    else:
+                        part = g.tile((mn, 1), acc_t, "sbuf", "ipart").ref()
+                        g.add("pool", "tensor_reduce", part, prod, op="add")
+                        g.add("pool", "tensor_tensor", res[:, n:n + 1], res[:, n:n + 1], part, op="add")
+            if rt is not acc_t:
+                res = res.bitcast(rt) if rt.itemsize == 4 else _narrow(lw, res, rt)
+            g.add("dma", "dma", out[b, m0:m0 + mn, :], res)
+
+
+def _int_tile(lw: Lowering, src: Ref, t: dt.DType) -> Ref:
+    """An SBUF tile of 32-bit integers holding ``src``: a 32-bit source as its bits, a narrower one
+    widened (exact: at most 16 bits through fp32)."""
+    g = lw.graph
+    sd = onchip_dtype(src.dtype)
+    tile = g.tile(src.shape, sd, "sbuf", "iop").ref()
+    g.add("dma", "dma", tile, src)
+    if sd.itemsize == 4:
+        return tile if sd is t else tile.bitcast(t)
+    wide = g.tile(src.shape, t, "sbuf", "iwide").ref()
+    g.add("pool", "tensor_copy", wide, tile)
+    return wide
+
+
+def _narrow(lw: Lowering, res: Ref, t: dt.DType) -> Ref:
+    """32-bit integers wrapped to a narrower integer type: the low bits, kept by masking (and, for a
+    signed type, sign-extended) in 32 bits, then copied (exact: the value fits)."""
+    g = lw.graph
+    bits = 8 * t.itemsize
+    wrapped = g.tile(res.shape, res.dtype, "sbuf", "iwrap").ref()
+    if t.is_signed:  # the shift left wraps on writing (the exact domain keeps 64 bits within one instruction)
+        g.add("pool", "tensor_scalar", wrapped, res, op0="shl", scalar0=32 - bits)
+        g.add("pool", "tensor_scalar", wrapped, wrapped, op0="shr", scalar0=32 - bits)
+    else:
+        g.add("pool", "tensor_scalar", wrapped, res, op0="and", scalar0=(1 << bits) - 1)
+    narrow = g.tile(res.shape, t, "sbuf", "inarrow").ref()
+    g.add("pool", "tensor_copy", narrow, wrapped)
+    return narrow
 
 
 def _load_kmajor(lw: Lowering, src: Ref, dtype: dt.DType, transpose_dma: bool) -> Ref:

@@ -1,8 +1,9 @@
 """Graph passes that run before the e-graph: each is a named step with a contract.
 
-``canonicalize`` = inline-calls -> if-convert -> unroll-loops. Its contract: the result computes
-the same values; its entry computation (and every body it refers to) has no ``call``, ``fusion``
-or ``conditional``; a ``while`` remains only where the trip count is not static or unrolling would
+``canonicalize`` = inline-calls -> if-convert -> unroll-loops -> inline-maps. Its contract: the
+result computes the same values; its entry computation (and every body it refers to) has no
+``call``, ``fusion`` or ``conditional``; a ``map`` remains only where its computation is not
+elementwise; a ``while`` remains only where the trip count is not static or unrolling would
 exceed the budget; ``get-tuple-element`` of a ``tuple`` is forwarded; dead nodes are gone.
 """
 
@@ -243,9 +244,47 @@ def unroll_loops(module: Module) -> Module:
     return _rewrite_module(module, _unroll)
 
 
+# --- inline-maps -----------------------------------------------------------------------------
+
+def _lift(body: Computation, args: list[Node], shape: tuple[int, ...], like: Node) -> Node | None:
+    """``body`` (a computation on scalars) applied to whole tensors of ``shape``: each operator of it
+    on tensors, each scalar constant broadcast. None when some operator is not elementwise."""
+    from nxsat.ops.elementwise import ELEMENTWISE
+
+    liftable = ELEMENTWISE | {"convert", "bitcast-convert"}
+    out: dict[int, Node] = {p.id: a for p, a in zip(body.params, args)}
+    for n in body.post_order():
+        if n.id in out:
+            continue
+        if not isinstance(n.type, TensorType) or n.shape != ():
+            return None
+        t = n.tensor.with_shape(shape)
+        if n.op == "constant" and n.attrs.get("value") is not None:
+            out[n.id] = _node("broadcast", [n], {"dimensions": (), "shape": shape}, t, like, n.name)
+        elif n.op in liftable and all(isinstance(o.type, TensorType) and o.shape == () for o in n.operands):
+            attrs = {**n.attrs, "shape": shape} if "shape" in n.attrs else dict(n.attrs)
+            out[n.id] = _node(n.op, [out[o.id] for o in n.operands], attrs, t, like, n.name)
+        else:
+            return None
+    return out[body.root.id]
+
+
+def _inline_map(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+    if node.op != "map" or tuple(attrs.get("dimensions") or range(len(node.shape))) != tuple(range(len(node.shape))):
+        return None
+    return _lift(attrs["to_apply"], ops, node.shape, node)
+
+
+def inline_maps(module: Module) -> Module:
+    """A map whose computation is elementwise becomes that computation on whole tensors."""
+    return _rewrite_module(module, _inline_map)
+
+
 def _canonical(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
     if node.op in ("call", "fusion"):
         return rw.apply(attrs["to_apply"], ops)
+    if node.op == "map":
+        return _inline_map(rw, node, ops, attrs)
     if node.op == "conditional":
         return _if_convert(rw, node, ops, attrs)
     if node.op == "while":
@@ -257,11 +296,12 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
     Pass("inline-calls", "no call or fusion remains; values unchanged", inline_calls),
     Pass("if-convert", "no conditional remains: every branch runs and select picks the result", if_convert),
     Pass("unroll-loops", "while loops with a static trip count become straight-line code", unroll_loops),
+    Pass("inline-maps", "a map of an elementwise computation becomes it on whole tensors", inline_maps),
 )}
 
 
 def canonicalize(module: Module) -> Module:
-    """All three passes in one rewrite (one traversal; each body is rewritten once)."""
+    """All the passes in one rewrite (one traversal; each body is rewritten once)."""
     return _rewrite_module(module, _canonical)
 
 

@@ -141,3 +141,32 @@ def test_runaway_loop_is_not_unrolled():
     w = next(n for n in m.entry.post_order() if n.op == "while")
     assert static_trip_count(w) is None
     assert "while" in ops(canonicalize(m))
+
+
+MAP = """HloModule m
+hyp {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  two = f32[] constant(2)
+  aa = f32[] multiply(a, a)
+  s = f32[] add(aa, b)
+  c = pred[] compare(s, two), direction=GT
+  ROOT r = f32[] select(c, s, two)
+}
+ENTRY main {
+  x = f32[2,3] parameter(0)
+  y = f32[2,3] parameter(1)
+  ROOT h = f32[2,3] map(x, y), dimensions={0,1}, to_apply=hyp
+}
+"""
+
+
+def test_elementwise_map_becomes_its_body_on_tensors():
+    m = parse_hlo(MAP, "m.hlo")
+    c = canonicalize(m)
+    ops = [n.op for n in c.entry.post_order()]
+    assert "map" not in ops and {"multiply", "add", "compare", "select", "broadcast"} <= set(ops)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    y = np.full((2, 3), 0.5, np.float32)
+    np.testing.assert_array_equal(run_module(c, [x, y]), run_module(m, [x, y]))
+    assert PASSES["inline-maps"].run(m).entry.root.op == "select"

@@ -63,6 +63,11 @@ def _binary_infer(name: str, kinds: str) -> Callable[[list[Type], dict], Type]:
     return infer
 
 
+# Operators computed element by element (a computation of them on scalars can run on whole tensors:
+# nxsat/passes.py lifts `map` bodies with it).
+ELEMENTWISE: set[str] = {"reduce-precision", "compare", "select", "clamp"}
+
+
 def unary(name: str, fn: Callable[[np.ndarray], Any], *, kinds: str = FLOAT, engine: str = SCALAR,
           neuron: tuple[str, ...] = (), relay: tuple[str, ...] = (), notes: str = "", wide: bool = True,
           int_fn: Callable[[np.ndarray], Any] | None = None, out_pred: bool = False) -> None:
@@ -75,6 +80,7 @@ def unary(name: str, fn: Callable[[np.ndarray], Any], *, kinds: str = FLOAT, eng
             return to_dtype(fn(compute_float(x, wide)), out_dtype)
         return to_dtype((int_fn or fn)(x), out_dtype)
 
+    ELEMENTWISE.add(name)
     op(name, engine=engine, neuron=neuron, relay=relay, notes=notes, flops=_elem_flops, arity=(1, 1),
        impl=impl)(_unary_infer(name, kinds, out_pred))
 
@@ -91,6 +97,7 @@ def binary(name: str, fn: Callable[[np.ndarray, np.ndarray], Any], *, kinds: str
             return to_dtype(fn(compute_float(x, wide), compute_float(y, wide)), d)
         return to_dtype((int_fn or fn)(x, y), d)
 
+    ELEMENTWISE.add(name)
     op(name, engine=engine, neuron=neuron, relay=relay, notes=notes, flops=_elem_flops, arity=(2, 2),
        impl=impl)(_binary_infer(name, kinds))
 
