@@ -16,12 +16,15 @@ from nxsat import dtypes as dt
 from nxsat.backend.precision import apply_precision
 
 TOL = {("matmult", "bf16"): 1.6e-2, ("matmult", "fp16"): 2e-3, ("matmult", "tf32"): 2e-3, ("all", "bf16"): 2e-2}
-MODELS = ["mlp", "transformer_layer", "softmax", "layernorm", "batched_matmul"]
+MODELS = sorted(p.stem for p in (DATA / "jax").glob("*.hlo"))  # every JAX model
 
 
 @pytest.mark.parametrize("mode,cast", list(TOL))
 @pytest.mark.parametrize("name", MODELS)
 def test_auto_cast_stays_within_the_types_tolerance(name: str, mode: str, cast: str) -> None:
+    if (name, mode) == ("random_dropout", "all"):
+        pytest.skip("`all` rounds the uniform draws to bf16 before they are compared with the keep "
+                    "probability: a discrete mask flips (docs/compiling.md); measured in test_dropout_mask_under_all")
     ref = np.load(DATA / "jax" / f"{name}.npz")
     module, rep = apply_precision(module_of(DATA / "jax" / f"{name}.hlo", optimized=True), mode, cast)
     got, _ = device_run(module, {k: ref[k] for k in ref.files if k.startswith("in")})
@@ -73,3 +76,14 @@ def test_saturate_infinity_keeps_inf_times_zero_finite() -> None:
     sat, rep = apply_precision(m, "none", saturate_infinity=True)
     got, _ = device_run(sat, x)
     assert np.isnan(plain[0][:2]).all() and np.array_equal(got[0], [0, 0, 3, 8]) and rep.decisions
+
+
+def test_dropout_mask_under_all() -> None:
+    """Under `all` the dropout mask is drawn from bf16-rounded uniforms: kept elements are exact
+    multiples of the input, and the mask differs from XLA's in few places."""
+    ref = np.load(DATA / "jax" / "random_dropout.npz")
+    module, _ = apply_precision(module_of(DATA / "jax" / "random_dropout.hlo", optimized=True), "all", "bf16")
+    (got,), _ = device_run(module, {k: ref[k] for k in ref.files if k.startswith("in")})
+    want = ref["out0"]
+    flipped = float(np.mean((got == 0) != (want == 0)))
+    assert flipped < 0.1, flipped
