@@ -377,6 +377,9 @@ class Op:
 
 # TensorE --------------------------------------------------------------------------------------
 
+SMALL_MATMUL = 1 << 18  # M*K*N below which numpy's per-call overhead outweighs a batching copy
+
+
 class Matmul(Op):
     name = "matmul"
     engines = ("pe",)
@@ -451,14 +454,15 @@ class Matmul(Op):
         return list(c.ops[1:])  # PSUM accumulates in place: no stall for the partial sum
 
     def run(self, x: ExecCtx, c: LInstr) -> None:
-        """An accumulation group is computed at its ``stop=true`` matmul, as one batched numpy matmul
-        over the operands each member read when it ran (nothing may touch the group's region before
-        then), its products summed in fp32 in program order: the same result as adding each
-        matmul's fp32 product into PSUM as it arrives."""
+        """An accumulation group is computed at its ``stop=true`` matmul over the operands each member
+        read when it ran (nothing may touch the group's region before then): each member's fp32
+        product added in fp32 in program order, the same result as adding each product into PSUM
+        as it arrives. Small products of one shape go to numpy as one batched matmul."""
         dst, st, mv = c.ops
         k = st.partitions * self.rows(c)  # double row: (partition, row) pairs are the contraction
-        s = np.array(x.read(st), dtype=np.float32).reshape(k, -1).T  # copies: the operands as they are now
-        m = np.array(x.read(mv), dtype=np.float32).reshape(k, -1)
+        # one copy each: the operands as they are now
+        s = np.array(x.read(st).reshape(k, -1).T, dtype=np.float32, order="C")
+        m = np.array(x.read(mv).reshape(k, -1), dtype=np.float32)
         if self.precision(c) == "tf32":
             s, m = dt.round_tf32(s), dt.round_tf32(m)
         key = (dst.p0, dst.lo)
@@ -466,22 +470,22 @@ class Matmul(Op):
             group = x.groups[key] = ([], [])
         else:
             group = x.groups[key]
-        group[0].append(np.ascontiguousarray(s))
+        group[0].append(s)
         group[1].append(m)
         if not c.attrs["stop"]:
             return
         del x.groups[key]
-        if len(group[0]) == 1:
-            r = np.matmul(group[0][0], group[1][0])  # fp32; contiguous operands take BLAS's fast path
-        elif len({a.shape for a in group[0]}) == 1 and len({b.shape for b in group[1]}) == 1:
-            prods = np.matmul(np.stack(group[0]), np.stack(group[1]))  # one batched call
-            r = prods[0]
-            for p in prods[1:]:
-                r += p
-        else:  # members of different K (a last, partial contraction tile): the same sums, one by one
-            r = np.matmul(group[0][0], group[1][0])
-            for a, b in zip(group[0][1:], group[1][1:]):
-                r += np.matmul(a, b)
+        ss, ms = group
+        r = np.matmul(ss[0], ms[0])  # fp32; contiguous operands take BLAS's fast path
+        if len(ss) > 1:
+            small = ss[0].shape[0] * ss[0].shape[1] * ms[0].shape[1] < SMALL_MATMUL
+            if small and len({a.shape for a in ss}) == 1 and len({b.shape for b in ms}) == 1:
+                for p in np.matmul(np.stack(ss[1:]), np.stack(ms[1:])):  # one call for many small ones
+                    r += p
+            else:
+                out = np.empty_like(r)
+                for a, b in zip(ss[1:], ms[1:]):
+                    r += np.matmul(a, b, out=out)
         x.write(dst, r.reshape(dst.shape))
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
