@@ -30,6 +30,8 @@ from nxsat.sim.target import Target
 
 Lower = Callable[["Lowering", Node], None]
 LOWERINGS: dict[str, Lower] = {}
+Planner = Callable[["Lowering", list[Node]], None]
+PLANNERS: list[Planner] = []
 
 DEVICE_TYPES = {"s64": dt.S32, "u64": dt.U32}
 REFUSED_TYPES = {"f64": "the NeuronCore has no 64-bit floats; convert the model to f32"}
@@ -46,6 +48,14 @@ def lowers(*ops: str) -> Callable[[Lower], Lower]:
         return fn
 
     return wrap
+
+
+def plans(fn: Planner) -> Planner:
+    """Register a planner: it runs once the clusters are made, before any lowering, and may claim nodes
+    that a family's lowering computes itself (``Lowering.absorbed``; e.g. a convert a reduction reads
+    through), noting its decisions in ``Lowering.plan``."""
+    PLANNERS.append(fn)
+    return fn
 
 
 def device_dtype(d: dt.DType, where: Node | None = None) -> dt.DType:
@@ -87,6 +97,7 @@ class Lowering:
     consumers: dict[int, set[int]] = field(default_factory=dict)  # node id -> ids of the nodes that read it
     cluster_of: dict[int, Any] = field(default_factory=dict)  # elementwise node id -> its fused cluster
     absorbed: set[int] = field(default_factory=set)  # nodes another operator's lowering does itself
+    plan: dict[int, Any] = field(default_factory=dict)  # node id -> what a planner decided for its lowering
     _consts: dict[tuple, Ref] = field(default_factory=dict)
     _by_id: dict[int, Node] = field(default_factory=dict)
 
@@ -207,6 +218,7 @@ class Lowering:
         for p in entry.params:
             if not isinstance(p.type, TensorType):
                 raise error("NCC_EUOC002", f"parameter {p.name} is a tuple: the device takes tensors", p.loc)
+            _no_empty(p, p.type)
             b = self.graph.buf(p.name, "input", device_dtype(p.type.dtype, p), p.type.shape)
             b.shard = p.attrs.get("shard_dim")  # backend/partition.py: this rank's part of a weight
             self.inputs.append(b)
@@ -214,6 +226,7 @@ class Lowering:
         leaves = _leaves(entry.root)
         for k, (leaf, elem) in enumerate(leaves):
             t = leaf.tensor if elem is None else leaf.type.elements[elem]
+            _no_empty(leaf, t)
             b = self.graph.buf(f"out{k}_{leaf.name}", "output", device_dtype(t.dtype, leaf), t.shape)
             b.shard = leaf.attrs.get("shard_dim")
             self.outputs.append(b)
@@ -221,6 +234,8 @@ class Lowering:
                 self.output_of.setdefault(leaf.id, []).append(b)
             else:
                 self.element_outputs.setdefault((leaf.id, elem), []).append(b)
+        for planner in PLANNERS:
+            planner(self, order)
         for node in order:
             if node.op == "parameter" or node.id in self.values or node.id in self.absorbed:
                 continue
@@ -244,6 +259,13 @@ class Lowering:
             self.graph.origin = _origin(leaf)
             self.graph.add("dma", "dma", out.ref(), v)
         self.graph.origin = None
+
+
+def _no_empty(node: Node, t: TensorType) -> None:
+    """The device program declares no empty tensors: a model input or output without elements is refused."""
+    if 0 in t.shape:
+        raise error("NCC_EUOC002", f"{node.name} is {t}: a model input or output without elements cannot be "
+                    "declared on the NeuronCore (no empty tensors)", node.loc, "see docs/backend.md, Reductions")
 
 
 def is_tf32_rounding(node: Node) -> bool:
