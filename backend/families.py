@@ -7,6 +7,7 @@ from nxsat.backend import (  # noqa: F401
     indexing,
     matmul,
     movement,
+    norm,
     reduce,
     rng,
 )

@@ -159,6 +159,17 @@ def copy_tile(lw: Lowering, dst: Ref, src: Ref) -> None:
     Tiles(lw.graph, dst.shape).copy_into(dst, src)
 
 
+def pad_partitions(lw: Lowering, t: Ref, parts: int) -> Ref:
+    """``t`` on the first of ``parts`` partitions, zeros on the rest: every matmul of an accumulation group
+    contracts over the same partitions (the simulator batches a group's products)."""
+    if t.shape[0] == parts:
+        return t
+    out = lw.graph.tile((parts, *t.shape[1:]), t.dtype, "sbuf", "pad").ref()
+    lw.graph.add("dve", "memset", out, value=0.0)
+    lw.graph.add("dve", "tensor_copy", out[0:t.shape[0]], t)
+    return out
+
+
 def copy_new(lw: Lowering, src: Ref, dtype: dt.DType) -> Ref:
     t = Tiles(lw.graph, src.shape, "red")
     return t.copy(src, dtype)
@@ -425,6 +436,7 @@ def _absorbable_iota(lw: Lowering, node: Node, nodes: dict[int, Node]) -> bool:
 
 
 WIDENING = {("bf16", "f32"), ("f16", "f32")}
+TUPLE_OPS = ("reduce", "batch-norm-training", "batch-norm-grad")  # tuple-valued operators lowered here
 
 
 @plans
@@ -436,14 +448,14 @@ def plan_reductions(lw: Lowering, order: list[Node]) -> None:
         if n.op in ("iota", "broadcast") and _absorbable_iota(lw, n, nodes):
             lw.absorbed.add(n.id)
     for n in order:
+        if isinstance(n.type, TupleType) and n.op in TUPLE_OPS:  # the results the model returns, by index
+            gtes = (nodes[c] for c in lw.consumers.get(n.id, ()))
+            lw.plan[n.id] = {"gte": {c.attrs["index"]: c for c in gtes
+                                     if c.op == "get-tuple-element" and c.id in lw.output_of}}
+            continue
         if n.op != "reduce":
             continue
         note: dict[str, object] = {}
-        if isinstance(n.type, TupleType):  # the results the model returns, by tuple index
-            gtes = (nodes[c] for c in lw.consumers.get(n.id, ()))
-            note["gte"] = {c.attrs["index"]: c for c in gtes if c.op == "get-tuple-element" and c.id in lw.output_of}
-            lw.plan[n.id] = note
-            continue
         x = n.operands[0]
         if (x.op == "convert" and (x.operands[0].dtype.name, x.dtype.name) in WIDENING and x.id not in lw.output_of
                 and (x.id in lw.absorbed or x.id in lw.cluster_of)
@@ -482,7 +494,10 @@ def tuple_results(lw: Lowering, node: Node, types: list[TensorType]) -> list[Ref
     gtes = lw.plan.get(node.id, {}).get("gte", {})
     refs = []
     for i, t in enumerate(types):
-        if i in gtes:
+        direct = lw.element_outputs.get((node.id, i))
+        if direct:  # the node is the model's result itself
+            refs.append(direct[0].ref())
+        elif i in gtes:
             refs.append(lw.output_of[gtes[i].id][0].ref())
         else:
             refs.append(lw.graph.buf(f"{node.name}_{i}", "scratch", device_dtype(t.dtype, node), t.shape).ref())
@@ -759,7 +774,9 @@ class Reduction:
                     mv = tiles[0][(slice(None), *[0 if k in rdims else slice(None) for k in range(nfree)])]
                 else:
                     mv = self.red.fold(tiles, [1 + k for k in rdims])[0]
-                self.g.add("pe", "matmul", ps, self.ones_of(mv.dtype)[0:pn], mv, start=j == 0, stop=j == len(work) - 1)
+                mv = pad_partitions(self.lw, mv, lay.A)
+                self.g.add("pe", "matmul", ps, self.ones_of(mv.dtype)[0:lay.A], mv, start=j == 0,
+                           stop=j == len(work) - 1)
             self.store_spread(outs, [ps])
             return
         acc: list[Ref] | None = None

@@ -1,0 +1,443 @@
+"""Batch normalization: ``batch-norm-training``, ``batch-norm-inference`` and ``batch-norm-grad``, any
+``feature_index``, as XLA defines them (nxsat/ops/norm.py): statistics per feature over every other
+dimension, the biased variance, ``epsilon`` added before the square root. Everything computes in fp32 and
+rounds once to the operand's type.
+
+Two layouts, chosen by where the feature dimension lies in memory:
+
+- **features on the partitions** (``[C, rest]``, 128 features at a time; NCHW and most others): the
+  statistics of a training step are VectorE's ``bn_stats`` over every 512 elements of a partition and
+  ``bn_aggr`` merging them (64 groups at a time, then the merged (count, mean, M2) triples again: Chan's
+  formula all the way, in one pass). The per-feature values are ``[P, 1]`` scalars of ``tensor_scalar``:
+  ``y = (x - mean) * (scale * rsqrt(var + eps)) + offset`` is two instructions per tile.
+- **features on the free axis** (the feature dimension innermost in memory and the others one run,
+  e.g. NHWC): the other elements go to the partitions (``[A <= 128, B]`` each, as reductions do) and the
+  features along the free axis, 512 at a time; sums over the partitions are TensorE matmuls of a ones
+  vector accumulating in PSUM. The variance is computed shifted by the first element of each feature
+  (``var = E[(x - s)^2] - E[x - s]^2``, accurate when ``s`` is a sample), and per-feature values are
+  broadcast over the partitions by a one-row matmul.
+
+``batch-norm-grad`` sums ``dy`` and ``dy * (x - mean)`` per feature in a first pass, then
+``dx = (dy - mean(dy) - (x - mean) * rstd^2 * mean(dy * (x - mean))) * scale * rstd`` in a second. A
+feature block whose data fits :data:`KEEP_BYTES` per partition is loaded once for both passes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nxsat import dtypes as dt
+from nxsat.backend.graph import Graph, Ref
+from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.backend.reduce import block_sizes, blocks, copy_new, merge_groups, pad_partitions, tuple_results
+from nxsat.backend.tiles import Tiles
+from nxsat.ir import Node
+
+CHUNK_BYTES = 4096  # bytes per partition of one tile
+KEEP_BYTES = 48 * 1024  # a feature block's data up to this many bytes per partition stays on chip between passes
+BN_MAX = 512  # elements one bn_stats reads per partition
+GROUPS = 64  # bn_stats groups one bn_aggr merges
+COLS = 512  # features per block on the free axis (one PSUM bank of fp32)
+
+
+@lowers("batch-norm-training", "batch-norm-inference", "batch-norm-grad")
+def batch_norm(lw: Lowering, node: Node) -> None:
+    x = node.operands[0]
+    fi = node.attrs["feature_index"]
+    types = [t for t in node.type.leaves()]
+    outs = tuple_results(lw, node, types) if node.op != "batch-norm-inference" else [lw.result(node)]
+    refs = [lw.ref(o) for o in node.operands]
+    shape = x.shape
+    others = [d for d in range(len(shape)) if d != fi]
+    big = [lw.ref(x)] + ([refs[4]] if node.op == "batch-norm-grad" else [])  # operands shaped like x
+    groups = merge_groups([r.permute(*others, fi) for r in (*big, outs[0])], others, [fi], shape, merge=True)
+    inner = [gr for gr in groups if gr.kept]
+    feat = [gr for gr in groups if not gr.kept][0]
+    cls: type[Norm] = Rows
+    if len(inner) == 1 and feat.stride == 1 and inner[0].size >= 128 and shape[fi] > 1:
+        cls = Cols
+    cls(lw, node, refs, outs, fi).run()
+
+
+class Norm:
+    """One batch-norm node: its operands and results, the per-feature arithmetic of its layout."""
+
+    def __init__(self, lw: Lowering, node: Node, refs: list[Ref], outs: list[Ref], fi: int) -> None:
+        self.lw, self.g, self.node, self.refs, self.outs, self.fi = lw, lw.graph, node, refs, outs, fi
+        self.eps = float(node.attrs["epsilon"])
+        self.shape = node.operands[0].shape
+        self.C = self.shape[fi]
+        self.M = math.prod(self.shape) // max(1, self.C)
+        self.xt = onchip_dtype(device_dtype(node.operands[0].dtype))
+        self.out_types = [onchip_dtype(device_dtype(t.dtype)) for t in node.type.leaves()]
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def f32(self, t: Ref) -> Ref:
+        return t if t.dtype is dt.F32 else copy_new(self.lw, t, dt.F32)
+
+    def store(self, out: Ref, t: Ref, k: int) -> None:
+        """A result tile converted to result ``k``'s type and stored."""
+        self.g.add("dma", "dma", out, t if t.dtype is self.out_types[k] else copy_new(self.lw, t, self.out_types[k]))
+
+
+# --- features on the partitions ------------------------------------------------------------------------
+
+class Rows(Norm):
+    """Features on the partitions: ``[cn, free...]`` tiles, per-feature values as ``[cn, 1]`` scalars."""
+
+    def run(self) -> None:
+        others = [d for d in range(len(self.shape)) if d != self.fi]
+        perm = [self.fi, *others]
+        big = [self.refs[0], *([self.refs[4]] if self.node.op == "batch-norm-grad" else []), self.outs[0]]
+        groups = merge_groups([r.permute(*others, self.fi) for r in big], others, [self.fi], self.shape, True)
+        rest = sorted([gr for gr in groups if gr.kept], key=lambda gr: -gr.stride)
+        sizes = [gr.size for gr in rest]
+        order = [d for gr in rest for d in gr.dims]
+
+        def view(r: Ref) -> Ref:
+            return r.permute(self.fi, *order).reshape(self.C, *sizes)
+
+        self.views = [view(r) for r in big]
+        self.perm = perm
+        bs = block_sizes(sizes, [False] * len(sizes), CHUNK_BYTES // 4, 1, False)
+        self.tile_keys = [tuple(b[k] for k in range(len(sizes))) for b in blocks(sizes, bs, list(range(len(sizes))))]
+        keep = self.M * 4 <= KEEP_BYTES
+        for c0 in range(0, self.C, 128):
+            cn = min(128, self.C - c0)
+            self.block(c0, cn, keep)
+
+    def vec(self, r: Ref, c0: int, cn: int) -> Ref:
+        """A per-feature operand as a ``[cn, 1]`` fp32 tile."""
+        t = self.g.tile((cn, 1), onchip_dtype(r.dtype), "sbuf", "bnvec").ref()
+        self.g.add("dma", "dma", t, r[c0:c0 + cn].reshape(cn, 1))
+        return self.f32(t)
+
+    def load(self, which: int, c0: int, cn: int, key: tuple[slice, ...]) -> Ref:
+        v = self.views[which]
+        t = self.g.tile((cn, *[s.stop - s.start for s in key]), onchip_dtype(v.dtype), "sbuf", "bnx").ref()
+        self.g.add("dma", "dma", t, v[(slice(c0, c0 + cn), *key)])
+        return t
+
+    def tiles(self, which: int, c0: int, cn: int, kept: dict[int, list[Ref]] | None) -> list[Ref]:
+        """Every tile of operand ``which`` (0: x, 1: dy) of the feature block, loaded (or kept)."""
+        if kept is not None and which in kept:
+            return kept[which]
+        out = [self.load(which, c0, cn, key) for key in self.tile_keys]
+        if kept is not None:
+            kept[which] = out
+        return out
+
+    def block(self, c0: int, cn: int, keep: bool) -> None:
+        g = self.g
+        op = self.node.op
+        kept: dict[int, list[Ref]] | None = {} if keep else None
+        T = Tiles(g, (cn, 1), "bnv")
+        if op == "batch-norm-inference":
+            scale, offset, mean, var = (self.vec(r, c0, cn) for r in self.refs[1:5])
+        elif op == "batch-norm-training":
+            scale, offset = (self.vec(r, c0, cn) for r in self.refs[1:3])
+            mv = self.stats(c0, cn, kept)
+            mean, var = mv[:, 0:1], mv[:, 1:2]
+            self.store(self.outs[1][c0:c0 + cn], mean, 1)
+            self.store(self.outs[2][c0:c0 + cn], var, 2)
+        else:
+            scale, mean, var = (self.vec(r, c0, cn) for r in self.refs[1:4])
+        rstd = T.tile(dt.F32)
+        g.add("act", "activation", rstd, var, func="rsqrt", bias=self.eps)
+        if op == "batch-norm-grad":
+            self.grad(c0, cn, kept, scale, mean, rstd)
+            return
+        a = T.binary("mul", scale, rstd, dt.F32)
+        for key, x in zip(self.tile_keys, self.tiles(0, c0, cn, kept)):
+            t = Tiles(g, x.shape, "bny")
+            u = t.tile(dt.F32)
+            g.add("dve", "tensor_scalar", u, x, op0="sub", scalar0=mean, op1="mul", scalar1=a)
+            y = t.tile(self.out_types[0])
+            g.add("act", "activation", y, u, bias=offset)
+            g.add("dma", "dma", self.views[-1][(slice(c0, c0 + cn), *key)], y)
+
+    def stats(self, c0: int, cn: int, kept: dict[int, list[Ref]] | None) -> Ref:
+        """``[cn, 2]``: mean and population variance of every feature of the block."""
+        st = Stats(self.g, cn)
+        for x in self.tiles(0, c0, cn, kept):
+            n = math.prod(x.shape[1:])
+            flat = x.reshape(cn, n)
+            for k0 in range(0, n, BN_MAX):
+                st.add(flat[:, k0:min(n, k0 + BN_MAX)])
+        return st.result()
+
+    def grad(self, c0: int, cn: int, kept: dict[int, list[Ref]] | None, scale: Ref, mean: Ref, rstd: Ref) -> None:
+        g = self.g
+        xs = self.tiles(0, c0, cn, kept)
+        dys = self.tiles(1, c0, cn, kept)
+        n_t = len(xs)
+        sum_dy = g.tile((cn, n_t), dt.F32, "sbuf", "bnsum").ref()
+        sum_gc = g.tile((cn, n_t), dt.F32, "sbuf", "bnsum").ref()
+        for j, (x, dy) in enumerate(zip(xs, dys)):
+            t = Tiles(g, x.shape, "bng")
+            c = t.tile(dt.F32)
+            g.add("dve", "tensor_scalar", c, x, op0="sub", scalar0=mean)
+            gc = t.binary("mul", dy, c, dt.F32)
+            g.add("dve", "tensor_reduce", sum_gc[:, j:j + 1], gc, op="add")
+            junk = t.tile(dt.F32)
+            g.add("act", "activation", junk, dy, accum=sum_dy[:, j:j + 1])
+        T = Tiles(g, (cn, 1), "bnv")
+        s_dy = T.tile(dt.F32)
+        g.add("dve", "tensor_reduce", s_dy, sum_dy, op="add")
+        s_gc = T.tile(dt.F32)
+        g.add("dve", "tensor_reduce", s_gc, sum_gc, op="add")
+        inv_n = 1.0 / self.M
+        self.store(self.outs[1][c0:c0 + cn], T.binary("mul", s_gc, rstd, dt.F32), 1)
+        self.store(self.outs[2][c0:c0 + cn], s_dy, 2)
+        mean_g = T.binary("mul", s_dy, inv_n, dt.F32)
+        r2 = T.binary("mul", rstd, rstd, dt.F32)
+        k1 = T.binary("mul", T.binary("mul", r2, s_gc, dt.F32), inv_n, dt.F32)
+        k2 = T.binary("mul", scale, rstd, dt.F32)
+        xs = self.tiles(0, c0, cn, kept)
+        dys = self.tiles(1, c0, cn, kept)
+        for key, x, dy in zip(self.tile_keys, xs, dys):
+            t = Tiles(g, x.shape, "bng")
+            w = t.tile(dt.F32)
+            g.add("dve", "tensor_scalar", w, x, op0="sub", scalar0=mean, op1="mul", scalar1=k1)
+            v = t.binary("sub", dy, w, dt.F32)
+            gx = t.tile(self.out_types[0])
+            g.add("dve", "tensor_scalar", gx, v, op0="sub", scalar0=mean_g, op1="mul", scalar1=k2)
+            g.add("dma", "dma", self.views[-1][(slice(c0, c0 + cn), *key)], gx)
+
+
+class Stats:
+    """Running (count, mean, M2) of each partition's elements: ``bn_stats`` groups, merged :data:`GROUPS` at
+    a time by ``bn_aggr``, whose (mean, variance) go on as triples (count, mean, variance * count) to the
+    next level, merged alike (Chan's formula at every level)."""
+
+    def __init__(self, g: Graph, cn: int) -> None:
+        self.g = g
+        self.cn = cn
+        self.levels: list[tuple[Ref, list[int]]] = []  # per level: its tile and the counts of its triples
+
+    def _level(self, k: int) -> tuple[Ref, list[int]]:
+        while len(self.levels) <= k:
+            t = self.g.tile((self.cn, 6 * GROUPS), dt.F32, "sbuf", "bnst").ref()
+            self.levels.append((t, []))
+        return self.levels[k]
+
+    def add(self, src: Ref) -> None:
+        n = math.prod(src.shape[1:])
+        t, counts = self._level(0)
+        j = len(counts)
+        self.g.add("dve", "bn_stats", t[:, 3 * j:3 * j + 6], src)
+        counts.extend([(n + 1) // 2, n // 2])
+        if len(counts) == 2 * GROUPS:
+            self._push(0)
+
+    def _push(self, k: int) -> Ref:
+        """Merge level ``k`` into one triple of level ``k + 1``; its (mean, variance)."""
+        g = self.g
+        t, counts = self.levels[k]
+        mv = g.tile((self.cn, 2), dt.F32, "sbuf", "bnmv").ref()
+        g.add("dve", "bn_aggr", mv, t[:, 0:3 * len(counts)])
+        total = sum(counts)
+        self.levels[k] = (g.tile((self.cn, 6 * GROUPS), dt.F32, "sbuf", "bnst").ref(), [])
+        up, ucounts = self._level(k + 1)
+        j = len(ucounts)
+        g.add("dve", "memset", up[:, 3 * j:3 * j + 1], value=float(total))
+        g.add("dve", "tensor_copy", up[:, 3 * j + 1:3 * j + 2], mv[:, 0:1])
+        g.add("dve", "tensor_scalar", up[:, 3 * j + 2:3 * j + 3], mv[:, 1:2], op0="mul",
+              scalar0=float(total))
+        ucounts.append(total)
+        if len(ucounts) == 2 * GROUPS:
+            self._push(k + 1)
+        return mv
+
+    def result(self) -> Ref:
+        """``[cn, 2]`` mean and variance of everything added: each level merged into the next, up to the
+        highest that holds anything."""
+        for k, (t, counts) in enumerate(self.levels):
+            if not counts:
+                continue
+            if any(c for _, c in self.levels[k + 1:]):
+                self._push(k)
+                continue
+            mv = self.g.tile((self.cn, 2), dt.F32, "sbuf", "bnmv").ref()
+            self.g.add("dve", "bn_aggr", mv, t[:, 0:3 * len(counts)])
+            return mv
+        raise AssertionError("no statistics")
+
+
+# --- features on the free axis ----------------------------------------------------------------------
+
+class Cols(Norm):
+    """Features along the free axis (x as ``[M, C]``, M split over the partitions as ``[A, B]``), per-feature
+    values as ``[A, cb]`` tiles broadcast over the rest of a tile."""
+
+    def run(self) -> None:
+        others = [d for d in range(len(self.shape)) if d != self.fi]
+        big = [self.refs[0], *([self.refs[4]] if self.node.op == "batch-norm-grad" else []), self.outs[0]]
+        M, C = self.M, self.C
+        self.A = min(128, M)
+        self.B = M // self.A
+        self.rem = M - self.A * self.B
+        self.views = [r.permute(*others, self.fi).reshape(M, C) for r in big]
+        keep = self.M // self.A * 4 * min(C, COLS) <= KEEP_BYTES
+        for c0 in range(0, C, COLS):
+            cb = min(COLS, C - c0)
+            self.block(c0, cb, keep)
+
+    def pieces(self, cb: int) -> list[tuple[int, int, int, int]]:
+        """Tiles of a column block: (first row, partitions, rows per partition, columns)."""
+        out = []
+        bb = max(1, CHUNK_BYTES // 4 // cb)
+        for b0 in range(0, self.B, bb):
+            out.append((b0, self.A, min(bb, self.B - b0), cb))
+        if self.rem:
+            out.append((-1, self.rem, 1, cb))
+        return out
+
+    def view(self, which: int, piece: tuple[int, int, int, int], c0: int) -> Ref:
+        b0, pn, bn, cb = piece
+        v = self.views[which]
+        A, B = self.A, self.B
+        if b0 >= 0:
+            return v[0:A * B, c0:c0 + cb].reshape(A, B, cb)[:, b0:b0 + bn, :]
+        return v[A * B:self.M, c0:c0 + cb].reshape(pn, 1, cb)
+
+    def tiles(self, which: int, c0: int, cb: int, kept: dict[int, list[Ref]] | None) -> list[Ref]:
+        if kept is not None and which in kept:
+            return kept[which]
+        out = []
+        for p in self.pieces(cb):
+            v = self.view(which, p, c0)
+            t = self.g.tile((p[1], p[2], cb), onchip_dtype(v.dtype), "sbuf", "bnx").ref()
+            self.g.add("dma", "dma", t, v)
+            out.append(t)
+        if kept is not None:
+            kept[which] = out
+        return out
+
+    def row(self, r: Ref, c0: int, cb: int) -> Ref:
+        """A per-feature operand as a ``[1, cb]`` fp32 row."""
+        t = self.g.tile((1, cb), onchip_dtype(r.dtype), "sbuf", "bnrow").ref()
+        self.g.add("dma", "dma", t, r[c0:c0 + cb].reshape(1, cb))
+        return self.f32(t)
+
+    def bcast(self, row: Ref, cb: int) -> Ref:
+        """A ``[1, cb]`` fp32 row on every partition: ``[A, cb]`` (TensorE: a one-row matmul)."""
+        g = self.g
+        ps = g.tile((self.A, cb), dt.F32, "psum", "bnbc").ref()
+        g.add("pe", "matmul", ps, self.ones_row, row, start=True, stop=True)
+        t = g.tile((self.A, cb), dt.F32, "sbuf", "bnb").ref()
+        g.add("act", "activation", t, ps)
+        return t
+
+    def over(self, vec: Ref, x: Ref) -> Ref:
+        """``vec`` ([A, cb]) seen with the shape of tile ``x`` ([pn, bn, cb])."""
+        pn, bn, cb = x.shape
+        return vec[0:pn].reshape(pn, 1, cb).broadcast(1, bn)
+
+    def colsum(self, ps: Ref, tiles: list[Ref], first: bool, last: bool) -> None:
+        """Accumulate the per-column sums of ``tiles`` into the PSUM row ``ps`` (a ones-vector matmul per row
+        of each tile)."""
+        g = self.g
+        work = [(t, b) for t in tiles for b in range(t.shape[1])]
+        for j, (t, b) in enumerate(work):
+            g.add("pe", "matmul", ps, self.ones_col[0:self.A], pad_partitions(self.lw, t[:, b, :], self.A),
+                  start=first and j == 0, stop=last and j == len(work) - 1)
+
+    def block(self, c0: int, cb: int, keep: bool) -> None:
+        g = self.g
+        op = self.node.op
+        kept: dict[int, list[Ref]] | None = {} if keep else None
+        self.ones_col = g.tile((128, 1), dt.F32, "sbuf", "ones").ref()
+        g.add("dve", "memset", self.ones_col, value=1.0)
+        self.ones_row = g.tile((1, self.A), dt.F32, "sbuf", "ones").ref()
+        g.add("dve", "memset", self.ones_row, value=1.0)
+        R = Tiles(g, (1, cb), "bnr")
+        if op == "batch-norm-inference":
+            scale, offset, mean, var = (self.row(r, c0, cb) for r in self.refs[1:5])
+        elif op == "batch-norm-training":
+            scale, offset = (self.row(r, c0, cb) for r in self.refs[1:3])
+            mean, var = self.stats(c0, cb, kept)
+            self.store(self.outs[1][c0:c0 + cb].reshape(1, cb), mean, 1)
+            self.store(self.outs[2][c0:c0 + cb].reshape(1, cb), var, 2)
+        else:
+            scale, mean, var = (self.row(r, c0, cb) for r in self.refs[1:4])
+        rstd = R.tile(dt.F32)
+        g.add("act", "activation", rstd, var, func="rsqrt", bias=self.eps)
+        mean_b = self.bcast(mean, cb)
+        if op == "batch-norm-grad":
+            self.grad(c0, cb, kept, scale, mean_b, rstd)
+            return
+        a_b = self.bcast(R.binary("mul", scale, rstd, dt.F32), cb)
+        off_b = self.bcast(offset, cb)
+        for p, x in zip(self.pieces(cb), self.tiles(0, c0, cb, kept)):
+            t = Tiles(g, x.shape, "bny")
+            u = t.binary("sub", x, self.over(mean_b, x), dt.F32)
+            w = t.binary("mul", u, self.over(a_b, x), dt.F32)
+            y = t.tile(self.out_types[0])
+            g.add("pool" if not self.lw.target.spec["port_conflicts"] else "dve", "tensor_tensor", y, w,
+                  self.over(off_b, x), op="add")
+            g.add("dma", "dma", self.view(-1, p, c0), y)
+
+    def stats(self, c0: int, cb: int, kept: dict[int, list[Ref]] | None) -> tuple[Ref, Ref]:
+        """``[1, cb]`` rows: mean and population variance of each feature, shifted by its first element."""
+        g = self.g
+        s_row = g.tile((1, cb), onchip_dtype(self.views[0].dtype), "sbuf", "bnrow").ref()
+        g.add("dma", "dma", s_row, self.views[0][0:1, c0:c0 + cb])
+        s_row = self.f32(s_row)
+        s_b = self.bcast(s_row, cb)
+        ps1 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
+        ps2 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
+        xs = self.tiles(0, c0, cb, kept)
+        for j, x in enumerate(xs):
+            t = Tiles(g, x.shape, "bns")
+            d = t.binary("sub", x, self.over(s_b, x), dt.F32)
+            d2 = t.act("square", d, dt.F32)
+            self.colsum(ps1, [d], j == 0, j == len(xs) - 1)
+            self.colsum(ps2, [d2], j == 0, j == len(xs) - 1)
+        R = Tiles(g, (1, cb), "bnr")
+        inv = 1.0 / self.M
+        md = R.tile(dt.F32)
+        g.add("dve", "tensor_scalar", md, ps1, op0="mul", scalar0=inv)
+        m2 = R.tile(dt.F32)
+        g.add("dve", "tensor_scalar", m2, ps2, op0="mul", scalar0=inv)
+        var = R.binary("sub", m2, R.binary("mul", md, md, dt.F32), dt.F32)
+        var = R.binary("max", var, 0.0, dt.F32)
+        mean = R.binary("add", md, s_row, dt.F32)
+        return mean, var
+
+    def grad(self, c0: int, cb: int, kept: dict[int, list[Ref]] | None, scale: Ref, mean_b: Ref, rstd: Ref) -> None:
+        g = self.g
+        xs = self.tiles(0, c0, cb, kept)
+        dys = self.tiles(1, c0, cb, kept)
+        ps1 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
+        ps2 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
+        for j, (x, dy) in enumerate(zip(xs, dys)):
+            t = Tiles(g, x.shape, "bng")
+            c = t.binary("sub", x, self.over(mean_b, x), dt.F32)
+            gc = t.binary("mul", dy, c, dt.F32)
+            dyf = self.f32(dy) if dy.dtype is not dt.F32 else dy
+            self.colsum(ps1, [dyf], j == 0, j == len(xs) - 1)
+            self.colsum(ps2, [gc], j == 0, j == len(xs) - 1)
+        R = Tiles(g, (1, cb), "bnr")
+        s_dy = R.tile(dt.F32)
+        g.add("dve", "tensor_copy", s_dy, ps1)
+        s_gc = R.tile(dt.F32)
+        g.add("dve", "tensor_copy", s_gc, ps2)
+        inv = 1.0 / self.M
+        self.store(self.outs[1][c0:c0 + cb].reshape(1, cb), R.binary("mul", s_gc, rstd, dt.F32), 1)
+        self.store(self.outs[2][c0:c0 + cb].reshape(1, cb), s_dy, 2)
+        k1 = R.binary("mul", R.binary("mul", R.binary("mul", rstd, rstd, dt.F32), s_gc, dt.F32), inv, dt.F32)
+        k1_b = self.bcast(k1, cb)
+        mg_b = self.bcast(R.binary("mul", s_dy, inv, dt.F32), cb)
+        k2_b = self.bcast(R.binary("mul", scale, rstd, dt.F32), cb)
+        for p, x, dy in zip(self.pieces(cb), self.tiles(0, c0, cb, kept), self.tiles(1, c0, cb, kept)):
+            t = Tiles(g, x.shape, "bng")
+            c = t.binary("sub", x, self.over(mean_b, x), dt.F32)
+            w = t.binary("mul", c, self.over(k1_b, x), dt.F32)
+            v = t.binary("sub", dy, w, dt.F32)
+            u = t.binary("sub", v, self.over(mg_b, x), dt.F32)
+            gx = t.binary("mul", u, self.over(k2_b, x), self.out_types[0])
+            g.add("dma", "dma", self.view(-1, p, c0), gx)
+
