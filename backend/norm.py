@@ -25,6 +25,7 @@ feature block whose data fits :data:`KEEP_BYTES` per partition is loaded once fo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Graph, Ref
@@ -34,7 +35,7 @@ from nxsat.backend.tiles import Tiles
 from nxsat.ir import Node
 
 CHUNK_BYTES = 4096  # bytes per partition of one tile
-KEEP_BYTES = 48 * 1024  # a feature block's data up to this many bytes per partition stays on chip between passes
+KEEP_BYTES = 32 * 1024  # a feature block's data up to this many bytes per partition stays on chip between passes
 BN_MAX = 512  # elements one bn_stats reads per partition
 GROUPS = 64  # bn_stats groups one bn_aggr merges
 COLS = 512  # features per block on the free axis (one PSUM bank of fp32)
@@ -57,6 +58,21 @@ def batch_norm(lw: Lowering, node: Node) -> None:
     if len(inner) == 1 and feat.stride == 1 and inner[0].size >= 128 and shape[fi] > 1:
         cls = Cols
     cls(lw, node, refs, outs, fi).run()
+
+
+def lazily(loads: list[Callable[[], Ref]], which: int, kept: dict[int, list[Ref]] | None) -> Iterator[Ref]:
+    """The tiles of one operand, each loaded when the pass reaches it (so that a pass over data larger than
+    SBUF streams it), or, when the block's data stays on chip (``kept``), the tiles a first pass loaded."""
+    if kept is not None and which in kept:
+        yield from kept[which]
+        return
+    got: list[Ref] = []
+    if kept is not None:
+        kept[which] = got  # filled as the first pass goes
+    for load in loads:
+        t = load()
+        got.append(t)
+        yield t
 
 
 class Norm:
@@ -120,14 +136,9 @@ class Rows(Norm):
         self.g.add("dma", "dma", t, v[(slice(c0, c0 + cn), *key)])
         return t
 
-    def tiles(self, which: int, c0: int, cn: int, kept: dict[int, list[Ref]] | None) -> list[Ref]:
-        """Every tile of operand ``which`` (0: x, 1: dy) of the feature block, loaded (or kept)."""
-        if kept is not None and which in kept:
-            return kept[which]
-        out = [self.load(which, c0, cn, key) for key in self.tile_keys]
-        if kept is not None:
-            kept[which] = out
-        return out
+    def tiles(self, which: int, c0: int, cn: int, kept: dict[int, list[Ref]] | None) -> Iterator[Ref]:
+        """Every tile of operand ``which`` (0: x, 1: dy) of the feature block (see :func:`lazily`)."""
+        return lazily([lambda key=key: self.load(which, c0, cn, key) for key in self.tile_keys], which, kept)
 
     def block(self, c0: int, cn: int, keep: bool) -> None:
         g = self.g
@@ -172,7 +183,7 @@ class Rows(Norm):
         g = self.g
         xs = self.tiles(0, c0, cn, kept)
         dys = self.tiles(1, c0, cn, kept)
-        n_t = len(xs)
+        n_t = len(self.tile_keys)
         sum_dy = g.tile((cn, n_t), dt.F32, "sbuf", "bnsum").ref()
         sum_gc = g.tile((cn, n_t), dt.F32, "sbuf", "bnsum").ref()
         for j, (x, dy) in enumerate(zip(xs, dys)):
@@ -303,18 +314,14 @@ class Cols(Norm):
             return v[0:A * B, c0:c0 + cb].reshape(A, B, cb)[:, b0:b0 + bn, :]
         return v[A * B:self.M, c0:c0 + cb].reshape(pn, 1, cb)
 
-    def tiles(self, which: int, c0: int, cb: int, kept: dict[int, list[Ref]] | None) -> list[Ref]:
-        if kept is not None and which in kept:
-            return kept[which]
-        out = []
-        for p in self.pieces(cb):
+    def tiles(self, which: int, c0: int, cb: int, kept: dict[int, list[Ref]] | None) -> Iterator[Ref]:
+        def load(p: tuple[int, int, int, int]) -> Ref:
             v = self.view(which, p, c0)
             t = self.g.tile((p[1], p[2], cb), onchip_dtype(v.dtype), "sbuf", "bnx").ref()
             self.g.add("dma", "dma", t, v)
-            out.append(t)
-        if kept is not None:
-            kept[which] = out
-        return out
+            return t
+
+        return lazily([lambda p=p: load(p) for p in self.pieces(cb)], which, kept)
 
     def row(self, r: Ref, c0: int, cb: int) -> Ref:
         """A per-feature operand as a ``[1, cb]`` fp32 row."""
@@ -389,13 +396,13 @@ class Cols(Norm):
         s_b = self.bcast(s_row, cb)
         ps1 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
         ps2 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
-        xs = self.tiles(0, c0, cb, kept)
-        for j, x in enumerate(xs):
+        n = len(self.pieces(cb))
+        for j, x in enumerate(self.tiles(0, c0, cb, kept)):
             t = Tiles(g, x.shape, "bns")
             d = t.binary("sub", x, self.over(s_b, x), dt.F32)
             d2 = t.act("square", d, dt.F32)
-            self.colsum(ps1, [d], j == 0, j == len(xs) - 1)
-            self.colsum(ps2, [d2], j == 0, j == len(xs) - 1)
+            self.colsum(ps1, [d], j == 0, j == n - 1)
+            self.colsum(ps2, [d2], j == 0, j == n - 1)
         R = Tiles(g, (1, cb), "bnr")
         inv = 1.0 / self.M
         md = R.tile(dt.F32)
@@ -409,6 +416,7 @@ class Cols(Norm):
 
     def grad(self, c0: int, cb: int, kept: dict[int, list[Ref]] | None, scale: Ref, mean_b: Ref, rstd: Ref) -> None:
         g = self.g
+        n = len(self.pieces(cb))
         xs = self.tiles(0, c0, cb, kept)
         dys = self.tiles(1, c0, cb, kept)
         ps1 = g.tile((1, cb), dt.F32, "psum", "bnps").ref()
@@ -418,8 +426,8 @@ class Cols(Norm):
             c = t.binary("sub", x, self.over(mean_b, x), dt.F32)
             gc = t.binary("mul", dy, c, dt.F32)
             dyf = self.f32(dy) if dy.dtype is not dt.F32 else dy
-            self.colsum(ps1, [dyf], j == 0, j == len(xs) - 1)
-            self.colsum(ps2, [gc], j == 0, j == len(xs) - 1)
+            self.colsum(ps1, [dyf], j == 0, j == n - 1)
+            self.colsum(ps2, [gc], j == 0, j == n - 1)
         R = Tiles(g, (1, cb), "bnr")
         s_dy = R.tile(dt.F32)
         g.add("dve", "tensor_copy", s_dy, ps1)

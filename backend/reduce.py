@@ -102,7 +102,7 @@ class Reducer:
         """``a (+) b`` elementwise into new tiles of ``shape``."""
         t = self.tiles(shape)
         if self.body is not None:
-            return apply_body(self.lw, self.body, list(a), list(b), shape, self.acc)
+            return apply_body(self.lw, self.node, self.body, list(a), list(b), shape, self.acc)
         op = self.alu or self.bitwise
         assert op is not None
         return [t.binary(op, a[0], b[0], self.acc[0])]
@@ -175,8 +175,8 @@ def copy_new(lw: Lowering, src: Ref, dtype: dt.DType) -> Ref:
     return t.copy(src, dtype)
 
 
-def apply_body(lw: Lowering, body: Computation, accs: list[Operand], xs: list[Operand], shape: tuple[int, ...],
-               types: list[dt.DType]) -> list[Ref]:
+def apply_body(lw: Lowering, node: Node, body: Computation, accs: list[Operand], xs: list[Operand],
+               shape: tuple[int, ...], types: list[dt.DType]) -> list[Ref]:
     """The body evaluated elementwise on tiles of ``shape`` (its parameters: accumulators, then inputs);
     its results as tiles of ``types``. Its operators are the fused elementwise ones."""
     k = Kernel(lw, Tiles(lw.graph, shape, "body"))
@@ -187,7 +187,8 @@ def apply_body(lw: Lowering, body: Computation, accs: list[Operand], xs: list[Op
         if n.op == "constant":
             v = lw.scalar(n)
             if v is None:
-                raise error("NCC_EUOC002", f"reduce body {body.name}: constant {n.name} is not a number", n.loc)
+                raise error("NCC_EUOC002", f"reduce {node.name}: constant {n.name} of its body {body.name} is not "
+                            "a number", n.loc)
             val[n.id] = v
         elif n.op == "tuple":
             val[n.id] = tuple(val[o.id] for o in n.operands)
@@ -202,8 +203,8 @@ def apply_body(lw: Lowering, body: Computation, accs: list[Operand], xs: list[Op
                 out = k.t.copy(out, want)
             val[n.id] = out
         else:
-            raise error("NCC_EUOC002", f"reduce {lw.graph.origin}: its body {body.name} uses {n.op} ({n.name}), "
-                        "which has no tile form (only scalar elementwise operators are evaluated on chip)", n.loc)
+            raise error("NCC_EUOC002", f"reduce {node.name}: its body {body.name} uses {n.op} ({n.name}), which has "
+                        "no tile form (only scalar elementwise operators are evaluated on chip)", n.loc)
     root = val[body.root.id]
     outs = list(root) if isinstance(root, tuple) else [root]
     res = []

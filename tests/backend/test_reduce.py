@@ -265,6 +265,15 @@ def test_argmax_evaluates_its_comparator_on_tiles(rows: int, k: int, target: str
     assert_device_matches(module_of(text), {"in0": x}, target)
 
 
+def test_a_body_without_a_tile_form_is_refused() -> None:
+    text = ARGMAX.replace("@R", "4").replace("@K", "6").replace(
+        "  ROOT r = (f32[], s32[]) tuple(v, i)", '  w = f32[] custom-call(v), custom_call_target="my_kernel"\n'
+        "  ROOT r = (f32[], s32[]) tuple(w, i)")
+    with pytest.raises(NxsatError) as e:
+        compile_graph(module_of(text), sim.load_target("trn1"))
+    assert e.value.code == "NCC_EUOC002" and "custom-call" in str(e.value) and "no tile form" in str(e.value)
+
+
 def test_layout_prices_descriptors_and_partitions() -> None:
     """A full reduction spreads over the partitions; a reduction of the inner dimension keeps rows on
     them; column sums put the reduced outer dimension there (long contiguous runs)."""
