@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
@@ -39,6 +41,7 @@ KEEP_BYTES = 32 * 1024  # a feature block's data up to this many bytes per parti
 BN_MAX = 512  # elements one bn_stats reads per partition
 GROUPS = 64  # bn_stats groups one bn_aggr merges
 COLS = 512  # features per block on the free axis (one PSUM bank of fp32)
+SPLIT_MIN = 4096  # elements per feature from which a block of few features spreads each over several partitions
 
 
 @lowers("batch-norm-training", "batch-norm-inference", "batch-norm-grad")
@@ -101,121 +104,171 @@ class Norm:
 # --- features on the partitions ------------------------------------------------------------------------
 
 class Rows(Norm):
-    """Features on the partitions: ``[cn, free...]`` tiles, per-feature values as ``[cn, 1]`` scalars."""
+    """Features on the partitions: ``[P, free...]`` tiles, per-feature values as ``[P, 1]`` scalars. A block
+    of ``cn <= 64`` features with much data each takes ``S`` partitions per feature (``P = S * cn``;
+    partition ``s * cn + c`` holds segment ``s`` of feature ``c``'s outermost dimension): statistics and
+    sums per partition combine per feature through a TensorE matmul against a 0/1 block matrix, and the
+    per-feature values go back to every partition of their feature through its transpose."""
 
     def run(self) -> None:
         others = [d for d in range(len(self.shape)) if d != self.fi]
-        perm = [self.fi, *others]
         big = [self.refs[0], *([self.refs[4]] if self.node.op == "batch-norm-grad" else []), self.outs[0]]
         groups = merge_groups([r.permute(*others, self.fi) for r in big], others, [self.fi], self.shape, True)
         rest = sorted([gr for gr in groups if gr.kept], key=lambda gr: -gr.stride)
-        sizes = [gr.size for gr in rest]
+        self.sizes = [gr.size for gr in rest]
         order = [d for gr in rest for d in gr.dims]
-
-        def view(r: Ref) -> Ref:
-            return r.permute(self.fi, *order).reshape(self.C, *sizes)
-
-        self.views = [view(r) for r in big]
-        self.perm = perm
-        bs = block_sizes(sizes, [False] * len(sizes), CHUNK_BYTES // 4, 1, False)
-        self.tile_keys = [tuple(b[k] for k in range(len(sizes))) for b in blocks(sizes, bs, list(range(len(sizes))))]
-        keep = self.M * 4 <= KEEP_BYTES
+        self.views = [r.permute(self.fi, *order).reshape(self.C, *self.sizes) for r in big]
         for c0 in range(0, self.C, 128):
             cn = min(128, self.C - c0)
-            self.block(c0, cn, keep)
+            self.block(c0, cn, self.segments(cn))
 
-    def vec(self, r: Ref, c0: int, cn: int) -> Ref:
-        """A per-feature operand as a ``[cn, 1]`` fp32 tile."""
-        t = self.g.tile((cn, 1), onchip_dtype(r.dtype), "sbuf", "bnvec").ref()
-        self.g.add("dma", "dma", t, r[c0:c0 + cn].reshape(cn, 1))
-        return self.f32(t)
+    def segments(self, cn: int) -> int:
+        """Partitions per feature: as many as fit and divide the outermost free dimension, for large data."""
+        if self.M < SPLIT_MIN:
+            return 1
+        return next((s for s in range(128 // cn, 1, -1) if self.sizes[0] % s == 0), 1)
 
-    def load(self, which: int, c0: int, cn: int, key: tuple[slice, ...]) -> Ref:
-        v = self.views[which]
-        t = self.g.tile((cn, *[s.stop - s.start for s in key]), onchip_dtype(v.dtype), "sbuf", "bnx").ref()
-        self.g.add("dma", "dma", t, v[(slice(c0, c0 + cn), *key)])
+    def setup(self, c0: int, cn: int, S: int) -> None:
+        """The block's partitions, segment views, tiles and (with segments) its block matrices."""
+        self.c0, self.cn, self.S, self.P = c0, cn, S, cn * S
+        sizes = [self.sizes[0] // S, *self.sizes[1:]]
+        self.seg = [[v.reshape(self.C, S, *sizes)[:, s] for s in range(S)] for v in self.views]
+        bs = block_sizes(sizes, [False] * len(sizes), CHUNK_BYTES // 4, 1, False)
+        self.tile_keys = [tuple(b[k] for k in range(len(sizes))) for b in blocks(sizes, bs, list(range(len(sizes))))]
+        self.keep = self.M // S * 4 <= KEEP_BYTES
+        if S > 1:
+            e = (np.arange(self.P)[:, None] % cn == np.arange(cn)[None, :]).astype(np.float32)
+            self.E = self.const_tile(e)
+            self.ET = self.const_tile(np.ascontiguousarray(e.T))
+
+    def const_tile(self, a: np.ndarray) -> Ref:
+        t = self.g.tile(a.shape, dt.F32, "sbuf", "bnblk").ref()
+        self.g.add("dma", "dma", t, self.lw.const(a, dt.F32, "bn_blocks"))
         return t
 
-    def tiles(self, which: int, c0: int, cn: int, kept: dict[int, list[Ref]] | None) -> Iterator[Ref]:
-        """Every tile of operand ``which`` (0: x, 1: dy) of the feature block (see :func:`lazily`)."""
-        return lazily([lambda key=key: self.load(which, c0, cn, key) for key in self.tile_keys], which, kept)
+    def per_feature(self, t: Ref) -> Ref:
+        """Sums of ``t`` ([P, k]) over each feature's partitions: ``[cn, k]``."""
+        if self.S == 1:
+            return t
+        ps = self.g.tile((self.cn, t.shape[1]), dt.F32, "psum", "bnps").ref()
+        self.g.add("pe", "matmul", ps, self.E, t, start=True, stop=True)
+        return copy_new(self.lw, ps, dt.F32)
 
-    def block(self, c0: int, cn: int, keep: bool) -> None:
+    def per_partition(self, t: Ref) -> Ref:
+        """A per-feature ``[cn, k]`` on each of its feature's partitions: ``[P, k]``."""
+        if self.S == 1:
+            return t
+        ps = self.g.tile((self.P, t.shape[1]), dt.F32, "psum", "bnps").ref()
+        self.g.add("pe", "matmul", ps, self.ET, t, start=True, stop=True)
+        return copy_new(self.lw, ps, dt.F32)
+
+    def vec(self, r: Ref) -> Ref:
+        """A per-feature operand as a ``[cn, 1]`` fp32 tile."""
+        t = self.g.tile((self.cn, 1), onchip_dtype(r.dtype), "sbuf", "bnvec").ref()
+        self.g.add("dma", "dma", t, r[self.c0:self.c0 + self.cn].reshape(self.cn, 1))
+        return self.f32(t)
+
+    def load(self, which: int, key: tuple[slice, ...]) -> Ref:
+        cn = self.cn
+        t = self.g.tile((self.P, *[s.stop - s.start for s in key]), onchip_dtype(self.views[which].dtype), "sbuf",
+                        "bnx").ref()
+        for s, v in enumerate(self.seg[which]):
+            self.g.add("dma", "dma", t[s * cn:(s + 1) * cn], v[(slice(self.c0, self.c0 + cn), *key)])
+        return t
+
+    def store_tile(self, key: tuple[slice, ...], y: Ref) -> None:
+        cn = self.cn
+        for s, v in enumerate(self.seg[-1]):
+            self.g.add("dma", "dma", v[(slice(self.c0, self.c0 + cn), *key)], y[s * cn:(s + 1) * cn])
+
+    def tiles(self, which: int, kept: dict[int, list[Ref]] | None) -> Iterator[Ref]:
+        """Every tile of operand ``which`` (0: x, 1: dy) of the feature block (see :func:`lazily`)."""
+        return lazily([lambda key=key: self.load(which, key) for key in self.tile_keys], which, kept)
+
+    def block(self, c0: int, cn: int, S: int) -> None:
+        self.setup(c0, cn, S)
         g = self.g
         op = self.node.op
-        kept: dict[int, list[Ref]] | None = {} if keep else None
+        kept: dict[int, list[Ref]] | None = {} if self.keep else None
         T = Tiles(g, (cn, 1), "bnv")
         if op == "batch-norm-inference":
-            scale, offset, mean, var = (self.vec(r, c0, cn) for r in self.refs[1:5])
+            scale, offset, mean, var = (self.vec(r) for r in self.refs[1:5])
         elif op == "batch-norm-training":
-            scale, offset = (self.vec(r, c0, cn) for r in self.refs[1:3])
-            mv = self.stats(c0, cn, kept)
-            mean, var = mv[:, 0:1], mv[:, 1:2]
+            scale, offset = (self.vec(r) for r in self.refs[1:3])
+            mean, var = self.stats(kept)
             self.store(self.outs[1][c0:c0 + cn], mean, 1)
             self.store(self.outs[2][c0:c0 + cn], var, 2)
         else:
-            scale, mean, var = (self.vec(r, c0, cn) for r in self.refs[1:4])
+            scale, mean, var = (self.vec(r) for r in self.refs[1:4])
         rstd = T.tile(dt.F32)
         g.add("act", "activation", rstd, var, func="rsqrt", bias=self.eps)
         if op == "batch-norm-grad":
-            self.grad(c0, cn, kept, scale, mean, rstd)
+            self.grad(kept, scale, mean, rstd)
             return
-        a = T.binary("mul", scale, rstd, dt.F32)
-        for key, x in zip(self.tile_keys, self.tiles(0, c0, cn, kept)):
+        mean_p, a_p, off_p = (self.per_partition(v) for v in (mean, T.binary("mul", scale, rstd, dt.F32), offset))
+        for key, x in zip(self.tile_keys, self.tiles(0, kept)):
             t = Tiles(g, x.shape, "bny")
             u = t.tile(dt.F32)
-            g.add("dve", "tensor_scalar", u, x, op0="sub", scalar0=mean, op1="mul", scalar1=a)
+            g.add("dve", "tensor_scalar", u, x, op0="sub", scalar0=mean_p, op1="mul", scalar1=a_p)
             y = t.tile(self.out_types[0])
-            g.add("act", "activation", y, u, bias=offset)
-            g.add("dma", "dma", self.views[-1][(slice(c0, c0 + cn), *key)], y)
+            g.add("act", "activation", y, u, bias=off_p)
+            self.store_tile(key, y)
 
-    def stats(self, c0: int, cn: int, kept: dict[int, list[Ref]] | None) -> Ref:
-        """``[cn, 2]``: mean and population variance of every feature of the block."""
-        st = Stats(self.g, cn)
-        for x in self.tiles(0, c0, cn, kept):
+    def stats(self, kept: dict[int, list[Ref]] | None) -> tuple[Ref, Ref]:
+        """``[cn, 1]`` each: mean and population variance of every feature of the block. With segments, the
+        partitions' (equal-count) statistics merge exactly: the mean of the means, and the mean of the
+        variances plus the squared deviations of the means from it."""
+        st = Stats(self.g, self.P)
+        for x in self.tiles(0, kept):
             n = math.prod(x.shape[1:])
-            flat = x.reshape(cn, n)
+            flat = x.reshape(self.P, n)
             for k0 in range(0, n, BN_MAX):
                 st.add(flat[:, k0:min(n, k0 + BN_MAX)])
-        return st.result()
+        mv = st.result()
+        if self.S == 1:
+            return mv[:, 0:1], mv[:, 1:2]
+        T = Tiles(self.g, (self.cn, 1), "bnv")
+        mean = T.binary("mul", self.per_feature(mv[:, 0:1]), 1.0 / self.S, dt.F32)
+        P = Tiles(self.g, (self.P, 1), "bnp")
+        d = P.binary("sub", mv[:, 0:1], self.per_partition(mean), dt.F32)
+        q = P.binary("add", P.binary("mul", d, d, dt.F32), mv[:, 1:2], dt.F32)
+        return mean, T.binary("mul", self.per_feature(q), 1.0 / self.S, dt.F32)
 
-    def grad(self, c0: int, cn: int, kept: dict[int, list[Ref]] | None, scale: Ref, mean: Ref, rstd: Ref) -> None:
+    def grad(self, kept: dict[int, list[Ref]] | None, scale: Ref, mean: Ref, rstd: Ref) -> None:
         g = self.g
-        xs = self.tiles(0, c0, cn, kept)
-        dys = self.tiles(1, c0, cn, kept)
+        P = self.P
+        mean_p = self.per_partition(mean)
         n_t = len(self.tile_keys)
-        sum_dy = g.tile((cn, n_t), dt.F32, "sbuf", "bnsum").ref()
-        sum_gc = g.tile((cn, n_t), dt.F32, "sbuf", "bnsum").ref()
-        for j, (x, dy) in enumerate(zip(xs, dys)):
+        sums = g.tile((P, 2, n_t), dt.F32, "sbuf", "bnsum").ref()  # per tile: sum dy, sum dy * (x - mean)
+        for j, (x, dy) in enumerate(zip(self.tiles(0, kept), self.tiles(1, kept))):
             t = Tiles(g, x.shape, "bng")
             c = t.tile(dt.F32)
-            g.add("dve", "tensor_scalar", c, x, op0="sub", scalar0=mean)
+            g.add("dve", "tensor_scalar", c, x, op0="sub", scalar0=mean_p)
             gc = t.binary("mul", dy, c, dt.F32)
-            g.add("dve", "tensor_reduce", sum_gc[:, j:j + 1], gc, op="add")
+            g.add("dve", "tensor_reduce", sums[:, 1, j:j + 1], gc, op="add")
             junk = t.tile(dt.F32)
-            g.add("act", "activation", junk, dy, accum=sum_dy[:, j:j + 1])
-        T = Tiles(g, (cn, 1), "bnv")
-        s_dy = T.tile(dt.F32)
-        g.add("dve", "tensor_reduce", s_dy, sum_dy, op="add")
-        s_gc = T.tile(dt.F32)
-        g.add("dve", "tensor_reduce", s_gc, sum_gc, op="add")
+            g.add("act", "activation", junk, dy, accum=sums[:, 0, j:j + 1])
+        tot = g.tile((P, 2), dt.F32, "sbuf", "bnsum").ref()
+        g.add("dve", "tensor_reduce", tot, sums, op="add", axes=(2,))
+        s = self.per_feature(tot)
+        s_dy, s_gc = s[:, 0:1], s[:, 1:2]
+        T = Tiles(g, (self.cn, 1), "bnv")
         inv_n = 1.0 / self.M
+        c0, cn = self.c0, self.cn
         self.store(self.outs[1][c0:c0 + cn], T.binary("mul", s_gc, rstd, dt.F32), 1)
         self.store(self.outs[2][c0:c0 + cn], s_dy, 2)
         mean_g = T.binary("mul", s_dy, inv_n, dt.F32)
-        r2 = T.binary("mul", rstd, rstd, dt.F32)
-        k1 = T.binary("mul", T.binary("mul", r2, s_gc, dt.F32), inv_n, dt.F32)
+        k1 = T.binary("mul", T.binary("mul", T.binary("mul", rstd, rstd, dt.F32), s_gc, dt.F32), inv_n, dt.F32)
         k2 = T.binary("mul", scale, rstd, dt.F32)
-        xs = self.tiles(0, c0, cn, kept)
-        dys = self.tiles(1, c0, cn, kept)
-        for key, x, dy in zip(self.tile_keys, xs, dys):
+        mg_p, k1_p, k2_p = (self.per_partition(v) for v in (mean_g, k1, k2))
+        for key, x, dy in zip(self.tile_keys, self.tiles(0, kept), self.tiles(1, kept)):
             t = Tiles(g, x.shape, "bng")
             w = t.tile(dt.F32)
-            g.add("dve", "tensor_scalar", w, x, op0="sub", scalar0=mean, op1="mul", scalar1=k1)
+            g.add("dve", "tensor_scalar", w, x, op0="sub", scalar0=mean_p, op1="mul", scalar1=k1_p)
             v = t.binary("sub", dy, w, dt.F32)
             gx = t.tile(self.out_types[0])
-            g.add("dve", "tensor_scalar", gx, v, op0="sub", scalar0=mean_g, op1="mul", scalar1=k2)
-            g.add("dma", "dma", self.views[-1][(slice(c0, c0 + cn), *key)], gx)
+            g.add("dve", "tensor_scalar", gx, v, op0="sub", scalar0=mg_p, op1="mul", scalar1=k2_p)
+            self.store_tile(key, gx)
 
 
 class Stats:

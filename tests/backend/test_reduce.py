@@ -326,12 +326,16 @@ def bn_inputs(kind: str, shape: tuple[int, ...], fi: int, dtype: str = "f32") ->
     ((6, 13, 17, 24), 3, "cols"),  # NHWC: features on the free axis, the rest over the partitions
     ((1300, 600), 1, "cols"),  # more than 512 features: two column blocks; a remainder piece
     ((5, 9), 0, "rows"),
+    ((8, 16, 24, 24), 1, "segments"),  # few features, much data: 8 partitions per feature
+    ((6, 40, 30, 30), 1, "segments"),  # 3 partitions per feature (what divides the batch)
 ])
 def test_batch_norm_in_both_layouts(kind: str, shape: tuple[int, ...], fi: int, layout: str, target: str) -> None:
     text = bn_hlo(kind, shape, fi)
     c = counts(text, target)
     if layout == "cols":
         assert c["matmul"] and not c["bn_stats"], c
+    elif layout == "segments":
+        assert c["matmul"] and (c["bn_stats"] > 0) == (kind == "training"), c
     else:
         assert not c["matmul"] and (c["bn_stats"] > 0) == (kind == "training"), c
     assert_device_matches(module_of(text), bn_inputs(kind, shape, fi), target)
@@ -343,6 +347,19 @@ def test_batch_norm_bf16_rounds_once(kind: str, target: str) -> None:
     for shape, fi in (((8, 16, 6, 6), 1), ((8, 6, 6, 16), 3)):
         assert_device_matches(module_of(bn_hlo(kind, shape, fi, "bf16")), bn_inputs(kind, shape, fi, "bf16"),
                               target, rtol=1e-2, atol_scale=1e-2)
+
+
+MOBILENET_BN = [("training", (96, 32, 112, 112), "trn1"), ("grad", (96, 32, 112, 112), "trn1"),
+                ("training", (96, 1280, 7, 7), "trn2"), ("grad", (96, 144, 56, 56), "trn2")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,shape,target", MOBILENET_BN)
+def test_mobilenet_v2_batch_norms(kind: str, shape: tuple[int, ...], target: str) -> None:
+    """mobilenet_v2's batch norms at their shapes (NCHW, feature_index 1, epsilon 1e-5; the model as a whole
+    also needs convolution): 154 MB per operand at the largest, streamed through SBUF."""
+    assert f"batch-norm-{kind}(f32[{','.join(map(str, shape))}]" in (DATA / "hlo" / "mobilenet_v2.hlo").read_text()
+    assert_device_matches(module_of(bn_hlo(kind, shape, 1, eps=1e-5)), bn_inputs(kind, shape, 1), target)
 
 
 # --- models -----------------------------------------------------------------------------------------------
