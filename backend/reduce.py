@@ -78,8 +78,8 @@ def body_op(body: Computation) -> str | None:
 @dataclass
 class Reducer:
     """How one reduction computes: ``alu`` (a tensor_reduce operation), ``bitwise`` (a pairwise tree of
-    one bitwise operator) or ``body`` (the body evaluated pairwise); the type partials accumulate in
-    (per operand) and whether they are exact 32-bit integers (GpSimd)."""
+    one bitwise operator) or ``body`` (the body evaluated pairwise), and the types partials accumulate in
+    (one per operand; 32-bit integers compute exactly on GpSimd)."""
 
     lw: Lowering
     node: Node
@@ -87,10 +87,6 @@ class Reducer:
     bitwise: str | None = None
     body: Computation | None = None
     acc: list[dt.DType] = field(default_factory=list)
-
-    @property
-    def n(self) -> int:
-        return len(self.acc)
 
     def engine(self, *tiles: Ref) -> str:
         return "pool" if all(t.dtype.name in ("s32", "u32") for t in tiles) else "dve"
@@ -100,12 +96,11 @@ class Reducer:
 
     def combine(self, a: Sequence[Operand], b: Sequence[Operand], shape: tuple[int, ...]) -> list[Ref]:
         """``a (+) b`` elementwise into new tiles of ``shape``."""
-        t = self.tiles(shape)
         if self.body is not None:
             return apply_body(self.lw, self.node, self.body, list(a), list(b), shape, self.acc)
         op = self.alu or self.bitwise
         assert op is not None
-        return [t.binary(op, a[0], b[0], self.acc[0])]
+        return [self.tiles(shape).binary(op, a[0], b[0], self.acc[0])]
 
     def combine_into(self, dst: Sequence[Ref], b: Sequence[Ref]) -> None:
         """``dst = dst (+) b`` in place."""
@@ -171,6 +166,7 @@ def pad_partitions(lw: Lowering, t: Ref, parts: int) -> Ref:
 
 
 def copy_new(lw: Lowering, src: Ref, dtype: dt.DType) -> Ref:
+    """``src`` converted into a new tile of ``dtype``."""
     t = Tiles(lw.graph, src.shape, "red")
     return t.copy(src, dtype)
 
@@ -352,6 +348,7 @@ def choose_layout(groups: list[Group], red: Reducer, itemsize: int, target_exact
 
 
 def cross_method(red: Reducer, exact_transpose: bool) -> str:
+    """How partials on several partitions combine (see the module docstring)."""
     if red.alu is not None and red.acc[0].is_float:
         if red.alu == "add":
             return "matmul"
@@ -508,6 +505,7 @@ def tuple_results(lw: Lowering, node: Node, types: list[TensorType]) -> list[Ref
 
 @lowers("reduce")
 def reduce(lw: Lowering, node: Node) -> None:
+    """``reduce`` with any dimensions, body and number of operands (see the module docstring)."""
     n = len(node.operands) // 2
     xs, inits = list(node.operands[:n]), list(node.operands[n:])
     dims = sorted(node.attrs["dimensions"])
@@ -634,7 +632,7 @@ class Reduction:
             for kb in blocks(sizes[0], bs0, kdims):
                 work = [(p, rb) for p in self.pieces()
                         for rb in blocks(sizes[p], [bs0[k] if k in rdims else 1 for k in range(nfree)], rdims)]
-                self.spread_block(kb, work, sizes)
+                self.spread_block(kb, work)
 
     # --- a kept group on the partitions ---------------------------------------------------------------
     def kept_piece(self, piece: int, sizes: list[int], bs: list[int], kdims: list[int], rdims: list[int]) -> None:
@@ -753,8 +751,7 @@ class Reduction:
         return [r if r.dtype is t else copy_new(self.lw, r, t) for r, t in zip(res, self.out_types)]
 
     # --- a reduced group on the partitions ------------------------------------------------------------
-    def spread_block(self, kb: dict[int, slice], work: list[tuple[int, dict[int, slice]]],
-                     sizes: dict[int, list[int]]) -> None:
+    def spread_block(self, kb: dict[int, slice], work: list[tuple[int, dict[int, slice]]]) -> None:
         """One block of kept elements: every tile's partials combined per partition, then across them."""
         lay = self.lay
         nfree = len(lay.free)
@@ -784,8 +781,8 @@ class Reduction:
         for piece, rb in work:
             pn = lay.A if piece == 0 else lay.rem
             part = self.partials(piece, {**kb, **rb}, pn, rdims)
-            if acc is None:
-                acc = self._own(part, pn)
+            if acc is None:  # the main piece (all A partitions) comes first: its partials, in tiles of their own
+                acc = [p if not p.ops else copy_new(self.lw, p, p.dtype) for p in part]
             elif pn == lay.A:
                 acc = self.red.combine(acc, part, acc[0].shape)
             else:
@@ -866,12 +863,6 @@ class Reduction:
         hit = tt.binary("mul", real, f[0:32], dt.F32)
         r = tt.select(hit, win, m, dt.F32)
         return tt.select(f[32:64], r, -win, dt.F32)
-
-    def _own(self, part: list[Ref], pn: int) -> list[Ref]:
-        """The first partials as the accumulator: a tile of its own with all ``A`` partitions."""
-        if pn == self.lay.A:
-            return [p if p.buf.shape == p.shape else copy_new(self.lw, p, p.dtype) for p in part]
-        raise AssertionError("the main piece comes first")
 
     def ones_of(self, d: dt.DType) -> Ref:
         if d.name not in self.ones:
