@@ -117,6 +117,7 @@ class Rows(Norm):
         rest = sorted([gr for gr in groups if gr.kept], key=lambda gr: -gr.stride)
         self.sizes = [gr.size for gr in rest]
         order = [d for gr in rest for d in gr.dims]
+        order += [d for d in others if d not in order]  # dimensions of one element
         self.views = [r.permute(self.fi, *order).reshape(self.C, *self.sizes) for r in big]
         for c0 in range(0, self.C, 128):
             cn = min(128, self.C - c0)

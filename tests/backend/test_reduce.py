@@ -329,6 +329,7 @@ def bn_inputs(kind: str, shape: tuple[int, ...], fi: int, dtype: str = "f32") ->
     ((6, 13, 17, 24), 3, "cols"),  # NHWC: features on the free axis, the rest over the partitions
     ((1300, 600), 1, "cols"),  # more than 512 features: two column blocks; a remainder piece
     ((5, 9), 0, "rows"),
+    ((1, 32, 20, 20), 1, "rows"),  # a dimension of one element
     ((8, 16, 24, 24), 1, "segments"),  # few features, much data: 8 partitions per feature
     ((6, 40, 30, 30), 1, "segments"),  # 3 partitions per feature (what divides the batch)
 ])
