@@ -32,7 +32,7 @@ import numpy as np
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
-from nxsat.backend.reduce import block_sizes, blocks, copy_new, merge_groups, pad_partitions, tuple_results
+from nxsat.backend.reduce import block_sizes, blocks, copy_new, merge_groups, pad_partitions
 from nxsat.backend.tiles import Tiles
 from nxsat.ir import Node
 
@@ -48,8 +48,7 @@ SPLIT_MIN = 4096  # elements per feature from which a block of few features spre
 def batch_norm(lw: Lowering, node: Node) -> None:
     x = node.operands[0]
     fi = node.attrs["feature_index"]
-    types = [t for t in node.type.leaves()]
-    outs = tuple_results(lw, node, types) if node.op != "batch-norm-inference" else [lw.result(node)]
+    outs = list(lw.results(node)) if node.op != "batch-norm-inference" else [lw.result(node)]
     refs = [lw.ref(o) for o in node.operands]
     shape = x.shape
     others = [d for d in range(len(shape)) if d != fi]

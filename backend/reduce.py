@@ -434,7 +434,6 @@ def _absorbable_iota(lw: Lowering, node: Node, nodes: dict[int, Node]) -> bool:
 
 
 WIDENING = {("bf16", "f32"), ("f16", "f32")}
-TUPLE_OPS = ("reduce", "batch-norm-training", "batch-norm-grad")  # tuple-valued operators lowered here
 
 
 @plans
@@ -446,12 +445,7 @@ def plan_reductions(lw: Lowering, order: list[Node]) -> None:
         if n.op in ("iota", "broadcast") and _absorbable_iota(lw, n, nodes):
             lw.absorbed.add(n.id)
     for n in order:
-        if isinstance(n.type, TupleType) and n.op in TUPLE_OPS:  # the results the model returns, by index
-            gtes = (nodes[c] for c in lw.consumers.get(n.id, ()))
-            lw.plan[n.id] = {"gte": {c.attrs["index"]: c for c in gtes
-                                     if c.op == "get-tuple-element" and c.id in lw.output_of}}
-            continue
-        if n.op != "reduce":
+        if n.op != "reduce" or isinstance(n.type, TupleType):
             continue
         note: dict[str, object] = {}
         x = n.operands[0]
@@ -484,25 +478,6 @@ def _leave_cluster(lw: Lowering, node: Node) -> None:
 
 # --- lowering ---------------------------------------------------------------------------------------
 
-def tuple_results(lw: Lowering, node: Node, types: list[TensorType]) -> list[Ref]:
-    """Where each result of a (possibly tuple-valued) node goes: the output buffer of a model output
-    that is that result (the planner noted them), else a scratch buffer."""
-    if not isinstance(node.type, TupleType):
-        return [lw.result(node)]
-    gtes = lw.plan.get(node.id, {}).get("gte", {})
-    refs = []
-    for i, t in enumerate(types):
-        direct = lw.element_outputs.get((node.id, i))
-        if direct:  # the node is the model's result itself
-            refs.append(direct[0].ref())
-        elif i in gtes:
-            refs.append(lw.output_of[gtes[i].id][0].ref())
-        else:
-            refs.append(lw.graph.buf(f"{node.name}_{i}", "scratch", device_dtype(t.dtype, node), t.shape).ref())
-    lw.set(node, tuple(refs))
-    return refs
-
-
 @lowers("reduce")
 def reduce(lw: Lowering, node: Node) -> None:
     """``reduce`` with any dimensions, body and number of operands (see the module docstring)."""
@@ -517,7 +492,7 @@ def reduce(lw: Lowering, node: Node) -> None:
         outs = [lw.result(note["output"])]
         out_types = [onchip_dtype(device_dtype(note["output"].dtype))]
     else:
-        outs = tuple_results(lw, node, types)
+        outs = list(lw.results(node)) if isinstance(node.type, TupleType) else [lw.result(node)]
         out_types = [onchip_dtype(device_dtype(t.dtype)) for t in types]
     if 0 in [shape[d] for d in kept]:
         return  # nothing to compute
