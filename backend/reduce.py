@@ -49,7 +49,8 @@ from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
 from nxsat.ir import Computation, Node, TensorType, TupleType
 
-CHUNK_BYTES = 4096  # bytes per partition of one input tile
+CHUNK_BYTES = 2048  # bytes per partition of one input tile (small: loads in flight share the DMA engines,
+# so the first tiles arrive sooner and compute overlaps the rest)
 BODY_CHUNK = 512  # elements per partition of one tile when a body is evaluated on it (many temporaries)
 PSUM_COLS = 512  # fp32 columns of one PSUM bank: the kept elements one matmul combine produces
 MAX_OUT_TILE = 2048  # kept elements per partition held in one output tile (stored with one DMA)
