@@ -153,9 +153,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                     val[oid] = src
                     continue
                 assert isinstance(src, Ref)
-                tile = k.t.tile(onchip_dtype(src.dtype))
-                lw.graph.add("dma", "dma", tile, src[r0:r0 + rn, c0:c0 + cn])
-                val[oid] = tile
+                val[oid] = load_input(lw, k.t, src[r0:r0 + rn, c0:c0 + cn])
             for m in members:
                 lw.graph.origin = _origin(m)
                 val[m.id] = _emit(k, m, [val[o.id] for o in m.operands])
@@ -166,6 +164,23 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                     v = k.t.memset(v, onchip_dtype(device_dtype(m.dtype)))
                 assert isinstance(v, Ref)
                 lw.graph.add("dma", "dma", stores[m.id][r0:r0 + rn, c0:c0 + cn], v)
+
+
+def load_input(lw: Lowering, t: Tiles, src: Ref) -> Ref:
+    """A ``[rows, cols]`` input tile. A value repeated along the row (a per-row statistic broadcast
+    over the features: stride 0 in HBM) is loaded once per row and repeated on chip; a DMA of it as
+    it is would move one element per descriptor."""
+    d = onchip_dtype(src.dtype)
+    tile = t.tile(d)
+    rn, cn = src.shape
+    ap = src.resolved().ap
+    if cn > 1 and ap is not None and len(ap.dims) == 2 and ap.dims[-1][1] == 0:
+        col = lw.graph.tile((rn, 1), d, "sbuf", "ewcol").ref()
+        lw.graph.add("dma", "dma", col, src[:, 0:1])
+        lw.graph.add("dve", "tensor_copy", tile, col.broadcast(1, cn))
+        return tile
+    lw.graph.add("dma", "dma", tile, src)
+    return tile
 
 
 def _origin(node: Node) -> str:
