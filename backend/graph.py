@@ -197,12 +197,62 @@ class Inst:
 
 class _Track:
     """The accesses of one buffer a later access may still depend on (latest per footprint; an access
-    that covers older ones replaces them)."""
+    that covers older ones replaces them). An HBM buffer's accesses are also filed by the element
+    ranges they span (``BUCKETS`` buckets), so a new access meets only those that may overlap it:
+    a tensor read or written tile by tile would otherwise cost every tile a pass over all the others."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "buckets", "wide", "shift", "serial")
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[RAccess, Inst, bool]] = []
+    def __init__(self, buf: Buf) -> None:
+        self.entries: dict[int, tuple[RAccess, Inst, bool]] = {}
+        self.serial = 0
+        elems = math.prod(buf.shape) if not buf.onchip else 0
+        self.shift = max(0, (elems // BUCKETS).bit_length()) if elems > BUCKETS else -1
+        self.buckets: dict[int, set[int]] = {}
+        self.wide: set[int] = set()
+
+    def _span(self, ra: RAccess) -> range | None:
+        if self.shift < 0:
+            return None
+        first, last = ra.lo >> self.shift, max(ra.lo, ra.hi - 1) >> self.shift
+        return range(first, last + 1) if last - first < WIDE_BUCKETS else None
+
+    def candidates(self, ra: RAccess) -> list[int]:
+        span = self._span(ra)
+        if span is None:
+            return list(self.entries)
+        found = set(self.wide)
+        for b in span:
+            found.update(self.buckets.get(b, ()))
+        return sorted(found)
+
+    def remove(self, key: int) -> None:
+        ra = self.entries.pop(key)[0]
+        span = self._span(ra)
+        if span is None:
+            self.wide.discard(key)
+        else:
+            for b in span:
+                self.buckets[b].discard(key)
+
+    def add(self, ra: RAccess, inst: Inst, write: bool) -> None:
+        key = self.serial
+        self.serial += 1
+        self.entries[key] = (ra, inst, write)
+        span = self._span(ra)
+        if span is None:
+            self.wide.add(key)
+        else:
+            for b in span:
+                self.buckets.setdefault(b, set()).add(key)
+
+
+BUCKETS = 512  # element-range buckets per HBM buffer
+WIDE_BUCKETS = 32  # an access spanning more buckets is checked against every later access
+
+
+RESERVED = frozenset(("true", "false", "none", "inf", "nan", "sem", "T", "sbuf", "psum", "input", "output", "const",
+                      "scratch"))
 
 
 class Graph:
@@ -212,6 +262,7 @@ class Graph:
         self.insts: list[Inst] = []
         self.bufs: list[Buf] = []
         self._names: set[str] = set()
+        self._next: dict[str, int] = {}  # the next suffix to try for a name (names stay unique in O(1))
         self._track: dict[int, _Track] = {}
         self._resolved: dict[tuple[int, tuple], RAccess] = {}
         self.origin: str | None = None
@@ -225,11 +276,11 @@ class Graph:
             base = "t_" + base
         base = base[:60]
         n = base
-        k = 1
-        while n in self._names or n in ("true", "false", "none", "inf", "nan", "sem", "T", "sbuf", "psum", "input",
-                                        "output", "const", "scratch"):
+        k = self._next.get(base, 1)
+        while n in self._names or n in RESERVED:
             n = f"{base}_{k}"
             k += 1
+        self._next[base] = k
         self._names.add(n)
         b = Buf(n, kind, dtype, tuple(int(s) for s in shape), value)
         self.bufs.append(b)
@@ -296,16 +347,20 @@ class Graph:
             for r in refs:
                 if r.buf.kind in ("input", "const") and not is_write:
                     continue
-                tr = self._track.setdefault(id(r.buf.root), _Track())  # a view and its base: one memory
+                root = r.buf.root
+                tr = self._track.get(id(root))
+                if tr is None:
+                    tr = self._track[id(root)] = _Track(root)  # a view and its base: one memory
                 ra = self.resolved(r)
-                keep = []
-                for e_ra, e_inst, e_write in tr.entries:
-                    if e_inst is not inst and (is_write or e_write) and e_ra.overlaps(ra):
+                for key in tr.candidates(ra):
+                    e_ra, e_inst, e_write = tr.entries[key]
+                    if e_inst is inst:
+                        continue
+                    if (is_write or e_write) and e_ra.overlaps(ra):
                         inst.deps.add(e_inst)
                     # An access that covers an older one and is ordered after it replaces it: a write
                     # (it depends on every access it overlaps), or a read after that read's own write.
                     ordered = is_write or (not e_write and e_inst in inst.deps)
-                    if not (ordered and e_inst is not inst and ra.covers(e_ra)):
-                        keep.append((e_ra, e_inst, e_write))
-                keep.append((ra, inst, is_write))
-                tr.entries = keep
+                    if ordered and ra.covers(e_ra):
+                        tr.remove(key)
+                tr.add(ra, inst, is_write)
