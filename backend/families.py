@@ -1,3 +1,3 @@
 """Every operator family's lowerings (importing registers them with ``lowers``)."""
 
-from nxsat.backend import elementwise, matmul, movement, reduce  # noqa: F401
+from nxsat.backend import conv, elementwise, matmul, movement, reduce  # noqa: F401
