@@ -124,6 +124,9 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     remaining: dict[int, int] = {id(b): len({u.index for u in b.users}) for b in graph.bufs if b.onchip}
     placed: set[int] = set()
     extra: dict[int, list[Inst]] = defaultdict(list)  # reuse dependences found while placing
+    # A tile's reuse dependences, for every instruction that writes it: two writers of disjoint parts of a
+    # tile (a load and a memset of its padding) need not be ordered, so each waits for the memory itself.
+    reuse: dict[int, list[Inst]] = {}
 
     def is_load(i: Inst) -> bool:
         return i.engine == "dma" and bool(i.writes) and i.writes[0].buf.onchip
@@ -140,7 +143,6 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     def place(i: Inst) -> bool:
         new = list({id(r.buf): r.buf for r in i.writes if r.buf.onchip and id(r.buf) not in placed}.values())
         got: list[tuple[Buf, _Space]] = []
-        found: list[Inst] = []
         for b in new:
             space = sbuf if b.kind == "sbuf" else psum
             res = space.alloc(b, b.row_bytes, bank if b.kind == "psum" else None)
@@ -152,11 +154,12 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 return False
             b.offset, waits = res
             placed.add(id(b))
-            found.extend(waits)
+            reuse[id(b)] = waits
             got.append((b, space))
         for b, space in got:
             space.commit(b)
-        extra[i.index].extend(found)
+        for b in {id(r.buf): r.buf for r in i.writes if r.buf.onchip}.values():
+            extra[i.index].extend(reuse.get(id(b), ()))
         return True
 
     while len(order) < n:
