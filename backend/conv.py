@@ -1020,3 +1020,125 @@ def _rw_general(lw: Lowering, node: Node, blk: WinBlock, X: list[Ref], Y: list[R
         if res.dtype is not d:
             res = Tiles(g, ashape).copy(res, d)
         g.add("dma", "dma", blk.out_view(y), res)
+
+
+def _win_store(lw: Lowering, Y: Ref, blk: WinBlock, tile: Ref) -> None:
+    """The part of an input-shaped tile that lies inside ``Y`` (a tile without a tap axis of more than
+    one: the partition dimension, if any, is one the window leaves alone), stored back."""
+    shape = Y.shape
+    dkey: list = []
+    skey: list = [None] * len(shape)
+    if blk.part is not None:
+        ja, jn = blk.ranges[blk.part]
+        dkey += [slice(0, jn), slice(0, 1)]
+        skey[blk.part] = slice(ja, ja + jn)
+    else:
+        dkey.append(slice(0, 1))
+    for k, bx in enumerate(blk.boxes):
+        if k == blk.part:
+            continue
+        assert bx is not None
+        lo, hi = _valid(bx, shape[k])
+        if lo >= hi:
+            return
+        dkey.append(slice(lo, hi))
+        a = bx.lo + lo * bx.step
+        skey[k] = slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step)
+    dst = Y[tuple(skey)] if skey else Y
+    if blk.part is not None and blk.part != 0:
+        dst = dst.permute(blk.part, *(k for k in range(len(shape)) if k != blk.part))
+    lw.graph.add("dma", "dma", dst, tile[tuple(dkey)])
+
+
+@lowers("select-and-scatter")
+def select_and_scatter(lw: Lowering, node: Node) -> None:
+    """Max-pool gradients: per block of windows (a dimension the window leaves alone on the partitions,
+    :class:`WindowPlan`), the ``select`` body picks one element per window, window position by window
+    position in row-major order (a later element replaces the pick when ``select(pick, element)`` is
+    false; padding and holes are never picked), keeping the pick's window position; then, window
+    positions in reverse row-major order (so that every target sees its sources in row-major order,
+    as XLA applies them), ``scatter(target, source)`` replaces each target its window picked, on a
+    strided view of an input-shaped tile that starts at the init value. Blocks whose targets overlap
+    (windows that cross a block's edge) meet through HBM: the output starts as the init value there and
+    each block adds its share in turn."""
+    operand, source, init = node.operands
+    window = tuple(node.attrs["window"])
+    select: Computation = node.attrs["select"]
+    scatter: Computation = node.attrs["scatter"]
+    X, S = lw.ref(operand), lw.ref(source)
+    Y = lw.result(node)
+    g = lw.graph
+    x_t, s_t, o_t = onchip_dtype(X.dtype), onchip_dtype(S.dtype), onchip_dtype(Y.dtype)
+    shape, out_shape = tuple(X.shape), tuple(S.shape)
+    if not shape:  # a scalar: its one window picks it
+        X, S, Y = X.reshape(1), S.reshape(1), Y.reshape(1)
+        shape, out_shape, window = (1,), (1,), (WindowDim(),)
+    plan = _window_plan(lw, X, window, out_shape, max(x_t.itemsize, o_t.itemsize), trivial_part=True)
+    blocks = list(_win_blocks(shape, window, out_shape, plan))
+    whole = len(blocks) == 1 and all(
+        (k == blk.part and blk.ranges[k][1] == shape[k]) or
+        (bx is not None and bx.step == 1 and bx.lo <= 0 and bx.lo + bx.extent >= shape[k])
+        for blk in blocks for k, bx in enumerate(blk.boxes))
+    init_v = lw.scalar(init)
+    if not whole:
+        # the output starts as the init value everywhere; each block then updates its targets
+        fill = lw.ref(init).reshape(*([1] * len(shape)))
+        for k, n in enumerate(shape):
+            if n > 1:
+                fill = fill.broadcast(k, n)
+        g.add("dma", "dma", Y, fill)
+    for blk in blocks:
+        if blk.empty:
+            if whole:
+                _win_store(lw, Y, blk, _memset_value(lw, blk.tile_shape(), init_v if init_v is not None else 0,
+                                                      o_t, "sasout"))
+            continue
+        ashape = blk.acc_shape()
+        t = Tiles(g, ashape, "sas")
+        xt = _win_load(lw, X, blk, x_t, 0)
+        st = g.tile(ashape, s_t, "sbuf", "sassrc").ref()
+        g.add("dma", "dma", st, blk.out_view(S))
+        if whole:
+            if init_v is not None:
+                ot = _memset_value(lw, blk.tile_shape(), init_v, o_t, "sasout")
+            else:
+                ot = g.tile(blk.tile_shape(), o_t, "sbuf", "sasout").ref()
+                fill = lw.ref(init).reshape(*([1] * len(ot.shape)))
+                for k, n in enumerate(ot.shape):
+                    if n > 1:
+                        fill = fill.broadcast(k, n)
+                g.add("dma", "dma", ot, fill)
+        else:
+            ot = _win_load(lw, Y, blk, o_t, init_v if init_v is not None else 0)
+        combos = blk.combos()
+        # select: the pick's value, its window position, whether the window has met an element yet
+        chosen = t.copy(blk.view(xt, combos[0]), x_t)
+        idx = t.memset(0.0, dt.F32)
+        seen = _valid_mask(lw, blk, shape, combos[0])
+        for k, c in enumerate(combos[1:], 1):
+            xc = blk.view(xt, c)
+            keep = _eval_body(lw, select, [chosen, xc], ashape)[0]
+            if not isinstance(keep, Ref):
+                keep = t.memset(int(bool(keep)), dt.U8)
+            both = keep if seen is None else t.binary("mul", seen, keep, dt.U8)
+            take = t.binary("eq", both, 0, dt.U8)
+            valid = _valid_mask(lw, blk, shape, c)
+            if valid is not None:
+                take = t.binary("mul", take, valid, dt.U8)
+                if seen is not None:
+                    seen = t.binary("max", seen, valid, dt.U8)
+            elif seen is not None:
+                seen = None
+            chosen = t.select(take, xc, chosen, x_t)
+            idx = t.select(take, float(k), idx, dt.F32)
+        # scatter, window positions in reverse row-major order
+        for k in range(len(combos) - 1, -1, -1):
+            target = blk.view(ot, combos[k])
+            hit = t.binary("eq", idx, float(k), dt.U8)
+            if seen is not None:
+                hit = t.binary("mul", hit, seen, dt.U8)
+            new = _eval_body(lw, scatter, [target, st], ashape)[0]
+            new = _as_tile(lw, new, ashape, o_t, "sasnew")
+            g.add("pool" if o_t.name in ("s32", "u32") and new.dtype.name in ("s32", "u32") else "dve", "select",
+                  target, hit, new, target)
+        _win_store(lw, Y, blk, ot)

@@ -326,8 +326,10 @@ def window_plan(shape: tuple[int, ...], window: tuple, out_shape: tuple[int, ...
     classes = [window_classes(n, w.size, w.stride, w.pad_lo, w.lhs_dilation, w.rhs_dilation, q)
                for n, w, q in zip(shape, window, out_shape)]
     extent = [max((c.count for c in cl), default=0) for cl in classes]
-    cands = [k for k in range(r) if extent[k] > 1 and (k != innermost or r == 1)
+    cands = [k for k in range(r) if extent[k] > 1 and k != innermost
              and (not trivial_part or trivial_window(window[k]))]
+    if not cands:  # the contiguous dimension, rather than one partition
+        cands = [k for k in range(r) if extent[k] > 1 and (not trivial_part or trivial_window(window[k]))]
     part = max(cands, key=lambda k: (min(extent[k], parts), trivial_window(window[k]), -k)) if cands else None
     others = [k for k in range(r) if k != part]
     chunk = [1] * r
