@@ -966,8 +966,9 @@ def _eval_body(lw: Lowering, body: Computation, args: list[Operand], shape: tupl
                 out = k.t.copy(out, want)
             val[nd.id] = out
         else:
-            raise error("NCC_EUOC002", f"{body.name}: operator {nd.op} ({nd.name}) in a window body cannot run "
-                        "on the NeuronCore yet", nd.loc)
+            raise error("NCC_EUOC002", f"{body.name}: operator {nd.op} ({nd.name}) cannot run in a window body: "
+                        "bodies run elementwise on VectorE/GpSimd, and the backend has no elementwise form of it",
+                        nd.loc, "see docs/backend.md, 'Convolution and windows'")
     root = val[body.root.id]
     return list(root) if isinstance(root, tuple) else [root]  # type: ignore[arg-type]
 

@@ -266,8 +266,15 @@ def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
     c_tiles = -(-c_all // c_tile)
     chunks = sum(math.prod(-(-n // c) for n, c in zip((geo.batch, *(cl.count for cl in combo)), chunk_t))
                  for combo in _product(classes))
-    taps_all = math.prod(max(1, n) for n in ntaps)
-    weight_bytes = c_tiles * taps_all * o_tile * geo.itemsize  # per partition, one output-channel tile
+    # the weights of one output-channel tile, bytes per partition (every kernel tap is loaded)
+    ksize = [w.size for w in geo.window]
+    if pack > 1:
+        weight_bytes = math.prod(ksize) * (geo.out_channels + o_tile) * geo.itemsize
+    elif fold > 1:
+        weight_bytes = c_tiles * -(-ksize[fold_dim] // fold) * math.prod(ksize) // ksize[fold_dim] * o_tile \
+            * geo.itemsize
+    else:
+        weight_bytes = c_tiles * math.prod(ksize) * o_tile * geo.itemsize
     in_bytes = tile_bytes() * c_tiles
     if chunks == 1 or weight_bytes * o_tiles <= WEIGHT_BUDGET:
         chunk_outer, cache_weights = True, True  # everything is loaded once
