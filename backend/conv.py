@@ -158,29 +158,55 @@ def _tiles(n: int, size: int) -> list[tuple[int, int]]:
     return [(k, min(size, n - k)) for k in range(0, n, size)]
 
 
+@dataclass
+class Work:
+    """One PSUM bank of results to compute: its (channel tile, tap group, taps) steps, the input tiles
+    they read (shared by the output-channel tiles of a block when the chunks are outside) and the
+    stationary operand of each step."""
+
+    job: Job
+    combo: tuple[WindowClass, ...]
+    chunk: tuple[tuple[int, int], ...]
+    ot: tuple[int, int]
+    inputs: dict
+    reset_weights: bool
+    steps: list | None = None  # None: no tap meets the input, the results are zero
+    stationary: list = field(default_factory=list)
+
+
 def _job(cv: Conv, job: Job) -> None:
+    """Every PSUM bank of the job, software-pipelined by one: the next bank's inputs and weights are
+    prepared (loads, transposes) before this bank's matmuls, so TensorE need not wait for them."""
     plan = cv.plan
     c_tiles = _tiles(job.cn, plan.c_tile) if job.pack == 1 else [(0, job.cn)]
     o_tiles = _tiles(job.on, plan.o_tile) if job.pack == 1 else [(0, job.on)]
     classes = cv.geo.classes()
     combos = list(product(*classes))
     cv.weights = {}
-    if plan.chunk_outer:
-        for combo in combos:
-            for chunk in _chunks(cv, combo):
-                inputs: dict = {}
-                for ot in o_tiles:
-                    if not plan.cache_weights:
-                        cv.weights = {}
-                    _block(cv, job, combo, chunk, c_tiles, ot, inputs)
-    else:
-        for ot in o_tiles:
-            cv.weights = {}
+
+    def works() -> Iterator[Work]:
+        if plan.chunk_outer:
             for combo in combos:
                 for chunk in _chunks(cv, combo):
-                    if not plan.cache_weights:
-                        cv.weights = {}
-                    _block(cv, job, combo, chunk, c_tiles, ot, {})
+                    inputs: dict = {}
+                    for ot in o_tiles:
+                        yield _work(cv, job, combo, chunk, c_tiles, ot, inputs, not plan.cache_weights)
+        else:
+            for ot in o_tiles:
+                first = True
+                for combo in combos:
+                    for chunk in _chunks(cv, combo):
+                        yield _work(cv, job, combo, chunk, c_tiles, ot, {}, first or not plan.cache_weights)
+                        first = False
+
+    pending: Work | None = None
+    for w in works():
+        _prepare(cv, w)
+        if pending is not None:
+            _compute(cv, pending)
+        pending = w
+    if pending is not None:
+        _compute(cv, pending)
 
 
 def _chunks(cv: Conv, combo: tuple[WindowClass, ...]) -> Iterator[tuple[tuple[int, int], ...]]:
@@ -232,43 +258,58 @@ def _box(taps: list[Tap], istep: int, ja: int, jn: int) -> Box:
     return Box(lo, step, (hi - lo) // step + 1)
 
 
-def _block(cv: Conv, job: Job, combo: tuple[WindowClass, ...], chunk, c_tiles: list[tuple[int, int]],  # noqa: ANN001
-           ot: tuple[int, int], inputs: dict) -> None:
-    """One PSUM bank of results: every (channel tile, tap) matmul, then evacuation and store."""
-    g = cv.g
+def _work(cv: Conv, job: Job, combo: tuple[WindowClass, ...], chunk, c_tiles: list[tuple[int, int]],  # noqa: ANN001
+          ot: tuple[int, int], inputs: dict, reset_weights: bool) -> Work:
+    """The steps of one PSUM bank: every (channel tile, tap group, tap combination)."""
     plan = cv.plan
     nsp = cv.nsp
-    o_off, on = ot
-    nb, sp = chunk[0][1], chunk[1:]
-    out_shape = (on, nb, *(jn for _, jn in sp))
+    w = Work(job, combo, chunk, ot, inputs, reset_weights)
     active = _active(cv, combo, chunk)
     if active is None:
-        res = g.tile(out_shape, cv.out_t, "sbuf", "cvzero").ref()
-        g.add("pool" if cv.out_t.is_int else "dve", "memset", res, value=0)
-        _store(cv, job, combo, chunk, ot, res)
-        return
+        return w
     folding = plan.fold > 1
     fd = plan.fold_dim
     per_dim = [_blocks(taps, plan.fold if folding and d == fd else plan.tap_block[d])
                for d, taps in enumerate(active)]
-    steps = []  # (input key, tap group, fold block, other taps per dimension)
+    w.steps = []
     for ct in c_tiles:
         for gid, group in enumerate(product(*per_dim)):
             others = [group[d] if not (folding and d == fd) else [None] for d in range(nsp)]
             for combo_taps in product(*others):
-                steps.append((ct, gid, group, combo_taps))
-    acc = g.tile(out_shape, dt.F32, "psum", "cvacc").ref()
-    for k, (ct, gid, group, taps) in enumerate(steps):
+                w.steps.append((ct, gid, group, combo_taps))
+    return w
+
+
+def _prepare(cv: Conv, w: Work) -> None:
+    """Load (or find loaded) the bank's input tiles and stationary operands."""
+    if w.reset_weights:
+        cv.weights = {}
+    for ct, gid, group, taps in w.steps or ():
         key = (ct, gid)
-        if key not in inputs:
-            inputs[key] = _load_input(cv, job, combo, chunk, ct, group)
-        tile, boxes = inputs[key]
-        st = _stationary(cv, job, ct, ot, group, taps)
-        mv = _moving(cv, tile, boxes, combo, chunk, group, taps, st.shape[0])
-        g.add("pe", "matmul", acc, st, mv, start=k == 0, stop=k == len(steps) - 1)
+        if key not in w.inputs:
+            w.inputs[key] = _load_input(cv, w.job, w.combo, w.chunk, ct, group)
+        w.stationary.append(_stationary(cv, w.job, ct, w.ot, group, taps))
+
+
+def _compute(cv: Conv, w: Work) -> None:
+    """The bank's matmuls, then its evacuation (converting to the result type) and store."""
+    g = cv.g
+    o_off, on = w.ot
+    nb, sp = w.chunk[0][1], w.chunk[1:]
+    out_shape = (on, nb, *(jn for _, jn in sp))
+    if w.steps is None:
+        res = g.tile(out_shape, cv.out_t, "sbuf", "cvzero").ref()
+        g.add("pool" if cv.out_t.is_int else "dve", "memset", res, value=0)
+        _store(cv, w.job, w.combo, w.chunk, w.ot, res)
+        return
+    acc = g.tile(out_shape, dt.F32, "psum", "cvacc").ref()
+    for k, ((ct, gid, group, taps), st) in enumerate(zip(w.steps, w.stationary)):
+        tile, boxes = w.inputs[(ct, gid)]
+        mv = _moving(cv, tile, boxes, w.combo, w.chunk, group, taps, st.shape[0])
+        g.add("pe", "matmul", acc, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
     res = g.tile(out_shape, cv.out_t, "sbuf", "cvres").ref()
     _evacuate(cv, res, acc)
-    _store(cv, job, combo, chunk, ot, res)
+    _store(cv, w.job, w.combo, w.chunk, w.ot, res)
 
 
 def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
@@ -594,11 +635,48 @@ def _store(cv: Conv, job: Job, combo, chunk, ot: tuple[int, int], res: Ref) -> N
         dst = cv.Y[(slice(n0, n0 + nb), slice(o0, o0 + on), *qkeys)].permute(1, 0, *range(2, cv.nsp + 2))
         g.add("dma", "dma", dst, res)
         return
-    # channels-last result: per block of rows, a TensorE transpose per row into one PSUM bank, one copy
-    # out of it and one DMA of whole channel vectors
+    # channels-last result: blocks of up to 128 positions transposed on TensorE into one PSUM bank, one
+    # copy out of it and one DMA of whole channel vectors
     bank = cv.lw.target.psum_bank_bytes // 4
-    valid = [(0, jn) for _, jn in sp]
     nsp = cv.nsp
+    npos = math.prod(jn for _, jn in sp)
+    flat_ok = True
+    flats = []
+    for n in range(nb):
+        dst = cv.Y[(n0 + n, slice(o0, o0 + on), *qkeys)]
+        try:
+            flat = dst.permute(*range(1, nsp + 1), 0).reshape(npos, on)
+            flat.shape  # noqa: B018 - resolves the chain: positions that do not merge need rows
+        except (AccessError, IndexError):
+            flat_ok = False
+            break
+        flats.append(flat)
+    if flat_ok:
+        bp = max((b for b in range(64, PE_BLOCK + 1) if npos % b == 0), default=min(npos, PE_BLOCK))
+        per_bank = max(1, bank // on)
+        for n, flat in enumerate(flats):
+            src = res[:, n].reshape(on, npos) if nsp > 1 else res[:, n]
+            p0 = 0
+            while p0 < npos:
+                full = min(per_bank, (npos - p0) // bp)
+                if full == 0:  # a last, partial block
+                    pn = npos - p0
+                    ps = g.tile((pn, on), dt.F32, "psum", "cvtps").ref()
+                    g.add("pe", "transpose", ps, src[:, p0:npos])
+                    tmp = g.tile((pn, on), cv.out_t, "sbuf", "cvtout").ref()
+                    _evacuate(cv, tmp, ps)
+                    g.add("dma", "dma", flat[p0:npos], tmp)
+                    break
+                ps = g.tile((bp, full, on), dt.F32, "psum", "cvtps").ref()
+                for k in range(full):
+                    a = p0 + k * bp
+                    g.add("pe", "transpose", ps[:, k], src[:, a:a + bp])
+                tmp = g.tile((bp, full, on), cv.out_t, "sbuf", "cvtout").ref()
+                _evacuate(cv, tmp, ps)
+                g.add("dma", "dma", flat[p0:p0 + full * bp].reshape(full, bp, on).permute(1, 0, 2), tmp)
+                p0 += full * bp
+        return
+    valid = [(0, jn) for _, jn in sp]
     for n, outer, rn, (w0, w1) in _rows(valid, nb, PE_BLOCK, bank * PE_BLOCK, max(1, bank // on)):
         seg = w1 - w0
         dkey: list = [n0 + n, slice(o0, o0 + on)]

@@ -97,6 +97,11 @@ CONVS = {
     # transposed convolution: base dilation 3 with stride 2 (three classes of outputs), reversed window
     "transposed": conv_hlo("1,16,5,6", "8,16,3,4", "1,8,8,8", "window={size=3x4 stride=2x2 pad=2_2x1_2 "
                            "lhs_dilate=3x3 rhs_reversal=1x1}, dim_labels=bf01_oi01->bf01"),
+    # channels-last transposed convolution: results at every other position (stored row by row)
+    "transposed_nhwc": conv_hlo("1,5,6,8", "3,3,8,12", "1,11,13,12", "window={size=3x3 pad=2_2x2_2 lhs_dilate=2x2}, "
+                                "dim_labels=b01f_01io->b01f"),
+    # channels-last, a prime number of positions: a last, partial transpose block
+    "nhwc_prime": conv_hlo("1,1,131,8", "1,1,8,6", "1,1,131,6", "window={size=1x1}, dim_labels=b01f_01io->b01f"),
     # classes of outputs no tap reaches (their results are zero)
     "holes": conv_hlo("1,2,4", "3,2,1", "1,3,10", "window={size=1 lhs_dilate=3}, dim_labels=bf0_oi0->bf0"),
     # a 1-d convolution with the batch in the PSUM block, window dilation
