@@ -362,14 +362,20 @@ def _load_input(cv: Conv, job: Job, combo, chunk, ct: tuple[int, int], group) ->
                 regions.append((b * ck, bx))
             _fill_direct(cv, raw, regions, cin, ck, nin, nb)
         return _converted(cv, raw), boxes
+    raw_t = onchip_dtype(cv.X.dtype)
+    u = union[fd]
+    fext = [len_of(b) for b in boxes]
+    if (cv.nsp >= 2 and fd == cv.nsp - 2 and cv.X.dtype.itemsize in (2, 4)
+            and all(bx.lo - u.lo == b * u.step for b, bx in enumerate(boxes[fd]))):
+        # the fold's blocks are consecutive rows: TensorE transposes sliding windows of rows (exact on v3)
+        tile = cv.g.tile((nblk * ck, nb, *fext), raw_t, "sbuf", "cvin").ref()
+        _fill_transposed_fold(cv, tile, union, boxes[fd][0].step // u.step, nblk, cin, ck, nin, nb)
+        return _converted(cv, tile), boxes
     # channels-last with folding: transpose the union box once, then copy each block's shifted rows
     ext = [u.extent for u in union]
-    raw_t = onchip_dtype(cv.X.dtype)
     base = cv.g.tile((ck, nb, *ext), raw_t, "sbuf", "cvbase").ref()
     _fill_transposed(cv, base, union, cin, ck, nin, nb)
-    fext = [len_of(b) for b in boxes]
     tile = cv.g.tile((nblk * ck, nb, *fext), raw_t, "sbuf", "cvin").ref()
-    u = union[fd]
     for b, bx in enumerate(boxes[fd]):
         key = [slice(None)] * (cv.nsp + 1)
         start = (bx.lo - u.lo) // u.step
@@ -508,6 +514,59 @@ def _fill_transposed(cv: Conv, tile: Ref, bxs: list[Box], cin: int, ck: int, nin
         for k in range(rn):
             g.add("pe", "transpose", ps[:, k], tmp[:, k])
         _evacuate(cv, dst, ps if nsp > 1 else ps[:, 0])
+
+
+def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nblk: int, cin: int, ck: int,
+                          nin: int, nb: int) -> None:
+    """Fill a folded tile ``[nblk * ck, nb, ..., rows, w]`` from a channels-last input whose fold blocks
+    are consecutive rows (taps ``b`` of the row dimension): the union's rows ``[w, rows, ck]`` are loaded
+    once per block of rows, and one TensorE transpose of the contiguous window ``[w, nblk * ck]`` of
+    rows ``j * rstep ..`` gives every block of fold row ``j`` at once (a transpose costs its source's
+    partitions, so the fold's extra rows cost nothing)."""
+    g = cv.g
+    nsp = cv.nsp
+    n_in = cv.geo.in_spatial
+    rd = nsp - 2
+    u = union[rd]
+    cnt = tile.shape[2 + rd]
+    kk = nblk * ck
+    valid = [_valid(bx, n) for bx, n in zip(union, n_in)]
+    w0, w1 = valid[-1]
+    outer_valid = valid[:rd]
+    if w0 >= w1 or any(lo >= hi for lo, hi in outer_valid):
+        _memset(cv, tile)
+        return
+    if w0 > 0 or w1 < union[-1].extent or any(lo > 0 or hi < bx.extent for (lo, hi), bx in zip(outer_valid, union)):
+        _memset(cv, tile)
+    bank = cv.lw.target.psum_bank_bytes // 4
+    segs = [(a, min(w1, a + PE_BLOCK)) for a in range(w0, w1, PE_BLOCK)]
+    for n in range(nb):
+        for hidx in product(*(range(a, b) for a, b in outer_valid)):
+            for sw0, sw1 in segs:
+                seg = sw1 - sw0
+                m = max(1, bank // seg)
+                for j0 in range(0, cnt, m):
+                    rn = min(m, cnt - j0)
+                    r0 = j0 * rstep  # union rows r0 .. r0 + R - 1
+                    R = (rn - 1) * rstep + nblk
+                    vlo, vhi = _valid(Box(u.lo + r0 * u.step, u.step, R), n_in[rd])
+                    tmp = g.tile((seg, R, ck), cv.X.dtype, "sbuf", "cvtin").ref()
+                    if vlo > 0 or vhi < R:
+                        _memset(cv, tmp)
+                    if vlo < vhi:
+                        key: list = [nin + n, slice(cin, cin + ck)]
+                        key += [union[d].lo + e * union[d].step for d, e in enumerate(hidx)]
+                        a = u.lo + (r0 + vlo) * u.step
+                        key.append(slice(a, a + (vhi - vlo - 1) * u.step + 1, u.step))
+                        bw = union[-1]
+                        a = bw.lo + sw0 * bw.step
+                        key.append(slice(a, a + (seg - 1) * bw.step + 1, bw.step))
+                        g.add("dma", "dma", tmp[:, vlo:vhi], cv.X[tuple(key)].permute(2, 1, 0))
+                    ps = g.tile((kk, rn, seg), dt.F32, "psum", "cvtps").ref()
+                    for k in range(rn):
+                        a = k * rstep
+                        g.add("pe", "transpose", ps[:, k], tmp[:, a:a + nblk].reshape(seg, kk))
+                    _evacuate(cv, tile[(slice(None), n, *hidx, slice(j0, j0 + rn), slice(sw0, sw1))], ps)
 
 
 def _moving(cv: Conv, tile: Ref, boxes: list, combo, chunk, group, taps, k: int) -> Ref:  # noqa: ANN001
