@@ -46,7 +46,7 @@ import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.attrs import ConvDims, WindowDim
-from nxsat.backend.graph import Ref
+from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.matmul import operand_type
 from nxsat.backend.tiles import Operand, Tiles
@@ -60,6 +60,10 @@ DMA_T_BLOCK = 2048  # positions per DMA transpose
 
 
 # --- convolution ---------------------------------------------------------------------------------
+
+Chunk = tuple[tuple[int, int], ...]  # a block of outputs: (start, size) of the batch and of each class's j
+Combo = tuple[WindowClass, ...]  # one class per spatial dimension
+
 
 @dataclass(frozen=True)
 class Job:
@@ -84,6 +88,10 @@ class Tap:
     k: int
 
 
+Group = tuple[list[Tap], ...]  # the taps one input tile serves, per spatial dimension
+TapCombo = tuple[Tap | None, ...]  # one tap per spatial dimension (None on the fold dimension)
+
+
 @dataclass
 class Conv:
     """What lowering one convolution needs everywhere."""
@@ -103,7 +111,7 @@ class Conv:
     masks: dict = field(default_factory=dict)
 
     @property
-    def g(self):  # noqa: ANN201 - the graph
+    def g(self) -> Graph:
         return self.lw.graph
 
     @property
@@ -216,7 +224,7 @@ def _chunks(cv: Conv, combo: tuple[WindowClass, ...]) -> Iterator[tuple[tuple[in
     yield from product(*ranges)
 
 
-def _active(cv: Conv, combo: tuple[WindowClass, ...], chunk) -> list[list[Tap]] | None:  # noqa: ANN001
+def _active(cv: Conv, combo: Combo, chunk: Chunk) -> list[list[Tap]] | None:
     """Per spatial dimension, the taps that meet the input somewhere in the block (None: none in some
     dimension, so the block is zero)."""
     out = []
@@ -258,7 +266,7 @@ def _box(taps: list[Tap], istep: int, ja: int, jn: int) -> Box:
     return Box(lo, step, (hi - lo) // step + 1)
 
 
-def _work(cv: Conv, job: Job, combo: tuple[WindowClass, ...], chunk, c_tiles: list[tuple[int, int]],  # noqa: ANN001
+def _work(cv: Conv, job: Job, combo: Combo, chunk: Chunk, c_tiles: list[tuple[int, int]],
           ot: tuple[int, int], inputs: dict, reset_weights: bool) -> Work:
     """The steps of one PSUM bank: every (channel tile, tap group, tap combination)."""
     plan = cv.plan
@@ -323,7 +331,8 @@ def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
 
 # --- inputs ----------------------------------------------------------------------------------------
 
-def _load_input(cv: Conv, job: Job, combo, chunk, ct: tuple[int, int], group) -> tuple[Ref, list]:  # noqa: ANN001
+def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, int], group: Group
+                ) -> tuple[Ref, list]:
     """The input tile of one (channel tile, tap group): ``[K, nb, E...]``, K = channels x fold blocks.
 
     Returns the tile and per spatial dimension its :class:`Box` (or, on the fold dimension, the list of
@@ -386,7 +395,7 @@ def _load_input(cv: Conv, job: Job, combo, chunk, ct: tuple[int, int], group) ->
     return _converted(cv, tile), boxes
 
 
-def len_of(b) -> int:  # noqa: ANN001
+def len_of(b: Box | list[Box]) -> int:
     return b[0].extent if isinstance(b, list) else b.extent
 
 
@@ -569,7 +578,8 @@ def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nbl
                     _evacuate(cv, tile[(slice(None), n, *hidx, slice(j0, j0 + rn), slice(sw0, sw1))], ps)
 
 
-def _moving(cv: Conv, tile: Ref, boxes: list, combo, chunk, group, taps, k: int) -> Ref:  # noqa: ANN001
+def _moving(cv: Conv, tile: Ref, boxes: list, combo: Combo, chunk: Chunk, group: Group, taps: TapCombo,
+            k: int) -> Ref:
     """The moving operand of one matmul: the tile's view that the tap combination reads."""
     plan = cv.plan
     folding = plan.fold > 1
@@ -589,7 +599,8 @@ def _moving(cv: Conv, tile: Ref, boxes: list, combo, chunk, group, taps, k: int)
 
 # --- weights ---------------------------------------------------------------------------------------
 
-def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], group, taps) -> Ref:  # noqa: ANN001
+def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], group: Group, taps: TapCombo
+                ) -> Ref:
     """The stationary operand ``[K, O_tile]`` of one matmul (weights of the tap combination)."""
     plan = cv.plan
     g = cv.g
@@ -636,7 +647,7 @@ def _weights_converted(cv: Conv, raw: Ref) -> Ref:
     return t
 
 
-def _packed(cv: Conv, job: Job, taps) -> Ref:  # noqa: ANN001
+def _packed(cv: Conv, job: Job, taps: TapCombo) -> Ref:
     """A block-diagonal stationary ``[pack * I, pack * Og]`` for ``pack`` feature groups at once: the
     weights of group ``g`` on rows ``g*I..`` and columns ``g*Og..``, zero elsewhere (a select, not a
     product, so a NaN weight stays in its group)."""
@@ -680,7 +691,7 @@ def _packed(cv: Conv, job: Job, taps) -> Ref:  # noqa: ANN001
 
 # --- results ---------------------------------------------------------------------------------------
 
-def _store(cv: Conv, job: Job, combo, chunk, ot: tuple[int, int], res: Ref) -> None:  # noqa: ANN001
+def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], res: Ref) -> None:
     """The block's results ``[O_tile, nb, j...]`` to their places in Y (class progressions)."""
     g = cv.g
     o_off, on = ot

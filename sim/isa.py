@@ -469,12 +469,12 @@ class Matmul(Op):
         del x.groups[key]
         if len(group[0]) == 1:
             r = np.matmul(group[0][0], group[1][0])  # fp32; contiguous operands take BLAS's fast path
-        elif len({a.shape for a in group[0]}) == 1:
-            prods = np.matmul(np.stack(group[0]), np.stack(group[1]))
+        elif len({a.shape for a in group[0]}) == 1 and len({b.shape for b in group[1]}) == 1:
+            prods = np.matmul(np.stack(group[0]), np.stack(group[1]))  # one batched call
             r = prods[0]
             for p in prods[1:]:
                 r += p
-        else:  # members contract over different row counts (a last, partial K tile)
+        else:  # members of different K (a last, partial contraction tile): the same sums, one by one
             r = np.matmul(group[0][0], group[1][0])
             for a, b in zip(group[0][1:], group[1][1:]):
                 r += np.matmul(a, b)
