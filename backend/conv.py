@@ -56,6 +56,9 @@ from nxsat.ir import Computation, Node, TupleType
 from nxsat.sim.program import AccessError
 
 PE_BLOCK = 128  # positions per TensorE transpose
+# One convolution's matmuls at most (an eighth of a device program's 2,000,000 instructions): beyond it
+# the implicit GEMM is the wrong form (weight gradients whose window is a whole image), and is refused.
+MAX_MATMULS = 250_000
 DMA_T_BLOCK = 2048  # positions per DMA transpose
 
 
@@ -150,6 +153,13 @@ def convolution(lw: Lowering, node: Node) -> None:
         channels_last_in=bool(window) and _stride_one(lw, X, 1) and X.dtype.is_float and X.dtype.itemsize in (2, 4),
         channels_last_out=bool(window) and _stride_one(lw, Y, 1) and out_t.is_float and out_t.itemsize in (2, 4))
     plan = conv_plan(geo, lw.target)
+    matmuls = plan.matmuls(geo)
+    if matmuls > MAX_MATMULS:
+        taps = math.prod(w.size for w in window)
+        raise error("NCC_EUOC002", f"convolution {node.name} would take {matmuls} matmuls as an implicit GEMM "
+                    f"({taps} taps per output, {math.prod(Y.shape)} outputs: a weight gradient over whole images?), "
+                    f"more than the backend emits for one operator ({MAX_MATMULS})", node.loc,
+                    "see docs/backend.md, 'Convolution and windows'")
     cv = Conv(lw, node, X, W, Y, geo, plan, mt, out_t, window)
     Np = geo.batch
     if bgc > 1:

@@ -278,6 +278,16 @@ def test_window_body_outside_the_device_is_refused() -> None:
     assert e.value.code == "NCC_EUOC002" and "operator dot" in str(e.value) and e.value.loc is not None
 
 
+def test_whole_image_weight_gradient_is_refused() -> None:
+    """A weight gradient over whole 112x112 images of a batch of 96 (mobilenet_v2's) is refused, naming the
+    convolution and the matmul count, rather than compiled into millions of instructions."""
+    text = conv_hlo("96,32,112,112", "96,16,112,112", "1,1,32,16", "window={size=112x112}, "
+                    "dim_labels=fb01_io01->01bf")
+    with pytest.raises(NxsatError) as e:
+        compile_graph(module_of(text), sim.load_target("trn1"))
+    assert e.value.code == "NCC_EUOC002" and "matmuls" in e.value.message and e.value.loc is not None
+
+
 # --- models ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("target", TARGETS)
