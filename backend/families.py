@@ -2,6 +2,7 @@
 
 from nxsat.backend import (  # noqa: F401
     collective,
+    conv,
     elementwise,
     elementwise_ext,
     indexing,

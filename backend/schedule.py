@@ -46,7 +46,9 @@ class Scheduled:
 
 
 class _Space:
-    """First-fit allocation of one memory's bytes per partition (all partitions alike)."""
+    """Next-fit allocation of one memory's bytes per partition (all partitions alike): the search starts
+    where the last allocation ended and wraps around, so a tile rarely lands where one was just freed
+    (whose last users it would have to wait for)."""
 
     def __init__(self, size: int, align: int) -> None:
         self.size = size
@@ -55,25 +57,36 @@ class _Space:
         self.history: list[tuple[int, int, list[Inst]]] = []  # freed (lo, hi, last users)
         self.in_use = 0
         self.peak = 0
+        self.cursor = 0  # next fit: memory just freed is reused last, so its users need not be waited for
 
     def alloc(self, buf: Buf, nbytes: int, bank: int | None = None) -> tuple[int, list[Inst]] | None:
         """A place for ``nbytes`` (at a multiple of ``bank`` bytes when given, not crossing one when it
         fits in one), and the instructions that last used that memory."""
         step = bank or self.align
         need = nbytes if bank is None else -(-nbytes // bank) * bank
-        off = 0
-        for lo, hi, _ in self.used:
-            if off + need <= lo:
-                break
-            off = max(off, -(-hi // step) * step)
-        if off + need > self.size:
+        off = self._fit(self.cursor, need, step)
+        if off is None:
+            off = self._fit(0, need, step)
+        if off is None:
             return None
+        self.cursor = off + need
         self.used.append((off, off + need, buf))
         self.used.sort(key=lambda u: u[0])
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
         waits = [u for lo, hi, users in self.history if lo < off + need and off < hi for u in users]
         return off, waits
+
+    def _fit(self, start: int, need: int, step: int) -> int | None:
+        """The first place at or after ``start`` with room for ``need`` bytes."""
+        off = -(-start // step) * step
+        for lo, hi, _ in self.used:
+            if hi <= off:
+                continue
+            if off + need <= lo:
+                break
+            off = max(off, -(-hi // step) * step)
+        return off if off + need <= self.size else None
 
     def commit(self, buf: Buf) -> None:
         """The place given to ``buf`` is taken: earlier tiles' records there are no longer needed (whoever

@@ -7,6 +7,7 @@ decision and never disagree.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from nxsat.sim.target import Target
@@ -75,3 +76,335 @@ def shard_plan(weight_bytes: int, other_bytes: int, result_bytes: int, flops: in
                        "fixed_ns": col["fixed_ns"], "hop_ns": col["hop_ns"],
                        "link_gbps": col["link_gbps_per_rank"]}) / target.engines["cc"].clock_ghz
     return ShardPlan(r, saved, gather)
+
+
+# --- convolution -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WindowClass:
+    """One class of output positions of one spatial dimension: outputs ``first + step * j`` for
+    ``j < count``, on which every window tap lands on real input elements in the same pattern.
+
+    Base (lhs) dilation puts holes between the input elements, so whether a tap meets an element or
+    a hole depends on the output position modulo ``step``; without it there is one class. Tap ``t``
+    (window element, before any reversal) of output ``j`` reads input index ``i0 + j * istep``, where
+    ``(t, i0)`` is an entry of ``taps``; indices outside the input are padding. Taps that never meet
+    an input element of the class are left out, as are classes beyond the output."""
+
+    first: int
+    step: int
+    count: int
+    istep: int
+    taps: tuple[tuple[int, int], ...]
+
+    def valid(self, i0: int, n_in: int, ja: int, jb: int) -> tuple[int, int]:
+        """The range of ``j`` in ``[ja, jb)`` whose input index ``i0 + j * istep`` lies in ``[0, n_in)``."""
+        lo = max(ja, -(i0 // self.istep) if i0 < 0 else 0)
+        hi = min(jb, (n_in - 1 - i0) // self.istep + 1) if i0 <= n_in - 1 else ja
+        return lo, max(lo, hi)
+
+
+def window_classes(n_in: int, size: int, stride: int, pad_lo: int, lhs_dilation: int, rhs_dilation: int,
+                   n_out: int) -> list[WindowClass]:
+    """XLA's window arithmetic for one dimension as classes of outputs (see :class:`WindowClass`):
+    output ``q`` and tap ``t`` meet position ``q * stride + t * rhs_dilation - pad_lo`` of the
+    base-dilated input, a real element when that is a multiple of ``lhs_dilation``."""
+    g = math.gcd(stride, lhs_dilation)
+    step = lhs_dilation // g
+    istep = stride // g
+    out = []
+    for r in range(min(step, n_out)):
+        count = (n_out - r + step - 1) // step
+        cls = WindowClass(r, step, count, istep, ())
+        taps = []
+        for t in range(size):
+            v = r * stride + t * rhs_dilation - pad_lo
+            if v % lhs_dilation:
+                continue
+            i0 = v // lhs_dilation
+            lo, hi = cls.valid(i0, n_in, 0, count)
+            if lo < hi:
+                taps.append((t, i0))
+        out.append(WindowClass(r, step, count, istep, tuple(taps)))
+    return out
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A convolution in the backend's canonical terms: per job (a feature group, or a batch group) an
+    input ``[batch, in_channels, in_spatial...]`` and weights ``[out_channels, in_channels, window...]``
+    giving ``[batch, out_channels, out_spatial...]``; ``groups`` feature groups (``in_channels`` and
+    ``out_channels`` are per group), ``batch_groups`` batch groups (``batch`` is per batch group)."""
+
+    batch: int
+    in_channels: int
+    out_channels: int
+    groups: int
+    batch_groups: int
+    in_spatial: tuple[int, ...]
+    out_spatial: tuple[int, ...]
+    window: tuple  # of nxsat.attrs.WindowDim
+    dtype: str  # the type TensorE multiplies in
+    itemsize: int
+    channels_last_in: bool = False  # the input's channels are its innermost (contiguous) dimension
+    channels_last_out: bool = False
+
+    def classes(self) -> list[list[WindowClass]]:
+        return [window_classes(n, w.size, w.stride, w.pad_lo, w.lhs_dilation, w.rhs_dilation, q)
+                for n, w, q in zip(self.in_spatial, self.window, self.out_spatial)]
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """How a convolution becomes matmuls (implicit GEMM, the filter stationary).
+
+    - ``pack`` feature groups share one matmul through a block-diagonal stationary (depthwise and
+      small groups: the array's rows and columns would otherwise sit idle);
+    - the contraction is ``c_tile`` input channels (partitions) times ``fold`` taps of spatial
+      dimension ``fold_dim`` stacked on the partitions (``fold`` blocks of ``c_tile`` partitions, each
+      holding the input shifted by one tap), so a convolution with few channels still fills the array;
+    - ``o_tile`` output channels are the stationary's columns and the result's partitions;
+    - ``chunk`` is the block of outputs ``(batch, spatial...)`` one PSUM bank accumulates (at most
+      ``n_max`` = 512 fp32), over every (channel tile, tap) pair;
+    - ``tap_block`` taps per spatial dimension share one input tile (all of them unless the tile would
+      be too large);
+    - ``chunk_outer``: loop over output chunks outside the output-channel tiles (inputs loaded once,
+      weights once if ``cache_weights``), else output-channel tiles outside (weights loaded once, the
+      inputs once per output-channel tile);
+    - ``transpose_in``/``transpose_out``: how a channels-last input reaches the channels-on-partitions
+      tiles, and a result its channels-last output: ``dma`` (an access pattern: element-sized
+      descriptors), ``pe`` (TensorE transposes of 128-position blocks) or ``dma_transpose`` (NeuronCore-v3).
+    """
+
+    pack: int
+    c_tile: int
+    fold_dim: int
+    fold: int
+    o_tile: int
+    chunk: tuple[int, ...]
+    tap_block: tuple[int, ...]
+    chunk_outer: bool
+    cache_weights: bool
+    transpose_in: str
+    transpose_out: str
+
+    def matmuls(self, geo: ConvGeometry) -> int:
+        """Matmul instructions the plan emits (taps that only meet padding are skipped)."""
+        groups = geo.groups * geo.batch_groups
+        jobs = -(-groups // self.pack)
+        c_tiles = -(-(geo.in_channels * self.pack) // self.c_tile)
+        o_tiles = -(-(geo.out_channels * self.pack) // self.o_tile)
+        total = 0
+        classes = geo.classes()
+        for combo in _product([range(len(c)) for c in classes]):
+            counts = [1] * (len(classes) + 1)
+            counts[0] = geo.batch
+            taps = 1
+            for d, k in enumerate(combo):
+                cls = classes[d][k]
+                counts[d + 1] = cls.count
+                n = len(cls.taps)
+                taps *= -(-n // self.fold) if d == self.fold_dim else n
+            chunks = math.prod(-(-n // c) for n, c in zip(counts, self.chunk))
+            total += chunks * taps
+        return jobs * c_tiles * o_tiles * total
+
+
+def _product(ranges: list) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for r in ranges:
+        out = [o + (k,) for o in out for k in r]
+    return out
+
+
+TILE_BUDGET = 32 * 1024  # bytes per partition of one input tile (room to double-buffer)
+WEIGHT_BUDGET = 48 * 1024  # bytes per partition of the weights kept on chip for one output-channel tile
+
+
+def chunk_of(extents: tuple[int, ...], limit: int, max_dims: int = 4) -> tuple[int, ...]:
+    """The output block: whole inner dimensions while they fit ``limit`` elements, then a balanced part
+    of the next one; at most ``max_dims`` dimensions larger than 1 (an engine access's free dimensions)."""
+    sizes = [1] * len(extents)
+    prod = 1
+    used = 0
+    for k in reversed(range(len(extents))):
+        n = extents[k]
+        if n == 1:
+            continue
+        if used == max_dims:
+            break
+        if prod * n <= limit:
+            sizes[k] = n
+            prod *= n
+            used += 1
+            continue
+        m = limit // prod
+        if m > 1:
+            parts = -(-n // m)
+            sizes[k] = -(-n // parts)
+        break
+    return tuple(sizes)
+
+
+def _span(cls: WindowClass, count: int, taps: int) -> int:
+    """Input elements one tile spans along a dimension: ``count`` outputs, ``taps`` consecutive taps."""
+    offs = sorted(i0 for _, i0 in cls.taps)
+    if not offs:
+        return 1
+    reach = max(offs[k + taps - 1] - offs[k] for k in range(len(offs) - taps + 1)) if taps <= len(offs) \
+        else offs[-1] - offs[0]
+    return (count - 1) * cls.istep + reach + 1
+
+
+def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
+    """Pick the tiles (see :class:`ConvPlan`): pack groups when a group is small, fold taps into the
+    partitions when the channels are few, fill one PSUM bank, and keep the input tile within
+    :data:`TILE_BUDGET` by shrinking the chunk and then the taps per tile."""
+    rows, cols = target.matmul["rows"], target.matmul["cols"]
+    n_max = min(target.matmul["max_moving"], target.psum_bank_bytes // 4)
+    groups = geo.groups
+    pack = 1
+    if groups > 1 and geo.batch_groups == 1:
+        pack = max(1, min(groups, rows // geo.in_channels, cols // geo.out_channels))
+    c_all = geo.in_channels * pack
+    c_tile = min(c_all, rows)
+    o_tile = min(geo.out_channels * pack, cols)
+    classes = geo.classes()
+    nsp = len(geo.in_spatial)
+    ntaps = [max((len(c.taps) for c in cl), default=0) for cl in classes]
+    fold_dim, fold = 0, 1
+    if pack == 1 and c_tile < rows and nsp:
+        # the dimension with the most taps (the outermost among equals) gives the most
+        best = max(range(nsp), key=lambda d: (ntaps[d], -d))
+        f = min(ntaps[best], rows // c_tile)
+        if f > 1:
+            fold_dim, fold = best, f
+    extents = (geo.batch, *(max((c.count for c in cl), default=1) for cl in classes))
+    chunk = list(chunk_of(extents, n_max))
+    tap_block = [fold if d == fold_dim and fold > 1 else max(1, ntaps[d]) for d in range(nsp)]
+
+    def tile_bytes() -> int:
+        elems = chunk[0]
+        for d in range(nsp):
+            cls = max(classes[d], key=lambda c: len(c.taps)) if classes[d] else None
+            if cls is None:
+                continue
+            if d == fold_dim and fold > 1:
+                elems *= chunk[d + 1]
+            else:
+                elems *= _span(cls, chunk[d + 1], tap_block[d])
+        return elems * geo.itemsize
+
+    while tile_bytes() > TILE_BUDGET:
+        # shrink the outermost chunk dimension larger than 1, then the taps per tile
+        k = next((k for k in range(len(chunk)) if chunk[k] > 1), None)
+        if k is not None:
+            chunk[k] = max(1, chunk[k] // 2)
+            continue
+        d = next((d for d in range(nsp) if tap_block[d] > 1 and not (d == fold_dim and fold > 1)), None)
+        if d is None:
+            break
+        tap_block[d] = max(1, tap_block[d] // 2)
+    chunk_t = tuple(chunk)
+    o_tiles = -(-(geo.out_channels * pack) // o_tile)
+    c_tiles = -(-c_all // c_tile)
+    chunks = sum(math.prod(-(-n // c) for n, c in zip((geo.batch, *(cl.count for cl in combo)), chunk_t))
+                 for combo in _product(classes))
+    # the weights of one output-channel tile, bytes per partition (every kernel tap is loaded)
+    ksize = [w.size for w in geo.window]
+    if pack > 1:
+        weight_bytes = math.prod(ksize) * (geo.out_channels + o_tile) * geo.itemsize
+    elif fold > 1:
+        weight_bytes = c_tiles * -(-ksize[fold_dim] // fold) * math.prod(ksize) // ksize[fold_dim] * o_tile \
+            * geo.itemsize
+    else:
+        weight_bytes = c_tiles * math.prod(ksize) * o_tile * geo.itemsize
+    in_bytes = tile_bytes() * c_tiles
+    if chunks == 1 or weight_bytes * o_tiles <= WEIGHT_BUDGET:
+        chunk_outer, cache_weights = True, True  # everything is loaded once
+    else:
+        # output-channel tiles outside: each input tile once per output-channel tile; chunks outside:
+        # the weights once per chunk
+        chunk_outer = in_bytes * chunks * o_tiles + weight_bytes * o_tiles > in_bytes * chunks + \
+            weight_bytes * o_tiles * chunks
+        cache_weights = not chunk_outer and weight_bytes <= WEIGHT_BUDGET
+    two_byte = geo.itemsize in (2, 4) and geo.dtype in ("f32", "bf16", "f16")
+    v3 = bool(target.dma.get("transpose_efficiency"))
+    t_in = "dma"
+    if geo.channels_last_in and two_byte:
+        t_in = "dma_transpose" if v3 else "pe"
+    t_out = "pe" if geo.channels_last_out and geo.out_channels * pack > 1 else "dma"
+    return ConvPlan(pack, c_tile, fold_dim, fold, o_tile, chunk_t, tuple(tap_block), chunk_outer, cache_weights,
+                    t_in, t_out)
+
+
+# --- windows (reduce-window, select-and-scatter) -------------------------------------------------
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How a windowed reduction is tiled on VectorE/GpSimd: dimension ``part`` on the partitions (one
+    output index per partition; a windowed dimension brings each partition its own input rows, the
+    window's taps along it becoming a free axis), every other dimension in the free axes; ``chunk``
+    outputs per dimension per tile (along ``part``: at most the partitions). ``part`` is None when
+    every dimension stays in the free axes (one partition)."""
+
+    part: int | None
+    chunk: tuple[int, ...]
+
+    def tiles(self, out_shape: tuple[int, ...]) -> int:
+        return math.prod(-(-n // c) for n, c in zip(out_shape, self.chunk)) if out_shape else 1
+
+
+WINDOW_TILE_BUDGET = 32 * 1024  # bytes per partition of one input tile
+WINDOW_FREE = 2048  # outputs per partition of one tile
+
+
+def trivial_window(w) -> bool:  # noqa: ANN001 - a WindowDim
+    """A dimension the window leaves alone (every output is its input element)."""
+    return (w.size == 1 and w.stride == 1 and w.pad_lo == 0 and w.pad_hi == 0 and w.lhs_dilation == 1
+            and w.rhs_dilation == 1)
+
+
+def window_plan(shape: tuple[int, ...], window: tuple, out_shape: tuple[int, ...], itemsize: int,
+                innermost: int | None, target: Target, trivial_part: bool = False) -> WindowPlan:
+    """Choose the partition dimension (the most outputs, up to the partitions; a dimension the window
+    leaves alone first, and not the input's contiguous one, which keeps DMA rows long) and the chunk
+    (whole inner dimensions up to :data:`WINDOW_FREE` outputs, halved until the input tile fits
+    :data:`WINDOW_TILE_BUDGET`). ``trivial_part``: only a dimension the window leaves alone may be on
+    the partitions (select-and-scatter: partitions must not share input elements)."""
+    parts = target.partitions
+    r = len(shape)
+    classes = [window_classes(n, w.size, w.stride, w.pad_lo, w.lhs_dilation, w.rhs_dilation, q)
+               for n, w, q in zip(shape, window, out_shape)]
+    extent = [max((c.count for c in cl), default=0) for cl in classes]
+    cands = [k for k in range(r) if extent[k] > 1 and k != innermost
+             and (not trivial_part or trivial_window(window[k]))]
+    if not cands:  # the contiguous dimension, rather than one partition
+        cands = [k for k in range(r) if extent[k] > 1 and (not trivial_part or trivial_window(window[k]))]
+    part = max(cands, key=lambda k: (min(extent[k], parts), trivial_window(window[k]), -k)) if cands else None
+    others = [k for k in range(r) if k != part]
+    chunk = [1] * r
+    if part is not None:
+        chunk[part] = min(extent[part], parts)
+    sub = chunk_of(tuple(extent[k] for k in others), WINDOW_FREE, 3)
+    for k, c in zip(others, sub):
+        chunk[k] = max(1, c)
+
+    def tile_bytes() -> int:
+        elems = 1
+        for k in range(r):
+            cl = max(classes[k], key=lambda c: len(c.taps)) if classes[k] else None
+            if cl is None:
+                continue
+            if k == part:
+                elems *= max(1, len(cl.taps))
+            else:
+                elems *= _span(cl, chunk[k], max(1, len(cl.taps)))
+        return elems * itemsize
+
+    while tile_bytes() > WINDOW_TILE_BUDGET:
+        k = next((k for k in others if chunk[k] > 1), None)
+        if k is None:
+            break
+        chunk[k] = max(1, chunk[k] // 2)
+    return WindowPlan(part, tuple(chunk))

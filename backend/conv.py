@@ -1,0 +1,1303 @@
+"""Convolution (implicit GEMM on TensorE), pooling (``reduce-window``) and its gradient
+(``select-and-scatter``) on VectorE and GpSimd.
+
+**convolution.** The operands are viewed in canonical order: input ``X[N, C, S...]``, weights
+``W[O, I, K...]``, result ``Y[N', O, Q...]`` (access patterns on the model's layout, nothing is copied).
+Each spatial dimension's window arithmetic (stride, padding, base and window dilation, reversal) is
+reduced to classes of outputs on which every tap reads the input at ``i0 + j * istep``
+(:func:`nxsat.extract.plan.window_classes`; base dilation makes several classes, which is how a
+transposed convolution skips the holes instead of multiplying zeros). For every block of outputs (one
+PSUM bank: at most 512 positions of one class), every output-channel tile and every (input-channel
+tile, tap) pair, one matmul adds ``W[tap][c, o].T @ X[c, positions shifted by the tap]`` into the bank:
+the filter tap is the stationary operand ``[C <= 128, O <= 128]``, the input the moving one, a strided
+view of an SBUF tile that holds the block's input box with channels on partitions. Padding is a
+zero-filled tile (only the part of the box inside the input is loaded; taps that meet only padding
+are skipped). The tiling is :func:`nxsat.extract.plan.conv_plan`:
+
+- few channels: ``fold`` taps of one spatial dimension are stacked on the partitions (block ``b`` holds
+  the input shifted by tap ``b``), so a 3-channel 7x7 stem contracts 21 rows per matmul, not 3;
+- grouped and depthwise convolutions: ``pack`` groups share one matmul through a block-diagonal
+  stationary (built on VectorE with a mask from ``iota``); TensorE at 448 columns per matmul beats
+  a VectorE multiply-accumulate per tap by 3-7x in the cost model, so depthwise runs there too. A
+  consequence: a NaN or infinity in one channel reaches the other channels of its pack at that
+  position (``0 x inf``), as in the NKI depthwise kernel, which reduces its products with an identity
+  matmul;
+- batch groups (weight gradients) are separate jobs, each reading its slice of the batch;
+- channels-last layouts (JAX's NHWC): the input is brought to channels-on-partitions by ``dma_transpose``
+  on NeuronCore-v3, by TensorE transposes of 128-position blocks on v2 (an identity matmul there: a
+  NaN or infinity spreads along its block's channel row, as the device does), and a channels-last
+  result is transposed back on TensorE before its store, so every DMA moves whole rows rather than
+  single elements;
+- mixed types: operands multiply in their common TensorE type (bf16 exactly, bf16 x f32 and integers
+  in fp32: exact below 2^24, as ``backend/matmul.py``), products accumulate in fp32 in PSUM and the
+  evacuation converts to the result type.
+
+**reduce-window** and **select-and-scatter**: see :func:`reduce_window` and :func:`select_and_scatter`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import product
+
+import numpy as np
+
+from nxsat import dtypes as dt
+from nxsat.attrs import ConvDims, WindowDim
+from nxsat.backend.graph import Graph, Ref
+from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.backend.matmul import operand_type
+from nxsat.backend.tiles import Operand, Tiles
+from nxsat.diagnostics import error
+from nxsat.extract.plan import ConvGeometry, ConvPlan, WindowClass, WindowPlan, conv_plan, window_classes, window_plan
+from nxsat.ir import Computation, Node, TupleType
+from nxsat.sim.program import AccessError
+
+PE_BLOCK = 128  # positions per TensorE transpose
+# One convolution's matmuls at most (an eighth of a device program's 2,000,000 instructions): beyond it
+# the implicit GEMM is the wrong form (weight gradients whose window is a whole image), and is refused.
+MAX_MATMULS = 250_000
+DMA_T_BLOCK = 2048  # positions per DMA transpose
+
+
+# --- convolution ---------------------------------------------------------------------------------
+
+Chunk = tuple[tuple[int, int], ...]  # a block of outputs: (start, size) of the batch and of each class's j
+Combo = tuple[WindowClass, ...]  # one class per spatial dimension
+
+
+@dataclass(frozen=True)
+class Job:
+    """One independent part of a convolution: input batches from ``n0``, input channels
+    ``[c0, c0 + cn)``, output channels ``[o0, o0 + on)``; ``pack`` feature groups in one matmul."""
+
+    n0: int
+    c0: int
+    cn: int
+    o0: int
+    on: int
+    pack: int
+
+
+@dataclass(frozen=True)
+class Tap:
+    """A tap active in an output block: window element ``t``, input index ``i0`` at ``j = 0``, kernel
+    index ``k`` (after reversal)."""
+
+    t: int
+    i0: int
+    k: int
+
+
+Group = tuple[list[Tap], ...]  # the taps one input tile serves, per spatial dimension
+TapCombo = tuple[Tap | None, ...]  # one tap per spatial dimension (None on the fold dimension)
+
+
+@dataclass
+class Conv:
+    """What lowering one convolution needs everywhere."""
+
+    lw: Lowering
+    node: Node
+    X: Ref  # [N, C, S...]
+    W: Ref  # [O, I, K...]
+    Y: Ref  # [N', O, Q...]
+    geo: ConvGeometry
+    plan: ConvPlan
+    mt: dt.DType  # the multiply type
+    out_t: dt.DType
+    window: tuple[WindowDim, ...]
+    evac: int = 0
+    weights: dict = field(default_factory=dict)
+    masks: dict = field(default_factory=dict)
+
+    @property
+    def g(self) -> Graph:
+        return self.lw.graph
+
+    @property
+    def nsp(self) -> int:
+        return len(self.window)
+
+    def kidx(self, d: int, t: int) -> int:
+        w = self.window[d]
+        return w.size - 1 - t if w.reversal else t
+
+
+def _stride_one(lw: Lowering, r: Ref, dim: int) -> bool:
+    """Is dimension ``dim`` of the HBM access ``r`` contiguous (and larger than one)?"""
+    dims = lw.graph.resolved(r).ap.dims
+    return r.shape[dim] > 1 and dims[dim][1] == 1
+
+
+@lowers("convolution")
+def convolution(lw: Lowering, node: Node) -> None:
+    lhs, rhs = node.operands
+    d: ConvDims = node.attrs["dims"]
+    window: tuple[WindowDim, ...] = tuple(node.attrs["window"])
+    fgc = int(node.attrs.get("feature_group_count", 1) or 1)
+    bgc = int(node.attrs.get("batch_group_count", 1) or 1)
+    X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
+    W = lw.ref(rhs).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+    Y = lw.result(node).permute(d.output_batch, d.output_feature, *d.output_spatial)
+    mt = operand_type(onchip_dtype(X.dtype), onchip_dtype(W.dtype), lw)
+    out_t = onchip_dtype(device_dtype(node.dtype))
+    N, C = X.shape[0], X.shape[1]
+    O = W.shape[0]
+    geo = ConvGeometry(
+        batch=N // bgc, in_channels=C // fgc, out_channels=O // (fgc * bgc), groups=fgc, batch_groups=bgc,
+        in_spatial=tuple(X.shape[2:]), out_spatial=tuple(Y.shape[2:]), window=window, dtype=mt.name,
+        itemsize=mt.itemsize,
+        channels_last_in=bool(window) and _stride_one(lw, X, 1) and X.dtype.is_float and X.dtype.itemsize in (2, 4),
+        channels_last_out=bool(window) and _stride_one(lw, Y, 1) and out_t.is_float and out_t.itemsize in (2, 4))
+    plan = conv_plan(geo, lw.target)
+    matmuls = plan.matmuls(geo)
+    if matmuls > MAX_MATMULS:
+        taps = math.prod(w.size for w in window)
+        raise error("NCC_EUOC002", f"convolution {node.name} would take {matmuls} matmuls as an implicit GEMM "
+                    f"({taps} taps per output, {math.prod(Y.shape)} outputs: a weight gradient over whole images?), "
+                    f"more than the backend emits for one operator ({MAX_MATMULS})", node.loc,
+                    "see docs/backend.md, 'Convolution and windows'")
+    cv = Conv(lw, node, X, W, Y, geo, plan, mt, out_t, window)
+    Np = geo.batch
+    if bgc > 1:
+        jobs = [Job(b * Np, 0, C, b * geo.out_channels, geo.out_channels, 1) for b in range(bgc)]
+    else:
+        I, Og = geo.in_channels, geo.out_channels
+        jobs = [Job(0, g0 * I, min(plan.pack, fgc - g0) * I, g0 * Og, min(plan.pack, fgc - g0) * Og,
+                    min(plan.pack, fgc - g0)) for g0 in range(0, fgc, plan.pack)]
+    for job in jobs:
+        _job(cv, job)
+
+
+def _tiles(n: int, size: int) -> list[tuple[int, int]]:
+    return [(k, min(size, n - k)) for k in range(0, n, size)]
+
+
+@dataclass
+class Work:
+    """One PSUM bank of results to compute: its (channel tile, tap group, taps) steps, the input tiles
+    they read (shared by the output-channel tiles of a block when the chunks are outside) and the
+    stationary operand of each step."""
+
+    job: Job
+    combo: tuple[WindowClass, ...]
+    chunk: tuple[tuple[int, int], ...]
+    ot: tuple[int, int]
+    inputs: dict
+    reset_weights: bool
+    steps: list | None = None  # None: no tap meets the input, the results are zero
+    stationary: list = field(default_factory=list)
+
+
+def _job(cv: Conv, job: Job) -> None:
+    """Every PSUM bank of the job, software-pipelined by one: the next bank's inputs and weights are
+    prepared (loads, transposes) before this bank's matmuls, so TensorE need not wait for them."""
+    plan = cv.plan
+    c_tiles = _tiles(job.cn, plan.c_tile) if job.pack == 1 else [(0, job.cn)]
+    o_tiles = _tiles(job.on, plan.o_tile) if job.pack == 1 else [(0, job.on)]
+    classes = cv.geo.classes()
+    combos = list(product(*classes))
+    cv.weights = {}
+
+    def works() -> Iterator[Work]:
+        if plan.chunk_outer:
+            for combo in combos:
+                for chunk in _chunks(cv, combo):
+                    inputs: dict = {}
+                    for ot in o_tiles:
+                        yield _work(cv, job, combo, chunk, c_tiles, ot, inputs, not plan.cache_weights)
+        else:
+            for ot in o_tiles:
+                first = True
+                for combo in combos:
+                    for chunk in _chunks(cv, combo):
+                        yield _work(cv, job, combo, chunk, c_tiles, ot, {}, first or not plan.cache_weights)
+                        first = False
+
+    pending: Work | None = None
+    for w in works():
+        _prepare(cv, w)
+        if pending is not None:
+            _compute(cv, pending)
+        pending = w
+    if pending is not None:
+        _compute(cv, pending)
+
+
+def _chunks(cv: Conv, combo: tuple[WindowClass, ...]) -> Iterator[tuple[tuple[int, int], ...]]:
+    """Output blocks of one class combination: ``(start, size)`` of the batch and of each class's ``j``."""
+    extents = (cv.geo.batch, *(c.count for c in combo))
+    ranges = [_tiles(n, min(n, c)) for n, c in zip(extents, cv.plan.chunk)]
+    yield from product(*ranges)
+
+
+def _active(cv: Conv, combo: Combo, chunk: Chunk) -> list[list[Tap]] | None:
+    """Per spatial dimension, the taps that meet the input somewhere in the block (None: none in some
+    dimension, so the block is zero)."""
+    out = []
+    for d, cls in enumerate(combo):
+        ja, jn = chunk[d + 1]
+        taps = []
+        for t, i0 in cls.taps:
+            lo, hi = cls.valid(i0, cv.geo.in_spatial[d], ja, ja + jn)
+            if lo < hi:
+                taps.append(Tap(t, i0, cv.kidx(d, t)))
+        if not taps:
+            return None
+        out.append(taps)
+    return out
+
+
+def _blocks(taps: list[Tap], size: int) -> list[list[Tap]]:
+    return [taps[k:k + size] for k in range(0, len(taps), size)]
+
+
+@dataclass(frozen=True)
+class Box:
+    """How an input tile holds one spatial dimension: tile index ``e < extent`` is input index
+    ``lo + e * step``."""
+
+    lo: int
+    step: int
+    extent: int
+
+
+def _box(taps: list[Tap], istep: int, ja: int, jn: int) -> Box:
+    offs = [tp.i0 for tp in taps]
+    lo = min(offs) + ja * istep
+    hi = max(offs) + (ja + jn - 1) * istep
+    step = istep if jn > 1 else 0
+    for o in offs:
+        step = math.gcd(step, o - offs[0])
+    step = step or 1
+    return Box(lo, step, (hi - lo) // step + 1)
+
+
+def _work(cv: Conv, job: Job, combo: Combo, chunk: Chunk, c_tiles: list[tuple[int, int]],
+          ot: tuple[int, int], inputs: dict, reset_weights: bool) -> Work:
+    """The steps of one PSUM bank: every (channel tile, tap group, tap combination)."""
+    plan = cv.plan
+    nsp = cv.nsp
+    w = Work(job, combo, chunk, ot, inputs, reset_weights)
+    active = _active(cv, combo, chunk)
+    if active is None:
+        return w
+    folding = plan.fold > 1
+    fd = plan.fold_dim
+    per_dim = [_blocks(taps, plan.fold if folding and d == fd else plan.tap_block[d])
+               for d, taps in enumerate(active)]
+    w.steps = []
+    for ct in c_tiles:
+        for gid, group in enumerate(product(*per_dim)):
+            others = [group[d] if not (folding and d == fd) else [None] for d in range(nsp)]
+            for combo_taps in product(*others):
+                w.steps.append((ct, gid, group, combo_taps))
+    return w
+
+
+def _prepare(cv: Conv, w: Work) -> None:
+    """Load (or find loaded) the bank's input tiles and stationary operands."""
+    if w.reset_weights:
+        cv.weights = {}
+    for ct, gid, group, taps in w.steps or ():
+        key = (ct, gid)
+        if key not in w.inputs:
+            w.inputs[key] = _load_input(cv, w.job, w.combo, w.chunk, ct, group)
+        w.stationary.append(_stationary(cv, w.job, ct, w.ot, group, taps))
+
+
+def _compute(cv: Conv, w: Work) -> None:
+    """The bank's matmuls, then its evacuation (converting to the result type) and store."""
+    g = cv.g
+    o_off, on = w.ot
+    nb, sp = w.chunk[0][1], w.chunk[1:]
+    out_shape = (on, nb, *(jn for _, jn in sp))
+    if w.steps is None:
+        res = g.tile(out_shape, cv.out_t, "sbuf", "cvzero").ref()
+        g.add("pool" if cv.out_t.is_int else "dve", "memset", res, value=0)
+        _store(cv, w.job, w.combo, w.chunk, w.ot, res)
+        return
+    acc = g.tile(out_shape, dt.F32, "psum", "cvacc").ref()
+    for k, ((ct, gid, group, taps), st) in enumerate(zip(w.steps, w.stationary)):
+        tile, boxes = w.inputs[(ct, gid)]
+        mv = _moving(cv, tile, boxes, w.combo, w.chunk, group, taps, st.shape[0])
+        g.add("pe", "matmul", acc, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
+    res = g.tile(out_shape, cv.out_t, "sbuf", "cvres").ref()
+    _evacuate(cv, res, acc)
+    _store(cv, w.job, w.combo, w.chunk, w.ot, res)
+
+
+def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
+    """PSUM to SBUF with the conversion, on ScalarE and VectorE in turn."""
+    if cv.evac % 2 == 0:
+        cv.g.add("act", "activation", dst, src)
+    else:
+        cv.g.add("dve", "tensor_copy", dst, src)
+    cv.evac += 1
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, int], group: Group
+                ) -> tuple[Ref, list]:
+    """The input tile of one (channel tile, tap group): ``[K, nb, E...]``, K = channels x fold blocks.
+
+    Returns the tile and per spatial dimension its :class:`Box` (or, on the fold dimension, the list of
+    per-block boxes)."""
+    plan = cv.plan
+    folding = plan.fold > 1
+    fd = plan.fold_dim
+    c_off, ck = ct
+    (n0, nb), sp = chunk[0], chunk[1:]
+    boxes: list = []
+    union: list[Box] = []
+    for d, taps in enumerate(group):
+        cls = combo[d]
+        ja, jn = sp[d]
+        u = _box(taps, cls.istep, ja, jn)
+        union.append(u)
+        if folding and d == fd:
+            boxes.append([Box(tp.i0 + ja * cls.istep, cls.istep, jn) for tp in taps])
+        else:
+            boxes.append(u)
+    nblk = len(group[fd]) if folding else 1
+    cin = job.c0 + c_off
+    nin = job.n0 + n0
+    channels_last = plan.transpose_in != "dma"
+    if not folding or not channels_last:
+        # direct: each fold block straight from HBM
+        ext = [len_of(b) for b in boxes]
+        raw_t = onchip_dtype(cv.X.dtype)
+        raw = cv.g.tile((nblk * ck, nb, *ext), raw_t, "sbuf", "cvin").ref()
+        if channels_last:
+            _fill_transposed(cv, raw, union, cin, ck, nin, nb)
+        else:
+            regions = []
+            for b in range(nblk):
+                bx = [bx[b] if isinstance(bx, list) else bx for bx in boxes]
+                regions.append((b * ck, bx))
+            _fill_direct(cv, raw, regions, cin, ck, nin, nb)
+        return _converted(cv, raw), boxes
+    raw_t = onchip_dtype(cv.X.dtype)
+    u = union[fd]
+    fext = [len_of(b) for b in boxes]
+    if (cv.nsp >= 2 and fd == cv.nsp - 2 and cv.X.dtype.itemsize in (2, 4)
+            and all(bx.lo - u.lo == b * u.step for b, bx in enumerate(boxes[fd]))):
+        # the fold's blocks are consecutive rows: TensorE transposes sliding windows of rows (exact on v3)
+        tile = cv.g.tile((nblk * ck, nb, *fext), raw_t, "sbuf", "cvin").ref()
+        _fill_transposed_fold(cv, tile, union, boxes[fd][0].step // u.step, nblk, cin, ck, nin, nb)
+        return _converted(cv, tile), boxes
+    # channels-last with folding: transpose the union box once, then copy each block's shifted rows
+    ext = [u.extent for u in union]
+    base = cv.g.tile((ck, nb, *ext), raw_t, "sbuf", "cvbase").ref()
+    _fill_transposed(cv, base, union, cin, ck, nin, nb)
+    tile = cv.g.tile((nblk * ck, nb, *fext), raw_t, "sbuf", "cvin").ref()
+    for b, bx in enumerate(boxes[fd]):
+        key = [slice(None)] * (cv.nsp + 1)
+        start = (bx.lo - u.lo) // u.step
+        step = bx.step // u.step if bx.extent > 1 else 1
+        key[fd + 1] = slice(start, start + (bx.extent - 1) * step + 1, step)
+        dkey = [slice(None)] * (cv.nsp + 1)
+        cv.g.add("dma", "dma", tile[(slice(b * ck, (b + 1) * ck), *dkey)], base[(slice(None), *key)])
+    return _converted(cv, tile), boxes
+
+
+def len_of(b: Box | list[Box]) -> int:
+    return b[0].extent if isinstance(b, list) else b.extent
+
+
+def _converted(cv: Conv, raw: Ref) -> Ref:
+    """``raw`` in the multiply type (one engine copy when the input's type is another)."""
+    if raw.dtype is cv.mt:
+        return raw
+    t = cv.g.tile(raw.shape, cv.mt, "sbuf", "cvinc").ref()
+    cv.g.add("pool" if raw.dtype.is_int and cv.mt.is_int else "dve", "tensor_copy", t, raw)
+    return t
+
+
+def _valid(bx: Box, n: int) -> tuple[int, int]:
+    """Tile indices ``[lo, hi)`` of a box that hold input elements."""
+    lo = 0 if bx.lo >= 0 else -(bx.lo // bx.step)
+    last = (n - 1 - bx.lo) // bx.step if bx.lo <= n - 1 else -1
+    return lo, max(lo, min(bx.extent, last + 1))
+
+
+def _memset(cv: Conv, t: Ref, value: float | int = 0) -> None:
+    cv.g.add("pool", "memset", t, value=value)
+
+
+def _fill_direct(cv: Conv, tile: Ref, regions: list, cin: int, ck: int, nin: int, nb: int) -> None:
+    """DMA each region's input box (partitions from ``p0``) into ``tile``, zero where it is padding."""
+    n_in = cv.geo.in_spatial
+    loads = []
+    pad = False
+    for p0, bxs in regions:
+        dst_key: list = [slice(p0, p0 + ck), slice(None)]
+        src_key: list = [slice(nin, nin + nb), slice(cin, cin + ck)]
+        empty = False
+        for d, bx in enumerate(bxs):
+            lo, hi = _valid(bx, n_in[d])
+            if lo >= hi:
+                empty = True
+                break
+            pad = pad or lo > 0 or hi < bx.extent
+            dst_key.append(slice(lo, hi))
+            a = bx.lo + lo * bx.step
+            src_key.append(slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step))
+        if empty:
+            pad = True
+            continue
+        perm = (1, 0, *range(2, cv.nsp + 2))
+        loads.append((tile[tuple(dst_key)], cv.X[tuple(src_key)].permute(*perm)))
+    if pad:
+        _memset(cv, tile)
+    for dst, src in loads:
+        cv.g.add("dma", "dma", dst, src)
+
+
+def _rows(valid: list[tuple[int, int]], nb: int, seg_cap: int, cap: int, max_rows: int = 1 << 30
+          ) -> Iterator[tuple[int, tuple, int, tuple[int, int]]]:
+    """Blocks of positions for the transposing loads and stores: ``(n, outer indices, rows along the
+    last outer dimension, (w0, w1) along the innermost)``: at most ``seg_cap`` positions along the
+    innermost dimension (one transpose's partitions), ``cap`` in all and ``max_rows`` rows."""
+    *outer, (w0, w1) = valid
+    segs = [(a, min(w1, a + seg_cap)) for a in range(w0, w1, seg_cap)]
+    if not outer:
+        for n in range(nb):
+            for sg in segs:
+                yield n, (), 1, sg
+        return
+    *head, (r0, r1) = outer
+    for n in range(nb):
+        for hidx in product(*(range(a, b) for a, b in head)):
+            for sg in segs:
+                m = max(1, min(max_rows, cap // (sg[1] - sg[0])))
+                for r in range(r0, r1, m):
+                    yield n, (*hidx, r), min(m, r1 - r), sg
+
+
+def _fill_transposed(cv: Conv, tile: Ref, bxs: list[Box], cin: int, ck: int, nin: int, nb: int) -> None:
+    """Fill ``tile [ck, nb, E...]`` (channels on partitions) from a channels-last input, a block of
+    positions at a time: on NeuronCore-v3 a DMA transpose; on v2 one DMA of ``[positions along the
+    innermost dimension, rows, channels]`` (runs of whole channel vectors), a TensorE transpose per row
+    into one PSUM bank and one copy out of it."""
+    g = cv.g
+    n_in = cv.geo.in_spatial
+    valid = [_valid(bx, n) for bx, n in zip(bxs, n_in)]
+    if any(lo >= hi for lo, hi in valid):
+        _memset(cv, tile)
+        return
+    if any(lo > 0 or hi < bx.extent for (lo, hi), bx in zip(valid, bxs)):
+        _memset(cv, tile)
+    use_dma = cv.plan.transpose_in == "dma_transpose"
+    nsp = cv.nsp
+    bank = cv.lw.target.psum_bank_bytes // 4
+    seg_cap = DMA_T_BLOCK if use_dma else PE_BLOCK
+    for n, outer, rn, (w0, w1) in _rows(valid, nb, seg_cap, DMA_T_BLOCK if use_dma else bank):
+        wn = w1 - w0
+        src_key: list = [nin + n, slice(cin, cin + ck)]
+        dst_key: list = [slice(None), n]
+        for d in range(nsp - 1):
+            bx = bxs[d]
+            e = outer[d]
+            if d == nsp - 2:
+                a = bx.lo + e * bx.step
+                src_key.append(slice(a, a + (rn - 1) * bx.step + 1, bx.step))
+                dst_key.append(slice(e, e + rn))
+            else:
+                src_key.append(bx.lo + e * bx.step)
+                dst_key.append(e)
+        bx = bxs[-1]
+        a = bx.lo + w0 * bx.step
+        src_key.append(slice(a, a + (wn - 1) * bx.step + 1, bx.step))
+        dst_key.append(slice(w0, w1))
+        src = cv.X[tuple(src_key)]  # [ck, (rows), w]
+        dst = tile[tuple(dst_key)]  # [ck, (rows), w]
+        if use_dma:
+            rows = src.permute(*range(1, len(src.shape)), 0)  # [(rows), w, ck]
+            try:
+                flat = rows.reshape(rn * wn, ck)
+                flat.shape  # noqa: B018 - resolves the chain
+                g.add("dma", "dma_transpose", dst, flat)
+            except (AccessError, IndexError):
+                for k in range(rn):
+                    g.add("dma", "dma_transpose", dst[:, k] if nsp > 1 else dst, rows[k] if nsp > 1 else rows)
+            continue
+        # [w, rows, ck]: partition = position along the innermost dimension
+        tmp = g.tile((wn, rn, ck), src.dtype, "sbuf", "cvtin").ref()
+        g.add("dma", "dma", tmp, src.reshape(ck, rn, wn).permute(2, 1, 0))
+        ps = g.tile((ck, rn, wn), dt.F32, "psum", "cvtps").ref()
+        for k in range(rn):
+            g.add("pe", "transpose", ps[:, k], tmp[:, k])
+        _evacuate(cv, dst, ps if nsp > 1 else ps[:, 0])
+
+
+def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nblk: int, cin: int, ck: int,
+                          nin: int, nb: int) -> None:
+    """Fill a folded tile ``[nblk * ck, nb, ..., rows, w]`` from a channels-last input whose fold blocks
+    are consecutive rows (taps ``b`` of the row dimension): the union's rows ``[w, rows, ck]`` are loaded
+    once per block of rows, and one TensorE transpose of the contiguous window ``[w, nblk * ck]`` of
+    rows ``j * rstep ..`` gives every block of fold row ``j`` at once (a transpose costs its source's
+    partitions, so the fold's extra rows cost nothing)."""
+    g = cv.g
+    nsp = cv.nsp
+    n_in = cv.geo.in_spatial
+    rd = nsp - 2
+    u = union[rd]
+    cnt = tile.shape[2 + rd]
+    kk = nblk * ck
+    valid = [_valid(bx, n) for bx, n in zip(union, n_in)]
+    w0, w1 = valid[-1]
+    outer_valid = valid[:rd]
+    if w0 >= w1 or any(lo >= hi for lo, hi in outer_valid):
+        _memset(cv, tile)
+        return
+    if w0 > 0 or w1 < union[-1].extent or any(lo > 0 or hi < bx.extent for (lo, hi), bx in zip(outer_valid, union)):
+        _memset(cv, tile)
+    bank = cv.lw.target.psum_bank_bytes // 4
+    segs = [(a, min(w1, a + PE_BLOCK)) for a in range(w0, w1, PE_BLOCK)]
+    for n in range(nb):
+        for hidx in product(*(range(a, b) for a, b in outer_valid)):
+            for sw0, sw1 in segs:
+                seg = sw1 - sw0
+                m = max(1, bank // seg)
+                for j0 in range(0, cnt, m):
+                    rn = min(m, cnt - j0)
+                    r0 = j0 * rstep  # union rows r0 .. r0 + R - 1
+                    R = (rn - 1) * rstep + nblk
+                    vlo, vhi = _valid(Box(u.lo + r0 * u.step, u.step, R), n_in[rd])
+                    tmp = g.tile((seg, R, ck), cv.X.dtype, "sbuf", "cvtin").ref()
+                    if vlo > 0 or vhi < R:
+                        _memset(cv, tmp)
+                    if vlo < vhi:
+                        key: list = [nin + n, slice(cin, cin + ck)]
+                        key += [union[d].lo + e * union[d].step for d, e in enumerate(hidx)]
+                        a = u.lo + (r0 + vlo) * u.step
+                        key.append(slice(a, a + (vhi - vlo - 1) * u.step + 1, u.step))
+                        bw = union[-1]
+                        a = bw.lo + sw0 * bw.step
+                        key.append(slice(a, a + (seg - 1) * bw.step + 1, bw.step))
+                        g.add("dma", "dma", tmp[:, vlo:vhi], cv.X[tuple(key)].permute(2, 1, 0))
+                    ps = g.tile((kk, rn, seg), dt.F32, "psum", "cvtps").ref()
+                    for k in range(rn):
+                        a = k * rstep
+                        g.add("pe", "transpose", ps[:, k], tmp[:, a:a + nblk].reshape(seg, kk))
+                    _evacuate(cv, tile[(slice(None), n, *hidx, slice(j0, j0 + rn), slice(sw0, sw1))], ps)
+
+
+def _moving(cv: Conv, tile: Ref, boxes: list, combo: Combo, chunk: Chunk, group: Group, taps: TapCombo,
+            k: int) -> Ref:
+    """The moving operand of one matmul: the tile's view that the tap combination reads."""
+    plan = cv.plan
+    folding = plan.fold > 1
+    key: list = [slice(0, k), slice(None)]
+    for d, cls in enumerate(combo):
+        ja, jn = chunk[d + 1]
+        if folding and d == plan.fold_dim:
+            key.append(slice(0, jn))
+            continue
+        bx = boxes[d]
+        tp = taps[d]
+        start = (tp.i0 + ja * cls.istep - bx.lo) // bx.step
+        step = cls.istep // bx.step if jn > 1 else 1
+        key.append(slice(start, start + (jn - 1) * step + 1, step))
+    return tile[tuple(key)]
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], group: Group, taps: TapCombo
+                ) -> Ref:
+    """The stationary operand ``[K, O_tile]`` of one matmul (weights of the tap combination)."""
+    plan = cv.plan
+    g = cv.g
+    nsp = cv.nsp
+    c_off, ck = ct
+    o_off, on = ot
+    if job.pack > 1:
+        return _packed(cv, job, taps)
+    W = cv.W
+    o0 = job.o0 + o_off
+    wperm = (1, *range(2, nsp + 2), 0)  # [I, K..., O]
+    if plan.fold > 1:
+        fd = plan.fold_dim
+        fk = tuple(tp.k for tp in group[fd])
+        key = ("fold", job, ct, ot, fk)
+        wt = cv.weights.get(key)
+        if wt is None:
+            raw_t = onchip_dtype(W.dtype)
+            kshape = [W.shape[2 + d] for d in range(nsp) if d != fd]
+            raw = g.tile((len(fk) * ck, *kshape, on), raw_t, "sbuf", "cvw").ref()
+            for b, kk in enumerate(fk):
+                src_key = [slice(o0, o0 + on), slice(c_off, c_off + ck)] + \
+                    [kk if d == fd else slice(None) for d in range(nsp)]
+                src = W[tuple(src_key)]
+                g.add("dma", "dma", raw[b * ck:(b + 1) * ck], src.permute(*range(1, len(src.shape)), 0))
+            wt = cv.weights[key] = _weights_converted(cv, raw)
+        idx = [taps[d].k for d in range(nsp) if d != fd]
+        return wt[(slice(None), *idx, slice(None))]
+    key = ("all", job, ct, ot)
+    wt = cv.weights.get(key)
+    if wt is None:
+        raw = g.tile((ck, *W.shape[2:], on), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
+        src = W[o0:o0 + on, c_off:c_off + ck].permute(*wperm)
+        g.add("dma", "dma", raw, src)
+        wt = cv.weights[key] = _weights_converted(cv, raw)
+    return wt[(slice(None), *(tp.k for tp in taps), slice(None))]
+
+
+def _weights_converted(cv: Conv, raw: Ref) -> Ref:
+    if raw.dtype is cv.mt:
+        return raw
+    t = cv.g.tile(raw.shape, cv.mt, "sbuf", "cvwc").ref()
+    cv.g.add("dve", "tensor_copy", t, raw)
+    return t
+
+
+def _packed(cv: Conv, job: Job, taps: TapCombo) -> Ref:
+    """A block-diagonal stationary ``[pack * I, pack * Og]`` for ``pack`` feature groups at once: the
+    weights of group ``g`` on rows ``g*I..`` and columns ``g*Og..``, zero elsewhere (a select, not a
+    product, so a NaN weight stays in its group)."""
+    g = cv.g
+    nsp = cv.nsp
+    I, Og, gp = cv.geo.in_channels, cv.geo.out_channels, job.pack
+    cp = gp * I
+    key = ("packraw", job)
+    raw = cv.weights.get(key)
+    W = cv.W
+    if raw is None:
+        raw = g.tile((cp, Og, *W.shape[2:]), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
+        if I == 1:
+            src = W[job.o0:job.o0 + gp * Og, 0]
+            g.add("dma", "dma", raw, src.reshape(gp, Og, *W.shape[2:]))
+        else:
+            for k in range(gp):
+                src = W[job.o0 + k * Og:job.o0 + (k + 1) * Og]
+                g.add("dma", "dma", raw[k * I:(k + 1) * I], src.permute(1, 0, *range(2, nsp + 2)))
+        cv.weights[key] = raw
+    mkey = (cp, gp, Og, I)
+    if mkey not in cv.masks:
+        u = g.tile((cp, gp, Og), dt.F32, "sbuf", "cvmu").ref()
+        # u = 2p - 2I*g - (I-1): |u| <= I-1 exactly when row p belongs to group g
+        g.add("pool", "iota", u, base=-(I - 1), channel_multiplier=2, steps=(-2 * I, 0))
+        mask = g.tile((cp, gp, Og), dt.U8, "sbuf", "cvmask").ref()
+        g.add("dve", "tensor_scalar", mask, u, op0="abs_max", scalar0=0.0, op1="le", scalar1=float(I - 1))
+        zero = g.tile((cp, gp, Og), cv.mt, "sbuf", "cvzero").ref()
+        g.add("pool", "memset", zero, value=0)
+        cv.masks[mkey] = (mask, zero)
+    mask, zero = cv.masks[mkey]
+    skey = ("pack", job, tuple(tp.k for tp in taps))
+    st = cv.weights.get(skey)
+    if st is None:
+        col = raw[(slice(None), slice(None), *(tp.k for tp in taps))]  # [cp, Og]
+        st = g.tile((cp, gp, Og), cv.mt, "sbuf", "cvst").ref()
+        g.add("dve", "select", st, mask, col.reshape(cp, 1, Og).broadcast(1, gp), zero)
+        st = cv.weights[skey] = st.reshape(cp, gp * Og)
+    return st
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], res: Ref) -> None:
+    """The block's results ``[O_tile, nb, j...]`` to their places in Y (class progressions)."""
+    g = cv.g
+    o_off, on = ot
+    (n0, nb), sp = chunk[0], chunk[1:]
+    o0 = job.o0 + o_off
+    qkeys = []
+    for cls, (ja, jn) in zip(combo, sp):
+        a = cls.first + ja * cls.step
+        qkeys.append(slice(a, a + (jn - 1) * cls.step + 1, cls.step))
+    if cv.plan.transpose_out == "dma" or cv.nsp == 0:
+        dst = cv.Y[(slice(n0, n0 + nb), slice(o0, o0 + on), *qkeys)].permute(1, 0, *range(2, cv.nsp + 2))
+        g.add("dma", "dma", dst, res)
+        return
+    # channels-last result: blocks of up to 128 positions transposed on TensorE into one PSUM bank, one
+    # copy out of it and one DMA of whole channel vectors
+    bank = cv.lw.target.psum_bank_bytes // 4
+    nsp = cv.nsp
+    npos = math.prod(jn for _, jn in sp)
+    flat_ok = True
+    flats = []
+    for n in range(nb):
+        dst = cv.Y[(n0 + n, slice(o0, o0 + on), *qkeys)]
+        try:
+            flat = dst.permute(*range(1, nsp + 1), 0).reshape(npos, on)
+            flat.shape  # noqa: B018 - resolves the chain: positions that do not merge need rows
+        except (AccessError, IndexError):
+            flat_ok = False
+            break
+        flats.append(flat)
+    if flat_ok:
+        bp = max((b for b in range(64, PE_BLOCK + 1) if npos % b == 0), default=min(npos, PE_BLOCK))
+        per_bank = max(1, bank // on)
+        for n, flat in enumerate(flats):
+            src = res[:, n].reshape(on, npos) if nsp > 1 else res[:, n]
+            p0 = 0
+            while p0 < npos:
+                full = min(per_bank, (npos - p0) // bp)
+                if full == 0:  # a last, partial block
+                    pn = npos - p0
+                    ps = g.tile((pn, on), dt.F32, "psum", "cvtps").ref()
+                    g.add("pe", "transpose", ps, src[:, p0:npos])
+                    tmp = g.tile((pn, on), cv.out_t, "sbuf", "cvtout").ref()
+                    _evacuate(cv, tmp, ps)
+                    g.add("dma", "dma", flat[p0:npos], tmp)
+                    break
+                ps = g.tile((bp, full, on), dt.F32, "psum", "cvtps").ref()
+                for k in range(full):
+                    a = p0 + k * bp
+                    g.add("pe", "transpose", ps[:, k], src[:, a:a + bp])
+                tmp = g.tile((bp, full, on), cv.out_t, "sbuf", "cvtout").ref()
+                _evacuate(cv, tmp, ps)
+                g.add("dma", "dma", flat[p0:p0 + full * bp].reshape(full, bp, on).permute(1, 0, 2), tmp)
+                p0 += full * bp
+        return
+    valid = [(0, jn) for _, jn in sp]
+    for n, outer, rn, (w0, w1) in _rows(valid, nb, PE_BLOCK, bank * PE_BLOCK, max(1, bank // on)):
+        seg = w1 - w0
+        dkey: list = [n0 + n, slice(o0, o0 + on)]
+        rkey: list = [slice(None), n]
+        for d in range(nsp - 1):
+            q = qkeys[d]
+            e = outer[d]
+            if d == nsp - 2:
+                dkey.append(slice(q.start + e * q.step, q.start + (e + rn - 1) * q.step + 1, q.step))
+                rkey.append(slice(e, e + rn))
+            else:
+                dkey.append(q.start + e * q.step)
+                rkey.append(e)
+        q = qkeys[-1]
+        dkey.append(slice(q.start + w0 * q.step, q.start + (w1 - 1) * q.step + 1, q.step))
+        rkey.append(slice(w0, w1))
+        dst = cv.Y[tuple(dkey)]  # [on, (rows), w]
+        blk = res[tuple(rkey)]  # [on, (rows), w]
+        ps = g.tile((seg, rn, on), dt.F32, "psum", "cvtps").ref()
+        for k in range(rn):
+            g.add("pe", "transpose", ps[:, k], blk[:, k] if nsp > 1 else blk)
+        tmp = g.tile((seg, rn, on), cv.out_t, "sbuf", "cvtout").ref()
+        _evacuate(cv, tmp, ps)
+        g.add("dma", "dma", dst.reshape(on, rn, seg).permute(2, 1, 0), tmp)
+
+
+# --- windows on VectorE/GpSimd (reduce-window, select-and-scatter) ---------------------------------
+
+@dataclass
+class WinBlock:
+    """One tile of a windowed operator: per dimension its output class and range ``(ja, jn)``, the taps
+    active in the range and (except along the partition dimension) the input box the tile holds.
+    Along the partition dimension ``part`` each partition is one output and the tile's axis 1 holds
+    the input rows of the active taps ``taps[part]``."""
+
+    classes: tuple[WindowClass, ...]
+    ranges: tuple[tuple[int, int], ...]
+    taps: list[list[Tap]]
+    boxes: list[Box | None]
+    part: int | None
+
+    @property
+    def P(self) -> int:  # noqa: N802 - the partition count
+        return self.ranges[self.part][1] if self.part is not None else 1
+
+    @property
+    def empty(self) -> bool:
+        return any(not t for t in self.taps)
+
+    def acc_shape(self) -> tuple[int, ...]:
+        free = tuple(jn for k, (_, jn) in enumerate(self.ranges) if k != self.part)
+        return (self.P, *free) if free else (self.P, 1)
+
+    def tile_shape(self) -> tuple[int, ...]:
+        ext = tuple(b.extent for k, b in enumerate(self.boxes) if k != self.part and b is not None)
+        if self.part is not None:
+            return (self.P, len(self.taps[self.part]), *ext)
+        return (1, *ext) if ext else (1, 1)
+
+    def combos(self) -> list[tuple[Tap, ...]]:
+        """Every tap combination, in the window's row-major order."""
+        return list(product(*self.taps))
+
+    def view(self, tile: Ref, combo: tuple[Tap, ...]) -> Ref:
+        """The tile's elements that tap combination ``combo`` brings to the block's outputs."""
+        key: list = [slice(0, self.P)]
+        if self.part is not None:
+            ti = self.taps[self.part].index(combo[self.part])
+            key.append(slice(ti, ti + 1))
+        for k, (cls, (ja, jn)) in enumerate(zip(self.classes, self.ranges)):
+            if k == self.part:
+                continue
+            bx = self.boxes[k]
+            assert bx is not None
+            tp = combo[k]
+            start = (tp.i0 + ja * cls.istep - bx.lo) // bx.step
+            step = cls.istep // bx.step if jn > 1 else 1
+            key.append(slice(start, start + (jn - 1) * step + 1, step))
+        return tile[tuple(key)]
+
+    def out_view(self, Y: Ref) -> Ref:
+        """The block's outputs in ``Y`` (partition dimension first)."""
+        key = []
+        for cls, (ja, jn) in zip(self.classes, self.ranges):
+            a = cls.first + ja * cls.step
+            key.append(slice(a, a + (jn - 1) * cls.step + 1, cls.step))
+        v = Y[tuple(key)] if key else Y
+        if self.part is not None and self.part != 0:
+            perm = [self.part] + [k for k in range(len(key)) if k != self.part]
+            v = v.permute(*perm)
+        return v
+
+    def invalid(self, shape: tuple[int, ...], combo: tuple[Tap, ...]) -> bool:
+        """Does the tap combination meet padding or holes anywhere in the block?"""
+        for k, (cls, (ja, jn)) in enumerate(zip(self.classes, self.ranges)):
+            lo, hi = cls.valid(combo[k].i0, shape[k], ja, ja + jn)
+            if lo > ja or hi < ja + jn:
+                return True
+        return False
+
+    def valid_region(self, shape: tuple[int, ...], combo: tuple[Tap, ...]) -> tuple | None:
+        """The outputs of the block (as an index of the accumulator) where the combination meets input."""
+        key: list = []
+        part_key = slice(0, self.P)
+        for k, (cls, (ja, jn)) in enumerate(zip(self.classes, self.ranges)):
+            lo, hi = cls.valid(combo[k].i0, shape[k], ja, ja + jn)
+            if lo >= hi:
+                return None
+            if k == self.part:
+                part_key = slice(lo - ja, hi - ja)
+            else:
+                key.append(slice(lo - ja, hi - ja))
+        return (part_key, *key) if key else (part_key, slice(0, 1))
+
+
+def _win_blocks(shape: tuple[int, ...], window: tuple[WindowDim, ...], out_shape: tuple[int, ...],
+                plan: WindowPlan) -> Iterator[WinBlock]:
+    classes = [window_classes(n, w.size, w.stride, w.pad_lo, w.lhs_dilation, w.rhs_dilation, q)
+               for n, w, q in zip(shape, window, out_shape)]
+    for combo in product(*classes):
+        extents = [c.count for c in combo]
+        for ranges in product(*(_tiles(n, min(n, c)) for n, c in zip(extents, plan.chunk))):
+            taps: list[list[Tap]] = []
+            boxes: list[Box | None] = []
+            for k, (cls, (ja, jn)) in enumerate(zip(combo, ranges)):
+                act = []
+                for t, i0 in cls.taps:
+                    lo, hi = cls.valid(i0, shape[k], ja, ja + jn)
+                    if lo < hi:
+                        act.append(Tap(t, i0, t))
+                taps.append(act)
+                boxes.append(_box(act, cls.istep, ja, jn) if act and k != plan.part else None)
+            yield WinBlock(tuple(combo), tuple(ranges), taps, boxes, plan.part)
+
+
+def _win_load(lw: Lowering, X: Ref, blk: WinBlock, dtype: dt.DType, fill: float | int) -> Ref:
+    """The block's input tile (``fill`` where the window meets padding or holes)."""
+    g = lw.graph
+    shape = X.shape
+    tile = g.tile(blk.tile_shape(), dtype, "sbuf", "winin").ref()
+    loads = []
+    pad = False
+    part_taps = blk.taps[blk.part] if blk.part is not None else [None]
+    for ti, ptap in enumerate(part_taps):
+        dkey: list = []
+        skey: list = [None] * len(shape)
+        empty = False
+        if blk.part is not None:
+            cls = blk.classes[blk.part]
+            ja, jn = blk.ranges[blk.part]
+            lo, hi = cls.valid(ptap.i0, shape[blk.part], ja, ja + jn)
+            if lo >= hi:
+                pad = True
+                continue
+            pad = pad or lo > ja or hi < ja + jn
+            dkey += [slice(lo - ja, hi - ja), slice(ti, ti + 1)]
+            a = ptap.i0 + lo * cls.istep
+            skey[blk.part] = slice(a, a + (hi - lo - 1) * cls.istep + 1, cls.istep)
+        else:
+            dkey.append(slice(0, 1))
+        for k, bx in enumerate(blk.boxes):
+            if k == blk.part:
+                continue
+            assert bx is not None
+            lo, hi = _valid(bx, shape[k])
+            if lo >= hi:
+                empty = True
+                break
+            pad = pad or lo > 0 or hi < bx.extent
+            dkey.append(slice(lo, hi))
+            a = bx.lo + lo * bx.step
+            skey[k] = slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step)
+        if empty:
+            pad = True
+            continue
+        src = X[tuple(skey)] if skey else X
+        if blk.part is not None and blk.part != 0:
+            src = src.permute(blk.part, *(k for k in range(len(shape)) if k != blk.part))
+        loads.append((tile[tuple(dkey)], src))
+    if pad:
+        g.add("pool" if dtype.is_int else "dve", "memset", tile, value=fill)
+    for dst, src in loads:
+        g.add("dma", "dma", dst, src)
+    return tile
+
+
+# reduction body operator -> (ALU operation, identity for floats, for signed ints, for unsigned ints)
+WIN_OPS = {"add": "add", "multiply": "mul", "maximum": "max", "minimum": "min"}
+
+
+def _identity(op: str, d: dt.DType) -> float | int:
+    """What a skipped window position holds: the element the operation leaves unchanged."""
+    if op == "add" or op == "or" or op == "xor":
+        return 0
+    if op == "mul":
+        return 1
+    if op == "and":
+        return -1 if d.is_signed else (1 << (8 * d.itemsize)) - 1
+    low = op == "max"
+    if d.is_float:
+        return float("-inf") if low else float("inf")
+    if d.name == "u8":  # predicates: false/true
+        return 0 if low else 1
+    bits = 8 * d.itemsize
+    if d.is_signed:
+        return -(1 << (bits - 1)) if low else (1 << (bits - 1)) - 1
+    return 0 if low else (1 << bits) - 1
+
+
+def _single_op(body: Computation) -> str | None:
+    """The ALU operation of a body that is one commutative operator of its two parameters."""
+    root = body.root
+    if len(body.params) != 2 or len(root.operands) != 2 or \
+            {o.id for o in root.operands} != {p.id for p in body.params}:
+        return None
+    if root.op in WIN_OPS:
+        return WIN_OPS[root.op]
+    if root.op in ("and", "or"):
+        if root.dtype.is_pred:
+            return "min" if root.op == "and" else "max"
+        return root.op
+    if root.op == "xor" and not root.dtype.is_pred:
+        return "xor"
+    return None
+
+
+def _acc_type(d: dt.DType, op: str) -> dt.DType:
+    """Where a window reduction accumulates: fp32 for floats, exact 32-bit integers on GpSimd."""
+    if d.is_float:
+        return dt.F32
+    if d.name == "u8" and op in ("min", "max"):
+        return dt.U8
+    if op in ("and", "or", "xor"):
+        return d
+    return dt.S32 if d.is_signed or d.name == "u8" else dt.U32
+
+
+def _window_plan(lw: Lowering, X: Ref, window: tuple[WindowDim, ...], out_shape: tuple[int, ...],
+                 itemsize: int, trivial_part: bool = False) -> WindowPlan:
+    dims = lw.graph.resolved(X).ap.dims
+    inner = next((k for k in range(len(dims) - 1, -1, -1) if dims[k][0] > 1 and dims[k][1] == 1), None)
+    return window_plan(tuple(X.shape), window, out_shape, itemsize, inner, lw.target, trivial_part)
+
+
+def _init_operand(lw: Lowering, init: Node, shape: tuple[int, ...], dtype: dt.DType) -> Operand:
+    """The init value as an immediate, or as a tile broadcast from HBM."""
+    v = lw.scalar(init)
+    if v is not None:
+        return v
+    g = lw.graph
+    t = g.tile((shape[0], 1), onchip_dtype(init.dtype), "sbuf", "wininit").ref()
+    src = lw.ref(init)
+    g.add("dma", "dma", t, src.reshape(1, 1).broadcast(0, shape[0]))
+    full = g.tile(shape, dtype, "sbuf", "wininitf").ref()
+    view = t.reshape(shape[0], *([1] * (len(shape) - 1)))
+    for k in range(1, len(shape)):
+        if shape[k] > 1:
+            view = view.broadcast(k, shape[k])
+    Tiles(g, shape).copy_into(full, view)
+    return full
+
+
+def _memset_value(lw: Lowering, shape: tuple[int, ...], value: Operand, dtype: dt.DType, name: str) -> Ref:
+    t = lw.graph.tile(shape, dtype, "sbuf", name).ref()
+    if isinstance(value, Ref):
+        Tiles(lw.graph, shape).copy_into(t, value)
+    else:
+        lw.graph.add("pool" if dtype.is_int else "dve", "memset", t, value=value)
+    return t
+
+
+@lowers("reduce-window")
+def reduce_window(lw: Lowering, node: Node) -> None:
+    """Pooling and its relatives on VectorE (GpSimd for exact 32-bit integers), window position by
+    window position over strided views of one input tile per block (:class:`WindowPlan`): a body that
+    is one commutative operator (add, multiply, maximum, minimum, and, or, xor) accumulates in fp32
+    (exact integers) with skipped positions holding its identity, then meets the init value once; any
+    other body (variadic argmax, ...) is evaluated elementwise on tiles (``backend/elementwise.py``'s
+    emitters), one window position after another from the init values, a position that meets padding
+    or a hole leaving the accumulators as they were."""
+    n = len(node.operands) // 2
+    xs, inits = node.operands[:n], node.operands[n:]
+    body: Computation = node.attrs["to_apply"]
+    window = tuple(node.attrs["window"])
+    X = [lw.ref(x) for x in xs]
+    leaves = list(node.type.leaves())
+    out_shape = tuple(leaves[0].shape)
+    if len(leaves) == 1 and not isinstance(node.type, TupleType):
+        Ys = [lw.result(node)]
+    else:
+        Ys = [lw.graph.buf(f"{node.name}_{k}", "scratch", device_dtype(t.dtype, node), t.shape).ref()
+              for k, t in enumerate(leaves)]
+        lw.set(node, tuple(Ys))
+    if not out_shape and not xs[0].shape:
+        window = ()
+    op = _single_op(body) if n == 1 else None
+    x_t = [onchip_dtype(x.dtype) for x in X]
+    plan = _window_plan(lw, X[0], window, out_shape, max(d.itemsize for d in x_t))
+    in_shape = tuple(X[0].shape)
+    Xv = [x.reshape(1) if not in_shape else x for x in X]
+    Yv = [y.reshape(1) if not out_shape else y for y in Ys]
+    shape0 = in_shape or (1,)
+    win = window or (WindowDim(),)
+    outs0 = out_shape or (1,)
+    for blk in _win_blocks(shape0, win, outs0, plan):
+        if op is not None:
+            _rw_single(lw, node, blk, Xv[0], Yv[0], x_t[0], op, inits[0], shape0)
+        else:
+            _rw_general(lw, node, blk, Xv, Yv, x_t, body, inits, shape0)
+
+
+def _rw_single(lw: Lowering, node: Node, blk: WinBlock, X: Ref, Y: Ref, x_t: dt.DType, op: str, init: Node,
+               shape: tuple[int, ...]) -> None:
+    g = lw.graph
+    out_t = onchip_dtype(Y.dtype)
+    acc_t = _acc_type(x_t, op)
+    ashape = blk.acc_shape()
+    t = Tiles(g, ashape, "rw")
+    init_v = _init_operand(lw, init, ashape, acc_t)
+    if blk.empty:
+        res = _memset_value(lw, ashape, init_v, out_t, "rwres")
+        g.add("dma", "dma", blk.out_view(Y), res)
+        return
+    tile = _win_load(lw, X, blk, x_t, _identity(op, x_t))
+    combos = blk.combos()
+    acc = t.tile(acc_t)
+    if len(combos) == 1:
+        t.copy_into(acc, blk.view(tile, combos[0]))
+    else:
+        t.binary_into(acc, op, blk.view(tile, combos[0]), blk.view(tile, combos[1]))
+        for c in combos[2:]:
+            t.binary_into(acc, op, acc, blk.view(tile, c))
+    res = t.tile(out_t)
+    t.binary_into(res, op, acc, init_v)
+    g.add("dma", "dma", blk.out_view(Y), res)
+
+
+def _eval_body(lw: Lowering, body: Computation, args: list[Operand], shape: tuple[int, ...]) -> list[Operand]:
+    """A scalar computation evaluated elementwise on tiles of ``shape`` (the elementwise emitters)."""
+    from nxsat.backend.elementwise import EMITTERS, Kernel
+
+    k = Kernel(lw, Tiles(lw.graph, shape, "body"))
+    val: dict[int, object] = {}
+    for p, a in zip(body.params, args):
+        val[p.id] = a
+    for nd in body.post_order():
+        if nd.id in val:
+            continue
+        ops = [val[o.id] for o in nd.operands]
+        if nd.op == "constant":
+            v = lw.scalar(nd)
+            if v is None:
+                raise error("NCC_EUOC002", f"{body.name}: constant {nd.name} is not a scalar", nd.loc)
+            val[nd.id] = v
+        elif nd.op == "tuple":
+            val[nd.id] = tuple(ops)
+        elif nd.op == "get-tuple-element":
+            val[nd.id] = ops[0][nd.attrs["index"]]  # type: ignore[index]
+        elif nd.op in ("broadcast", "reshape", "copy", "bitcast") and len(ops) == 1 and nd.shape == ():
+            val[nd.id] = ops[0]
+        elif nd.op in EMITTERS:
+            out = EMITTERS[nd.op](k, nd, ops)  # type: ignore[arg-type]
+            want = onchip_dtype(device_dtype(nd.dtype))
+            if isinstance(out, Ref) and out.dtype is not want:
+                out = k.t.copy(out, want)
+            val[nd.id] = out
+        else:
+            raise error("NCC_EUOC002", f"{body.name}: operator {nd.op} ({nd.name}) cannot run in a window body: "
+                        "bodies run elementwise on VectorE/GpSimd, and the backend has no elementwise form of it",
+                        nd.loc, "see docs/backend.md, 'Convolution and windows'")
+    root = val[body.root.id]
+    return list(root) if isinstance(root, tuple) else [root]  # type: ignore[arg-type]
+
+
+def _as_tile(lw: Lowering, v: Operand, shape: tuple[int, ...], dtype: dt.DType, name: str) -> Ref:
+    if isinstance(v, Ref):
+        return v
+    return _memset_value(lw, shape, v, dtype, name)
+
+
+def _valid_mask(lw: Lowering, blk: WinBlock, shape: tuple[int, ...], combo: tuple[Tap, ...]) -> Ref | None:
+    """A 0/1 tile of the block's outputs where the tap combination meets input (None: everywhere)."""
+    if not blk.invalid(shape, combo):
+        return None
+    g = lw.graph
+    ashape = blk.acc_shape()
+    m = g.tile(ashape, dt.U8, "sbuf", "winvalid").ref()
+    g.add("dve", "memset", m, value=0)
+    region = blk.valid_region(shape, combo)
+    if region is not None:
+        dst = m[region]
+        one = lw.const(np.ones(1, dtype=np.uint8), dt.U8, "one").reshape(*([1] * len(dst.shape)))
+        for k, s in enumerate(dst.shape):
+            if s > 1:
+                one = one.broadcast(k, s)
+        g.add("dma", "dma", dst, one)
+    return m
+
+
+def _rw_general(lw: Lowering, node: Node, blk: WinBlock, X: list[Ref], Y: list[Ref], x_t: list[dt.DType],
+                body: Computation, inits: list[Node], shape: tuple[int, ...]) -> None:
+    g = lw.graph
+    n = len(X)
+    ashape = blk.acc_shape()
+    acc_t = [onchip_dtype(device_dtype(p.type.dtype)) for p in body.params[:n]]
+    out_t = [onchip_dtype(y.dtype) for y in Y]
+    accs: list[Operand] = [_init_operand(lw, i, ashape, d) for i, d in zip(inits, acc_t)]
+    if not blk.empty:
+        tiles = [_win_load(lw, x, blk, d, 0) for x, d in zip(X, x_t)]
+        t = Tiles(g, ashape, "rw")
+        for combo in blk.combos():
+            xs = [blk.view(tl, combo) for tl in tiles]
+            new = _eval_body(lw, body, [*accs, *xs], ashape)
+            mask = _valid_mask(lw, blk, shape, combo)
+            if mask is not None:
+                new = [t.select(mask, nv, a, d) for nv, a, d in zip(new, accs, acc_t)]
+            accs = new
+    for a, y, d in zip(accs, Y, out_t):
+        res = _as_tile(lw, a, ashape, d, "rwres")
+        if res.dtype is not d:
+            res = Tiles(g, ashape).copy(res, d)
+        g.add("dma", "dma", blk.out_view(y), res)
+
+
+def _win_store(lw: Lowering, Y: Ref, blk: WinBlock, tile: Ref) -> None:
+    """The part of an input-shaped tile that lies inside ``Y`` (a tile without a tap axis of more than
+    one: the partition dimension, if any, is one the window leaves alone), stored back."""
+    shape = Y.shape
+    dkey: list = []
+    skey: list = [None] * len(shape)
+    if blk.part is not None:
+        ja, jn = blk.ranges[blk.part]
+        dkey += [slice(0, jn), slice(0, 1)]
+        skey[blk.part] = slice(ja, ja + jn)
+    else:
+        dkey.append(slice(0, 1))
+    for k, bx in enumerate(blk.boxes):
+        if k == blk.part:
+            continue
+        assert bx is not None
+        lo, hi = _valid(bx, shape[k])
+        if lo >= hi:
+            return
+        dkey.append(slice(lo, hi))
+        a = bx.lo + lo * bx.step
+        skey[k] = slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step)
+    dst = Y[tuple(skey)] if skey else Y
+    if blk.part is not None and blk.part != 0:
+        dst = dst.permute(blk.part, *(k for k in range(len(shape)) if k != blk.part))
+    lw.graph.add("dma", "dma", dst, tile[tuple(dkey)])
+
+
+@lowers("select-and-scatter")
+def select_and_scatter(lw: Lowering, node: Node) -> None:
+    """Max-pool gradients: per block of windows (a dimension the window leaves alone on the partitions,
+    :class:`WindowPlan`), the ``select`` body picks one element per window, window position by window
+    position in row-major order (a later element replaces the pick when ``select(pick, element)`` is
+    false; padding and holes are never picked), keeping the pick's window position; then, window
+    positions in reverse row-major order (so that every target sees its sources in row-major order,
+    as XLA applies them), ``scatter(target, source)`` replaces each target its window picked, on a
+    strided view of an input-shaped tile that starts at the init value. Blocks whose targets overlap
+    (windows that cross a block's edge) meet through HBM: the output starts as the init value there and
+    each block adds its share in turn."""
+    operand, source, init = node.operands
+    window = tuple(node.attrs["window"])
+    select: Computation = node.attrs["select"]
+    scatter: Computation = node.attrs["scatter"]
+    X, S = lw.ref(operand), lw.ref(source)
+    Y = lw.result(node)
+    g = lw.graph
+    x_t, s_t, o_t = onchip_dtype(X.dtype), onchip_dtype(S.dtype), onchip_dtype(Y.dtype)
+    shape, out_shape = tuple(X.shape), tuple(S.shape)
+    if not shape:  # a scalar: its one window picks it
+        X, S, Y = X.reshape(1), S.reshape(1), Y.reshape(1)
+        shape, out_shape, window = (1,), (1,), (WindowDim(),)
+    plan = _window_plan(lw, X, window, out_shape, max(x_t.itemsize, o_t.itemsize), trivial_part=True)
+    blocks = list(_win_blocks(shape, window, out_shape, plan))
+    whole = len(blocks) == 1 and all(
+        (k == blk.part and blk.ranges[k][1] == shape[k]) or
+        (bx is not None and bx.step == 1 and bx.lo <= 0 and bx.lo + bx.extent >= shape[k])
+        for blk in blocks for k, bx in enumerate(blk.boxes))
+    init_v = lw.scalar(init)
+    if not whole:
+        # the output starts as the init value everywhere; each block then updates its targets
+        fill = lw.ref(init).reshape(*([1] * len(shape)))
+        for k, n in enumerate(shape):
+            if n > 1:
+                fill = fill.broadcast(k, n)
+        g.add("dma", "dma", Y, fill)
+    for blk in blocks:
+        if blk.empty:
+            if whole:
+                _win_store(lw, Y, blk, _memset_value(lw, blk.tile_shape(), init_v if init_v is not None else 0,
+                                                      o_t, "sasout"))
+            continue
+        ashape = blk.acc_shape()
+        t = Tiles(g, ashape, "sas")
+        xt = _win_load(lw, X, blk, x_t, 0)
+        st = g.tile(ashape, s_t, "sbuf", "sassrc").ref()
+        g.add("dma", "dma", st, blk.out_view(S))
+        if whole:
+            if init_v is not None:
+                ot = _memset_value(lw, blk.tile_shape(), init_v, o_t, "sasout")
+            else:
+                ot = g.tile(blk.tile_shape(), o_t, "sbuf", "sasout").ref()
+                fill = lw.ref(init).reshape(*([1] * len(ot.shape)))
+                for k, n in enumerate(ot.shape):
+                    if n > 1:
+                        fill = fill.broadcast(k, n)
+                g.add("dma", "dma", ot, fill)
+        else:
+            ot = _win_load(lw, Y, blk, o_t, init_v if init_v is not None else 0)
+        combos = blk.combos()
+        # select: the pick's value, its window position, whether the window has met an element yet
+        chosen = t.copy(blk.view(xt, combos[0]), x_t)
+        idx = t.memset(0.0, dt.F32)
+        seen = _valid_mask(lw, blk, shape, combos[0])
+        for k, c in enumerate(combos[1:], 1):
+            xc = blk.view(xt, c)
+            keep = _eval_body(lw, select, [chosen, xc], ashape)[0]
+            if not isinstance(keep, Ref):
+                keep = t.memset(int(bool(keep)), dt.U8)
+            both = keep if seen is None else t.binary("mul", seen, keep, dt.U8)
+            take = t.binary("eq", both, 0, dt.U8)
+            valid = _valid_mask(lw, blk, shape, c)
+            if valid is not None:
+                take = t.binary("mul", take, valid, dt.U8)
+                if seen is not None:
+                    seen = t.binary("max", seen, valid, dt.U8)
+            elif seen is not None:
+                seen = None
+            chosen = t.select(take, xc, chosen, x_t)
+            idx = t.select(take, float(k), idx, dt.F32)
+        # scatter, window positions in reverse row-major order
+        for k in range(len(combos) - 1, -1, -1):
+            target = blk.view(ot, combos[k])
+            hit = t.binary("eq", idx, float(k), dt.U8)
+            if seen is not None:
+                hit = t.binary("mul", hit, seen, dt.U8)
+            new = _eval_body(lw, scatter, [target, st], ashape)[0]
+            new = _as_tile(lw, new, ashape, o_t, "sasnew")
+            g.add("pool" if o_t.name in ("s32", "u32") and new.dtype.name in ("s32", "u32") else "dve", "select",
+                  target, hit, new, target)
+        _win_store(lw, Y, blk, ot)

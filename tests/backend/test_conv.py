@@ -1,0 +1,382 @@
+"""The convolution family (backend/conv.py): convolution, reduce-window and select-and-scatter compiled,
+simulated on trn1 and trn2 and compared with the reference interpreter (or XLA's outputs).
+
+Besides the corpus cases (tests/data/xla_ops), synthetic cases reach the paths the small cases do not:
+several channel tiles and output-channel tiles, several PSUM banks of outputs, channels-last layouts
+wider than one transpose, group packing, transposed convolutions, and plans forced to their limits
+(tiny budgets: chunks shrunk, taps split over tiles, weights reloaded, blocks of windows meeting in
+HBM). Their inputs are small integers, so every summation order gives the same result exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from harness import DATA, assert_device_matches, device_run, module_of, random_inputs, reference_run
+
+from nxsat import sim
+from nxsat.attrs import WindowDim
+from nxsat.backend import compile_graph
+from nxsat.backend import conv as conv_module
+from nxsat.diagnostics import NxsatError
+from nxsat.extract import plan as plans
+from nxsat.ir import Module
+
+TARGETS = ["trn1", "trn2"]
+XLA_CASES = sorted(p.stem for p in (DATA / "xla_ops").glob("*.hlo")
+                   if p.stem.startswith(("conv_", "reduce_window_", "select_and_scatter_", "avgpool_grad")))
+
+
+def _npz_inputs(path) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:  # noqa: ANN001
+    ref = np.load(path)
+    inputs = {k: ref[k] for k in ref.files if k.startswith("in")}
+    outs = [ref[f"out{i}"] for i in range(sum(1 for k in ref.files if k.startswith("out")))]
+    return inputs, outs
+
+
+def small_ints(module: Module, seed: int = 0, lo: int = -3, hi: int = 4) -> dict[str, np.ndarray]:
+    """Integer-valued inputs (exact sums in any order, in any float type)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i, p in enumerate(module.entry.params):
+        t = p.type
+        a = rng.integers(lo, hi, t.shape)
+        out[f"in{i}"] = a.astype(np.float32) if t.dtype.is_float else a.astype(t.dtype.np)
+    return out
+
+
+def test_xla_cases_found() -> None:
+    assert len(XLA_CASES) == 36  # 21 convolution, 8 reduce-window, 6 select-and-scatter, avgpool_grad
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", XLA_CASES)
+def test_xla_op_case(name: str, target: str) -> None:
+    inputs, _ = _npz_inputs(DATA / "xla_ops" / f"{name}.npz")
+    assert_device_matches(module_of(DATA / "xla_ops" / f"{name}.hlo"), inputs, target)
+
+
+# --- synthetic convolutions ------------------------------------------------------------------------
+
+def conv_hlo(x: str, w: str, out: str, attrs: str, dtype: str = "f32", out_dtype: str | None = None) -> str:
+    od = out_dtype or dtype
+    return f"""HloModule conv
+ENTRY main {{
+  x = {dtype}[{x}] parameter(0)
+  w = {dtype}[{w}] parameter(1)
+  ROOT c = {od}[{out}] convolution(x, w), {attrs}
+}}
+"""
+
+
+CONVS = {
+    # two channel tiles (128 + 32), two output-channel tiles (128 + 64), several PSUM banks
+    "nchw_tiles": conv_hlo("2,160,12,30", "192,160,3,3", "2,192,12,30", "window={size=3x3 pad=1_1x1_1}, "
+                           "dim_labels=bf01_oi01->bf01"),
+    # channels-last both ways, strided, asymmetric padding, a channel tile of 2 after 128
+    "nhwc_strided": conv_hlo("2,13,11,130", "3,3,130,40", "2,7,5,40", "window={size=3x3 stride=2x2 "
+                             "pad=1_1x0_0}, dim_labels=b01f_01io->b01f"),
+    # a stem: 3 channels, 7x7 taps folded into the partitions, input rows wider than one transpose
+    "stem_wide": conv_hlo("1,20,150,3", "7,7,3,16", "1,10,75,16", "window={size=7x7 stride=2x2 pad=3_3x3_3}, "
+                          "dim_labels=b01f_01io->b01f"),
+    # results wider than one transpose
+    "nhwc_wide_out": conv_hlo("1,4,200,8", "3,3,8,12", "1,4,200,12", "window={size=3x3 pad=1_1x1_1}, "
+                              "dim_labels=b01f_01io->b01f"),
+    # depthwise over two packs of channels (128 + 32), bf16, weights a parameter
+    "depthwise_bf16": conv_hlo("1,160,10,10", "160,1,3,3", "1,160,10,10", "window={size=3x3 pad=1_1x1_1}, "
+                               "dim_labels=bf01_oi01->bf01, feature_group_count=160", "bf16"),
+    # groups of 8 inputs and 16 outputs, four to a matmul
+    "groups_packed": conv_hlo("1,32,9,9", "64,8,3,3", "1,64,7,7", "window={size=3x3}, dim_labels=bf01_oi01->bf01, "
+                              "feature_group_count=4"),
+    # depthwise with a channel multiplier, channels-last
+    "depthwise_multiplier": conv_hlo("1,6,6,4", "3,3,1,8", "1,6,6,8", "window={size=3x3 pad=1_1x1_1}, "
+                                     "dim_labels=b01f_01io->b01f, feature_group_count=4"),
+    # transposed convolution: base dilation 3 with stride 2 (three classes of outputs), reversed window
+    "transposed": conv_hlo("1,16,5,6", "8,16,3,4", "1,8,8,8", "window={size=3x4 stride=2x2 pad=2_2x1_2 "
+                           "lhs_dilate=3x3 rhs_reversal=1x1}, dim_labels=bf01_oi01->bf01"),
+    # channels-last transposed convolution: results at every other position (stored row by row)
+    "transposed_nhwc": conv_hlo("1,5,6,8", "3,3,8,12", "1,11,13,12", "window={size=3x3 pad=2_2x2_2 lhs_dilate=2x2}, "
+                                "dim_labels=b01f_01io->b01f"),
+    # channels-last, a prime number of positions: a last, partial transpose block
+    "nhwc_prime": conv_hlo("1,1,131,8", "1,1,8,6", "1,1,131,6", "window={size=1x1}, dim_labels=b01f_01io->b01f"),
+    # classes of outputs no tap reaches (their results are zero)
+    "holes": conv_hlo("1,2,4", "3,2,1", "1,3,10", "window={size=1 lhs_dilate=3}, dim_labels=bf0_oi0->bf0"),
+    # a 1-d convolution with the batch in the PSUM block, window dilation
+    "batched_1d": conv_hlo("6,5,40", "4,5,3", "6,4,36", "window={size=3 rhs_dilate=2}, dim_labels=bf0_oi0->bf0"),
+    # bf16 operands, f32 result (preferred element type)
+    "bf16_to_f32_nhwc": conv_hlo("2,9,9,24", "3,3,24,40", "2,9,9,40", "window={size=3x3 pad=1_1x1_1}, "
+                                 "dim_labels=b01f_01io->b01f", "bf16", "f32"),
+    # weight gradient: batch groups over a channels-last input
+    "weight_grad": conv_hlo("6,8,8,4", "6,6,6,6", "3,3,2,6", "window={size=6x6}, dim_labels=f01b_i01o->01bf, "
+                            "batch_group_count=2"),
+    # integers: s32 sums exact below 2^24
+    "s32_nhwc": conv_hlo("1,7,7,20", "3,3,20,9", "1,5,5,9", "window={size=3x3}, dim_labels=b01f_01io->b01f", "s32"),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(CONVS))
+def test_conv_paths(name: str, target: str) -> None:
+    m = module_of(CONVS[name])
+    assert_device_matches(m, small_ints(m), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name,budget", [("nchw_tiles", 256), ("stem_wide", 256), ("nhwc_strided", 16),
+                                         ("groups_packed", 16), ("transposed", 16), ("weight_grad", 16)])
+def test_conv_tight_budgets(name: str, budget: int, target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budgets far below the real ones: chunks shrink (to single positions), taps split over several
+    input tiles, weights reload per block and output-channel tiles move outside the blocks."""
+    monkeypatch.setattr(plans, "TILE_BUDGET", budget)
+    monkeypatch.setattr(plans, "WEIGHT_BUDGET", 64)
+    m = module_of(CONVS[name])
+    geo_plans = []
+    orig = plans.conv_plan
+
+    def spy(geo: plans.ConvGeometry, t: sim.Target) -> plans.ConvPlan:
+        geo_plans.append((geo, orig(geo, t)))
+        return geo_plans[-1][1]
+
+    monkeypatch.setattr(conv_module, "conv_plan", spy)
+    assert_device_matches(m, small_ints(m), target)
+    geo, p = geo_plans[0]
+    assert not p.cache_weights
+    assert math.prod(p.chunk) < math.prod(plans.chunk_of(
+        (geo.batch, *(max(c.count for c in cl) for cl in geo.classes())), 512))
+    if budget == 16 and name != "transposed":  # (its taps are one per class, or folded)
+        taps = [len(c[0].taps) for c in geo.classes()]
+        assert any(b < n for d, (b, n) in enumerate(zip(p.tap_block, taps)) if not (p.fold > 1 and d == p.fold_dim))
+
+
+def _geo(**kw) -> plans.ConvGeometry:  # noqa: ANN003
+    base = dict(batch=1, in_channels=64, out_channels=64, groups=1, batch_groups=1, in_spatial=(56, 56),
+                out_spatial=(56, 56), window=(WindowDim(3, 1, 1, 1),) * 2, dtype="f32", itemsize=4)
+    base.update(kw)
+    return plans.ConvGeometry(**base)
+
+
+def test_conv_plan_decisions() -> None:
+    t1, t2 = sim.load_target("trn1"), sim.load_target("trn2")
+    p = plans.conv_plan(_geo(), t1)
+    # 64 channels: two taps of a row on the partitions; 8 rows of 56 outputs per PSUM bank
+    assert (p.pack, p.c_tile, p.fold, p.o_tile) == (1, 64, 2, 64)
+    assert p.chunk == (1, 8, 56) and p.transpose_in == "dma"
+    assert p.matmuls(_geo()) == 7 * 2 * 3
+    stem = _geo(in_channels=3, in_spatial=(230, 230), out_spatial=(112, 112),
+                window=(WindowDim(7, 2),) * 2, channels_last_in=True, channels_last_out=True)
+    ps = plans.conv_plan(stem, t1)
+    assert (ps.fold, ps.c_tile) == (7, 3) and ps.transpose_in == "pe" and ps.transpose_out == "pe"
+    assert plans.conv_plan(stem, t2).transpose_in == "dma_transpose"
+    dw = _geo(in_channels=1, out_channels=1, groups=256)
+    pd = plans.conv_plan(dw, t1)
+    assert (pd.pack, pd.fold) == (128, 1) and pd.matmuls(dw) == 2 * 7 * 9
+    big = _geo(in_channels=512, out_channels=512, in_spatial=(7, 7), out_spatial=(7, 7))
+    pb = plans.conv_plan(big, t1)
+    assert pb.chunk_outer and pb.matmuls(big) == 4 * 4 * 9  # one block: inputs and weights loaded once
+    # a window too wide for one tile: taps split over tiles
+    wide = _geo(in_channels=128, out_channels=8, in_spatial=(120, 120), out_spatial=(5, 5),
+                window=(WindowDim(116, 1),) * 2)
+    pw = plans.conv_plan(wide, t1)
+    assert pw.tap_block[0] < 116 and pw.fold == 1
+
+
+def test_window_classes() -> None:
+    # base dilation 3, stride 2: outputs fall in 3 classes, each tap meets real elements in one of them
+    cls = plans.window_classes(5, 3, 2, 2, 3, 1, 7)
+    assert [(c.first, c.step, c.count, c.istep) for c in cls] == [(0, 3, 3, 2), (1, 3, 2, 2), (2, 3, 2, 2)]
+    assert [t for c in cls for t, _ in c.taps] == [2, 0, 1]
+
+
+# --- synthetic windows -----------------------------------------------------------------------------
+
+def window_hlo(x: str, out: str, op: str, init: str, attrs: str, dtype: str = "f32") -> str:
+    return f"""HloModule rw
+body {{
+  a = {dtype}[] parameter(0)
+  b = {dtype}[] parameter(1)
+  ROOT r = {dtype}[] {op}(a, b)
+}}
+ENTRY main {{
+  x = {dtype}[{x}] parameter(0)
+  i = {dtype}[] constant({init})
+  ROOT y = {dtype}[{out}] reduce-window(x, i), window={{{attrs}}}, to_apply=body
+}}
+"""
+
+
+WINDOWS = {
+    "maxpool_nhwc": window_hlo("2,30,30,64", "2,15,15,64", "maximum", "-inf",
+                               "size=1x3x3x1 stride=1x2x2x1 pad=0_0x1_1x1_1x0_0"),
+    "avgpool_nchw_tiles": window_hlo("1,130,9,9", "1,130,4,4", "add", "0", "size=1x1x2x2 stride=1x1x2x2"),
+    "cumsum_long": window_hlo("4,300", "4,300", "add", "0", "size=1x300 pad=0_0x299_0"),
+    "bf16_max_dilated": window_hlo("3,20,20", "3,9,20", "maximum", "-inf",
+                                   "size=1x3x2 stride=1x2x1 pad=0_0x1_0x1_0 lhs_dilate=1x1x1 rhs_dilate=1x2x1",
+                                   "bf16"),
+    "s32_min_base_dilated": window_hlo("6,7", "6,13", "minimum", "2147483647", "size=1x3 lhs_dilate=1x2 pad=0_0x1_1",
+                                       "s32"),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_reduce_window_paths(name: str, target: str) -> None:
+    m = module_of(WINDOWS[name])
+    assert_device_matches(m, small_ints(m, lo=-50, hi=50), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 512)
+    monkeypatch.setattr(plans, "WINDOW_FREE", 16)
+    m = module_of(WINDOWS["maxpool_nhwc"])
+    assert_device_matches(m, small_ints(m, lo=-50, hi=50), target)
+
+
+SAS = """HloModule sas
+sel {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=GE
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[2,12,12,16] parameter(0)
+  s = f32[2,6,6,16] parameter(1)
+  init = f32[] constant(0)
+  ROOT r = f32[2,12,12,16] select-and-scatter(x, s, init), window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x1_1x1_1x0_0},
+    select=sel, scatter=add
+}
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("tight", [False, True])
+def test_select_and_scatter_paths(target: str, tight: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlapping windows with ties (first maximum wins); with a tight budget the blocks' targets
+    overlap and meet through HBM."""
+    if tight:
+        monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 256)
+        monkeypatch.setattr(plans, "WINDOW_FREE", 8)
+    m = module_of(SAS)
+    assert_device_matches(m, small_ints(m, lo=0, hi=4), target)
+
+
+def test_window_body_outside_the_device_is_refused() -> None:
+    """A body with an operator that has no elementwise form (a scalar dot) is refused, naming it."""
+    text = WINDOWS["cumsum_long"].replace(
+        "ROOT r = f32[] add(a, b)", "ROOT r = f32[] dot(a, b), lhs_contracting_dims={}, rhs_contracting_dims={}")
+    m = module_of(text)
+    with pytest.raises(NxsatError) as e:
+        compile_graph(m, sim.load_target("trn1"))
+    assert e.value.code == "NCC_EUOC002" and "operator dot" in str(e.value) and e.value.loc is not None
+
+
+def test_whole_image_weight_gradient_is_refused() -> None:
+    """A weight gradient over whole 112x112 images of a batch of 96 (mobilenet_v2's) is refused, naming the
+    convolution and the matmul count, rather than compiled into millions of instructions."""
+    text = conv_hlo("96,32,112,112", "96,16,112,112", "1,1,32,16", "window={size=112x112}, "
+                    "dim_labels=fb01_io01->01bf")
+    with pytest.raises(NxsatError) as e:
+        compile_graph(module_of(text), sim.load_target("trn1"))
+    assert e.value.code == "NCC_EUOC002" and "matmuls" in e.value.message and e.value.loc is not None
+
+
+# --- models ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("optimized", [False, True])
+def test_convnet_matches_xla(target: str, optimized: bool) -> None:
+    inputs, expected = _npz_inputs(DATA / "jax" / "convnet.npz")
+    assert_device_matches(module_of(DATA / "jax" / "convnet.hlo", optimized=optimized), inputs, target,
+                          expected=expected)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_unet_tiny_matches_xla(target: str) -> None:
+    inputs, expected = _npz_inputs(DATA / "jax" / "unet_tiny.npz")
+    m = module_of(DATA / "jax" / "unet_tiny.hlo", optimized=True)
+    try:
+        compile_graph(m, sim.load_target(target))
+    except NxsatError as e:
+        if e.code == "NCC_EUOC002" and any(op in str(e) for op in ("gather", "iota")):
+            pytest.skip(f"unet_tiny needs the indexing family: {e}")
+        raise
+    assert_device_matches(m, inputs, target, expected=expected)
+
+
+UNET_CONVS = """HloModule unet_convs
+ENTRY main {
+  x = f32[1,8,8,2] parameter(0)
+  w1 = f32[3,3,2,8] parameter(1)
+  w2 = f32[3,3,8,16] parameter(2)
+  w3 = f32[3,3,16,16] parameter(3)
+  w4 = f32[3,3,24,8] parameter(4)
+  w5 = f32[1,1,8,2] parameter(5)
+  up = f32[1,8,8,16] parameter(6)
+  c1 = f32[1,8,8,8] convolution(x, w1), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  c2 = f32[1,4,4,16] convolution(c1, w2), window={size=3x3 stride=2x2 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  c3 = f32[1,4,4,16] convolution(c2, w3), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  cat = f32[1,8,8,24] concatenate(c1, up), dimensions={3}
+  c4 = f32[1,8,8,8] convolution(cat, w4), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  c5 = f32[1,8,8,2] convolution(c4, w5), window={size=1x1}, dim_labels=b01f_01io->b01f
+  ROOT t = (f32[1,4,4,16], f32[1,8,8,2]) tuple(c3, c5)
+}
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_unet_convolutions(target: str) -> None:
+    """unet_tiny's convolutions (its upsampling needs gather): channels-last, strided, after a concat."""
+    m = module_of(UNET_CONVS)
+    assert_device_matches(m, small_ints(m, lo=-2, hi=3), target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_model(target: str) -> None:
+    m = module_of(DATA / "hlo" / "depthwise_conv_3x3_1x256x56x56_bf16.hlo")
+    model = assert_device_matches(m, random_inputs(m), target)
+    prof = model.profile()[0]
+    assert prof["latency_ns"] >= prof["roofline"]["bound_ns"]
+
+
+def resnet_inputs(module: Module, seed: int = 0) -> dict[str, np.ndarray]:
+    """The harness's seeded inputs, scaled like a trained network's: raw standard normals make the
+    batch-norm variances negative (every output NaN) and the activations overflow after a few layers.
+    Convolution and dense weights get a 1/sqrt(fan-in) scale, per-channel parameters 0.5..1.5."""
+    base = random_inputs(module, seed)
+    out = {}
+    for i, p in enumerate(module.entry.params):
+        a = base[f"in{i}"].astype(np.float64)
+        shape = p.type.shape
+        if p.name.startswith("state") and len(shape) == 4:
+            a = a / np.sqrt(np.prod(shape[:3]))
+        elif len(shape) == 2:
+            a = a / np.sqrt(shape[0])
+        elif len(shape) == 1:
+            a = 1.0 + 0.5 * np.tanh(a)
+        out[f"in{i}"] = a.astype(np.float32)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_resnet50(target: str) -> None:
+    m = module_of(DATA / "hlo" / "resnet50_keras_jax_f32.hlo", optimized=True)
+    inputs = resnet_inputs(m)
+    t0 = time.time()
+    got, model = device_run(m, inputs, target)
+    t1 = time.time()
+    want = reference_run(m, inputs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5 * float(np.abs(want[0]).max()))
+    for k in range(1, len(want)):  # the state passes through
+        np.testing.assert_array_equal(got[k], want[k])
+    prof = model.profile()[0]
+    assert prof["latency_ns"] >= prof["roofline"]["bound_ns"]
+    print(f"resnet50 {target}: compile+simulate {t1 - t0:.0f} s, latency {prof['latency_ns'] / 1e6:.2f} ms")
