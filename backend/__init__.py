@@ -33,7 +33,9 @@ class Compiled:
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:
     """Lower ``module``'s entry computation: the instruction graph and where every value lives."""
-    lw = Lowering(module, target, options or Options())
+    from nxsat.backend.conv import weight_gradients
+
+    lw = Lowering(weight_gradients(module), target, options or Options())
     lw.run()
     return lw
 

@@ -45,14 +45,16 @@ from itertools import product
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.attrs import ConvDims, WindowDim
+from nxsat.attrs import ConvDims, DotDims, SliceDim, WindowDim
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.matmul import operand_type
 from nxsat.backend.tiles import Operand, Tiles
+from nxsat.builder import Builder, infer_type
 from nxsat.diagnostics import error
 from nxsat.extract.plan import ConvGeometry, ConvPlan, WindowClass, WindowPlan, conv_plan, window_classes, window_plan
-from nxsat.ir import Computation, Node, TupleType
+from nxsat.ir import Computation, Module, Node, TensorType, TupleType
+from nxsat.passes import Rewriter, rewrite_module
 from nxsat.sim.program import AccessError
 
 PE_BLOCK = 128  # positions per TensorE transpose
@@ -1301,3 +1303,117 @@ def select_and_scatter(lw: Lowering, node: Node) -> None:
             g.add("pool" if o_t.name in ("s32", "u32") and new.dtype.name in ("s32", "u32") else "dve", "select",
                   target, hit, new, target)
         _win_store(lw, Y, blk, ot)
+
+
+# --- weight gradients: one dot per output position -------------------------------------------------
+
+def weight_gradients(module: Module) -> Module:
+    """Rewrite every convolution with more window taps than output positions (a weight gradient: its
+    window is a whole image, its output a kernel) as one contraction per output position.
+
+    The implicit GEMM contracts over input channels (there the training batch) one tap at a time:
+    96x112x112 taps make millions of matmuls with 96 rows each. Here each output position is a dot
+    over channels *and* taps (the batch and the image, K = 1.2M for mobilenet_v2's first layer, on
+    partitions 128 at a time), or, when a batch group has one channel in and out (the depthwise
+    layers' gradients), a multiply and a sum over the same elements on VectorE. Both read the
+    operands through slices (views, no copies); padding only narrows the slice.
+
+    Contract: the module computes the same values (the sums in another order, in fp32 as the
+    convolution accumulates)."""
+    return rewrite_module(module, _weight_gradient)
+
+
+def is_weight_gradient(node: Node) -> bool:
+    """More taps than outputs, no input dilation, no feature groups: the form :func:`weight_gradients` takes."""
+    if node.op != "convolution":
+        return False
+    window: tuple[WindowDim, ...] = tuple(node.attrs["window"])
+    d: ConvDims = node.attrs["dims"]
+    out = [node.shape[i] for i in d.output_spatial]
+    return (bool(window) and all(w.lhs_dilation == 1 for w in window)
+            and int(node.attrs.get("feature_group_count", 1) or 1) == 1
+            and math.prod(w.size for w in window) > math.prod(out))
+
+
+def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> Node | None:
+    if not is_weight_gradient(node):
+        return None
+    d: ConvDims = attrs["dims"]
+    window: tuple[WindowDim, ...] = tuple(attrs["window"])
+    G = int(attrs.get("batch_group_count", 1) or 1)
+    loc = node.loc
+    out_t = node.dtype
+
+    def op(name: str, operands: list[Node], **kw: object) -> Node:
+        return Node(name, operands, kw, infer_type(name, operands, kw, loc), "", loc)
+
+    X = op("transpose", [ops[0]], dimensions=(d.input_batch, d.input_feature, *d.input_spatial))  # [N', C, S]
+    W = op("transpose", [ops[1]], dimensions=(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial))
+    if X.dtype != out_t:
+        X = op("convert", [X], dtype=out_t)
+    if W.dtype != out_t:
+        W = op("convert", [W], dtype=out_t)
+    n_, c = X.shape[0], X.shape[1]
+    o = W.shape[0]
+    b, og = n_ // G, o // G
+    spatial = X.shape[2:]
+    out_sp = tuple(node.shape[i] for i in d.output_spatial)
+    nsp = len(window)
+    add = _add_body(out_t)
+    zero = op("constant", [], value=np.zeros((), out_t.np), type=TensorType(out_t, ()))
+
+    def position(q: tuple[int, ...]) -> Node:
+        """The [b, O] result at output position ``q``."""
+        xs, ws, rev = [], [], []
+        for k, (w, qi, s) in enumerate(zip(window, q, spatial)):
+            base = qi * w.stride - w.pad_lo
+            t0 = max(0, -(base // w.rhs_dilation))
+            t1 = min(w.size, (s - 1 - base) // w.rhs_dilation + 1) if s - 1 - base >= 0 else 0
+            if t1 <= t0:
+                return op("broadcast", [zero], shape=(b, o), dimensions=())
+            start = base + t0 * w.rhs_dilation
+            xs.append(SliceDim(start, start + (t1 - t0 - 1) * w.rhs_dilation + 1, w.rhs_dilation))
+            ws.append(SliceDim(w.size - t1, w.size - t0) if w.reversal else SliceDim(t0, t1))
+            if w.reversal:
+                rev.append(2 + k)
+        xq = op("slice", [X], slice=(SliceDim(0, n_), SliceDim(0, c), *xs))
+        wq = op("slice", [W], slice=(SliceDim(0, o), SliceDim(0, c), *ws))
+        if rev:
+            wq = op("reverse", [wq], dimensions=tuple(rev))
+        taps = tuple(range(2, 2 + nsp))
+        if G == 1:
+            return op("dot", [xq, wq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
+        tq = xq.shape[2:]
+        if b == 1 and og == 1:  # one channel per group: a product summed on VectorE
+            prod = op("multiply", [xq, wq])
+            total = op("reduce", [prod, zero], dimensions=(1, *taps), to_apply=add)
+            return op("reshape", [total], shape=(1, G))
+        xg = op("reshape", [xq], shape=(G, b, c, *tq))
+        wg = op("reshape", [wq], shape=(G, og, c, *tq))
+        taps3 = tuple(range(3, 3 + nsp))
+        r = op("dot", [xg, wg], dims=DotDims((2, *taps3), (2, *taps3), (0,), (0,)), dtype=out_t)  # [G, b, og]
+        return op("reshape", [op("transpose", [r], dimensions=(1, 0, 2))], shape=(b, o))
+
+    def assemble(prefix: tuple[int, ...]) -> Node:
+        """The [b, O, Q[k:]...] block of the result whose leading positions are ``prefix``."""
+        k = len(prefix)
+        if k == nsp:
+            return position(prefix)
+        parts = [assemble((*prefix, i)) for i in range(out_sp[k])]
+        parts = [op("reshape", [p], shape=(b, o, 1, *out_sp[k + 1:])) for p in parts]
+        return parts[0] if len(parts) == 1 else op("concatenate", parts, dimension=2)
+
+    canon = assemble(())  # [b, O, Q...]
+    perm = [0] * (2 + nsp)
+    perm[d.output_batch], perm[d.output_feature] = 0, 1
+    for j, i in enumerate(d.output_spatial):
+        perm[i] = 2 + j
+    out = op("transpose", [canon], dimensions=tuple(perm))
+    assert out.type == node.type, (out.type, node.type)
+    out.name = node.name
+    return out
+
+
+def _add_body(t: dt.DType) -> Computation:
+    b = Builder("add")
+    return b.build(b.op("add", [b.param(t, (), "a"), b.param(t, (), "b")]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from nxsat import dtypes as dt
@@ -100,8 +101,8 @@ class Ref:
             raise ValueError(f"cannot view {self.buf} as {dtype.name}")
         return Ref(self.buf, self.ops, None if dtype is self.buf.dtype else dtype)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
+    @cached_property
+    def shape(self) -> tuple[int, ...]:  # a Ref never changes: resolved once
         return resolve(self.access(), self.buf.tensor()).shape
 
     @property
@@ -197,19 +198,23 @@ class Inst:
 
 class _Track:
     """The accesses of one buffer a later access may still depend on (latest per footprint; an access
-    that covers older ones replaces them). An HBM buffer's accesses are also filed by the element
-    ranges they span (``BUCKETS`` buckets), so a new access meets only those that may overlap it:
-    a tensor read or written tile by tile would otherwise cost every tile a pass over all the others."""
+    that covers older ones replaces them). The accesses are also filed by the ranges they span
+    (``BUCKETS`` buckets of an HBM buffer's elements, or of an on-chip buffer's row bytes), so a new
+    access meets only those that may overlap it: a tensor read or written tile by tile would
+    otherwise cost every tile a pass over all the others. A read meets only the writes: reads of a
+    tensor written once and read tile by tile (whatever their spans) cost nothing among themselves."""
 
-    __slots__ = ("entries", "buckets", "wide", "shift", "serial")
+    __slots__ = ("entries", "buckets", "wide", "writes", "shift", "serial")
 
     def __init__(self, buf: Buf) -> None:
         self.entries: dict[int, tuple[RAccess, Inst, bool]] = {}
         self.serial = 0
-        elems = math.prod(buf.shape) if not buf.onchip else 0
+        # the span an access's (lo, hi) ranges over: flat elements in HBM, a partition row's bytes on chip
+        elems = math.prod(buf.shape[1:]) * buf.dtype.itemsize if buf.onchip else math.prod(buf.shape)
         self.shift = max(0, (elems // BUCKETS).bit_length()) if elems > BUCKETS else -1
         self.buckets: dict[int, set[int]] = {}
         self.wide: set[int] = set()
+        self.writes: set[int] = set()
 
     def _span(self, ra: RAccess) -> range | None:
         if self.shift < 0:
@@ -217,17 +222,21 @@ class _Track:
         first, last = ra.lo >> self.shift, max(ra.lo, ra.hi - 1) >> self.shift
         return range(first, last + 1) if last - first < WIDE_BUCKETS else None
 
-    def candidates(self, ra: RAccess) -> list[int]:
+    def candidates(self, ra: RAccess, write: bool) -> list[int]:
+        """The keys of the accesses that ``ra`` may conflict with (a write: every access it may
+        overlap; a read: the writes it may overlap), in the order they were made."""
         span = self._span(ra)
         if span is None:
-            return list(self.entries)
-        found = set(self.wide)
+            return list(self.entries) if write else sorted(self.writes)
+        found = set(self.wide) if write else self.wide & self.writes
         for b in span:
-            found.update(self.buckets.get(b, ()))
+            bucket = self.buckets.get(b, set())
+            found.update(bucket if write else bucket & self.writes)
         return sorted(found)
 
     def remove(self, key: int) -> None:
         ra = self.entries.pop(key)[0]
+        self.writes.discard(key)
         span = self._span(ra)
         if span is None:
             self.wide.discard(key)
@@ -239,6 +248,8 @@ class _Track:
         key = self.serial
         self.serial += 1
         self.entries[key] = (ra, inst, write)
+        if write:
+            self.writes.add(key)
         span = self._span(ra)
         if span is None:
             self.wide.add(key)
@@ -352,7 +363,7 @@ class Graph:
                 if tr is None:
                     tr = self._track[id(root)] = _Track(root)  # a view and its base: one memory
                 ra = self.resolved(r)
-                for key in tr.candidates(ra):
+                for key in tr.candidates(ra, is_write):
                     e_ra, e_inst, e_write = tr.entries[key]
                     if e_inst is inst:
                         continue

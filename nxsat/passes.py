@@ -40,10 +40,10 @@ def _node(op: str, operands: list[Node], attrs: dict[str, Any], t: Type, like: N
     return Node(op, operands, attrs, t, name or (like.name if like else ""), like.loc if like else None)
 
 
-class _Rewriter:
+class Rewriter:
     """Rebuilds computations bottom-up; ``expand`` decides what a node becomes."""
 
-    def __init__(self, expand: Callable[[_Rewriter, Node, list[Node], dict[str, Any]], Node | None]) -> None:
+    def __init__(self, expand: Callable[[Rewriter, Node, list[Node], dict[str, Any]], Node | None]) -> None:
         self.expand = expand
         self.memo: dict[int, Computation] = {}
 
@@ -75,8 +75,10 @@ class _Rewriter:
         return v
 
 
-def _rewrite_module(module: Module, expand: Callable[..., Node | None]) -> Module:
-    rw = _Rewriter(expand)
+def rewrite_module(module: Module, expand: Callable[..., Node | None]) -> Module:
+    """``module`` rebuilt bottom-up, each node replaced by what ``expand(rw, node, operands, attrs)``
+    returns (None: the node itself, on the rewritten operands)."""
+    rw = Rewriter(expand)
     entry = rw.computation(module.entry)
     out = Module(module.name, entry, attrs=dict(module.attrs), source=module.source, framework=module.framework)
     out.warnings.extend(module.warnings)
@@ -85,7 +87,7 @@ def _rewrite_module(module: Module, expand: Callable[..., Node | None]) -> Modul
 
 # --- inline-calls ----------------------------------------------------------------------------
 
-def _inline(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+def _inline(rw: Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
     if node.op in ("call", "fusion"):
         return rw.apply(attrs["to_apply"], ops)
     return None
@@ -93,7 +95,7 @@ def _inline(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -
 
 def inline_calls(module: Module) -> Module:
     """Replace every call and fusion by a copy of its callee's body."""
-    return _rewrite_module(module, _inline)
+    return rewrite_module(module, _inline)
 
 
 # --- if-convert ------------------------------------------------------------------------------
@@ -109,7 +111,7 @@ def _select_values(pred: Node, a: Node, b: Node, like: Node) -> Node:
     return _node("select", [pred, a, b], {}, a.type, like)
 
 
-def _if_convert(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+def _if_convert(rw: Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
     if node.op in ("call", "fusion"):
         return rw.apply(attrs["to_apply"], ops)
     if node.op != "conditional":
@@ -130,7 +132,7 @@ def _if_convert(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any
 
 def if_convert(module: Module) -> Module:
     """Run every branch of a conditional and select the result (branches are side-effect free)."""
-    return _rewrite_module(module, _if_convert)
+    return rewrite_module(module, _if_convert)
 
 
 # --- unroll-loops ----------------------------------------------------------------------------
@@ -221,7 +223,7 @@ def _eval_cone(interp: Interpreter, comp: Computation, target: Node, state: dict
     return results[target.id]
 
 
-def _unroll(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+def _unroll(rw: Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
     if node.op in ("call", "fusion"):
         return rw.apply(attrs["to_apply"], ops)
     if node.op != "while":
@@ -241,7 +243,7 @@ def _unroll(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -
 
 def unroll_loops(module: Module) -> Module:
     """Unroll while loops whose trip count is static (within the node budget)."""
-    return _rewrite_module(module, _unroll)
+    return rewrite_module(module, _unroll)
 
 
 # --- inline-maps -----------------------------------------------------------------------------
@@ -269,7 +271,7 @@ def _lift(body: Computation, args: list[Node], shape: tuple[int, ...], like: Nod
     return out[body.root.id]
 
 
-def _inline_map(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+def _inline_map(rw: Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
     if node.op != "map" or tuple(attrs.get("dimensions") or range(len(node.shape))) != tuple(range(len(node.shape))):
         return None
     return _lift(attrs["to_apply"], ops, node.shape, node)
@@ -277,10 +279,10 @@ def _inline_map(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any
 
 def inline_maps(module: Module) -> Module:
     """A map whose computation is elementwise becomes that computation on whole tensors."""
-    return _rewrite_module(module, _inline_map)
+    return rewrite_module(module, _inline_map)
 
 
-def _canonical(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+def _canonical(rw: Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
     if node.op in ("call", "fusion"):
         return rw.apply(attrs["to_apply"], ops)
     if node.op == "map":
@@ -302,7 +304,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in (
 
 def canonicalize(module: Module) -> Module:
     """All the passes in one rewrite (one traversal; each body is rewritten once)."""
-    return _rewrite_module(module, _canonical)
+    return rewrite_module(module, _canonical)
 
 
 def has_control_flow(comp: Computation) -> bool:
@@ -338,9 +340,9 @@ def fill_elided_constants(module: Module, seed: int = 0) -> Module:
             return rng.integers(0, 2, t.shape).astype(bool)
         return rng.integers(0, 16, t.shape).astype(t.dtype.np)
 
-    def expand(rw: _Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+    def expand(rw: Rewriter, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
         if node.op == "constant" and attrs.get("value") is None and isinstance(node.type, TensorType):
             return Node("constant", (), dict(attrs, value=value(node)), node.type, node.name, node.loc)
         return None
 
-    return _rewrite_module(module, expand)
+    return rewrite_module(module, expand)

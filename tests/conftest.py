@@ -17,6 +17,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# The backend tests share tests/backend/harness.py (imported as ``harness``): one conftest only, so that
+# ``from conftest import ...`` always finds this module.
+sys.path.insert(0, str(Path(__file__).parent / "backend"))
+
 DATA = Path(__file__).parent / "data"
 HLO_CORPUS = sorted((DATA / "hlo").glob("*.hlo"))
 JAX_CORPUS = sorted((DATA / "jax").glob("*.hlo"))

@@ -19,7 +19,7 @@ from harness import DATA, assert_device_matches, device_run, module_of, random_i
 
 from nxsat import sim
 from nxsat.attrs import WindowDim
-from nxsat.backend import compile_graph
+from nxsat.backend import compile_graph, lower_graph
 from nxsat.backend import conv as conv_module
 from nxsat.diagnostics import NxsatError
 from nxsat.extract import plan as plans
@@ -131,6 +131,8 @@ def test_conv_tight_budgets(name: str, budget: int, target: str, monkeypatch: py
     """Budgets far below the real ones: chunks shrink (to single positions), taps split over several
     input tiles, weights reload per block and output-channel tiles move outside the blocks."""
     monkeypatch.setattr(plans, "TILE_BUDGET", budget)
+    # the implicit GEMM, which a weight gradient would otherwise not take
+    monkeypatch.setattr(conv_module, "weight_gradients", lambda m: m)
     monkeypatch.setattr(plans, "WEIGHT_BUDGET", 64)
     m = module_of(CONVS[name])
     geo_plans = []
@@ -278,14 +280,45 @@ def test_window_body_outside_the_device_is_refused() -> None:
     assert e.value.code == "NCC_EUOC002" and "operator dot" in str(e.value) and e.value.loc is not None
 
 
-def test_whole_image_weight_gradient_is_refused() -> None:
-    """A weight gradient over whole 112x112 images of a batch of 96 (mobilenet_v2's) is refused, naming the
-    convolution and the matmul count, rather than compiled into millions of instructions."""
-    text = conv_hlo("96,32,112,112", "96,16,112,112", "1,1,32,16", "window={size=112x112}, "
-                    "dim_labels=fb01_io01->01bf")
-    with pytest.raises(NxsatError) as e:
-        compile_graph(module_of(text), sim.load_target("trn1"))
-    assert e.value.code == "NCC_EUOC002" and "matmuls" in e.value.message and e.value.loc is not None
+WEIGHT_GRADS = {
+    # mobilenet_v2's forms, on smaller images: 1x1 kernels over whole images, a stride-2 3x3 layer's
+    # gradient (window dilation 2, padding on one side), a depthwise layer's (a batch group per
+    # channel), a grouped one with two channels per group, and a reversed window
+    "1x1": ("6,40,12,12", "6,24,12,12", "1,1,40,24", "window={size=12x12}, dim_labels=fb01_io01->01bf"),
+    "3x3_stride2": ("5,3,16,16", "5,8,8,8", "3,3,3,8",
+                    "window={size=8x8 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf"),
+    "depthwise": ("4,144,10,10", "4,144,10,10", "3,3,1,144",
+                  "window={size=10x10 pad=1_1x1_1}, dim_labels=fb01_io01->01bf, batch_group_count=144"),
+    "grouped": ("4,12,9,9", "4,12,9,9", "3,3,2,12",
+                "window={size=9x9 pad=1_1x1_1}, dim_labels=fb01_io01->01bf, batch_group_count=6"),
+    "reversed": ("3,4,7,7", "3,5,5,5", "3,3,4,5", "window={size=5x5 rhs_reversal=1x0}, dim_labels=fb01_io01->01bf"),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", sorted(WEIGHT_GRADS))
+def test_weight_gradients_are_contractions_per_output_position(case: str, target: str) -> None:
+    """A convolution with more taps than outputs becomes one contraction per output position (over the
+    batch and the image) instead of millions of one-tap matmuls, and computes the same values."""
+    m = module_of(conv_hlo(*WEIGHT_GRADS[case]))
+    (conv,) = [n for n in m.entry.post_order() if n.op == "convolution"]
+    assert conv_module.is_weight_gradient(conv)
+    rewritten = conv_module.weight_gradients(m)
+    ops = {n.op for n in rewritten.entry.post_order()}
+    assert "convolution" not in ops and ("dot" in ops or "reduce" in ops)
+    assert_device_matches(m, None, target)
+
+
+def test_first_layer_gradient_is_one_contraction_per_kernel_position() -> None:
+    """mobilenet_v2's first weight gradient (here 4 images of 224x224; 3x3 kernel, stride 2) lowers to
+    one dot per kernel position with K = 4x112x112 on partitions: about 9 x 4x112x112/128 matmuls, where
+    the implicit GEMM would take one matmul per tap and position (more than 100,000)."""
+    m = module_of(conv_hlo("4,3,224,224", "4,32,112,112", "3,3,3,32",
+                           "window={size=112x112 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf"))
+    lw = lower_graph(m, sim.load_target("trn1"))
+    mm = sum(1 for i in lw.graph.insts if i.opcode == "matmul")
+    ideal = 9 * 4 * 112 * 112 / 128
+    assert 0.95 * ideal <= mm <= 1.15 * ideal, (mm, ideal)
 
 
 # --- models ----------------------------------------------------------------------------------------

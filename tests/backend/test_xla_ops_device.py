@@ -7,6 +7,7 @@ checks that no case is left out."""
 from __future__ import annotations
 
 import pytest
+import test_conv
 import test_elementwise
 import test_indexing
 import test_reduce
@@ -19,8 +20,8 @@ from nxsat.passes import canonicalize
 
 XLA = DATA / "xla_ops"
 ALL = sorted(p.stem for p in XLA.glob("*.hlo"))
-FAMILY_TESTS = {"test_elementwise": set(test_elementwise.CASES), "test_indexing": set(test_indexing.CASES),
-                "test_reduce": set(test_reduce.CASES)}
+FAMILY_TESTS = {"test_conv": set(test_conv.XLA_CASES), "test_elementwise": set(test_elementwise.CASES),
+                "test_indexing": set(test_indexing.CASES), "test_reduce": set(test_reduce.CASES)}
 OWNED = set().union(*FAMILY_TESTS.values())
 CASES = [c for c in ALL if c not in OWNED]
 
