@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import test_conv
 import test_elementwise
-import test_indexing
-import test_reduce
+import test_indexing_lowering
+import test_reduce_lowering
 from harness import DATA, assert_device_matches
 
 from nxsat.diagnostics import NxsatError
@@ -21,7 +21,8 @@ from nxsat.passes import canonicalize
 XLA = DATA / "xla_ops"
 ALL = sorted(p.stem for p in XLA.glob("*.hlo"))
 FAMILY_TESTS = {"test_conv": set(test_conv.XLA_CASES), "test_elementwise": set(test_elementwise.CASES),
-                "test_indexing": set(test_indexing.CASES), "test_reduce": set(test_reduce.CASES)}
+                "test_indexing_lowering": set(test_indexing_lowering.CASES),
+                "test_reduce_lowering": set(test_reduce_lowering.CASES)}
 OWNED = set().union(*FAMILY_TESTS.values())
 CASES = [c for c in ALL if c not in OWNED]
 
