@@ -1098,7 +1098,7 @@ def _rw_single(lw: Lowering, node: Node, blk: WinBlock, X: Ref, Y: Ref, x_t: dt.
 
 def _eval_body(lw: Lowering, body: Computation, args: list[Operand], shape: tuple[int, ...]) -> list[Operand]:
     """A scalar computation evaluated elementwise on tiles of ``shape`` (the elementwise emitters)."""
-    from nxsat.backend.elementwise import EMITTERS, Kernel
+    from nxsat.backend.elementwise import EMITTERS, Kernel, emit
 
     k = Kernel(lw, Tiles(lw.graph, shape, "body"))
     val: dict[int, object] = {}
@@ -1120,11 +1120,7 @@ def _eval_body(lw: Lowering, body: Computation, args: list[Operand], shape: tupl
         elif nd.op in ("broadcast", "reshape", "copy", "bitcast") and len(ops) == 1 and nd.shape == ():
             val[nd.id] = ops[0]
         elif nd.op in EMITTERS:
-            out = EMITTERS[nd.op](k, nd, ops)  # type: ignore[arg-type]
-            want = onchip_dtype(device_dtype(nd.dtype))
-            if isinstance(out, Ref) and out.dtype is not want:
-                out = k.t.copy(out, want)
-            val[nd.id] = out
+            val[nd.id] = emit(k, nd, ops)  # type: ignore[arg-type]
         else:
             raise error("NCC_EUOC002", f"{body.name}: operator {nd.op} ({nd.name}) cannot run in a window body: "
                         "bodies run elementwise on VectorE/GpSimd, and the backend has no elementwise form of it",

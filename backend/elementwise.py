@@ -156,7 +156,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                 val[oid] = load_input(lw, k.t, src[r0:r0 + rn, c0:c0 + cn])
             for m in members:
                 lw.graph.origin = _origin(m)
-                val[m.id] = _emit(k, m, [val[o.id] for o in m.operands])
+                val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
             for m in outputs:
                 lw.graph.origin = _origin(m)
                 v = val[m.id]
@@ -189,7 +189,10 @@ def _origin(node: Node) -> str:
     return origin(node)
 
 
-def _emit(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+def emit(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    """One elementwise operator on tiles (or on numbers, folded now), its result in the operator's
+    on-chip type as XLA converts: every body evaluated on tiles (fusions, windows, reducers) goes
+    through here."""
     fn = EMITTERS.get(node.op)
     if fn is None:
         raise error("NCC_EUOC002", f"operator {node.op} ({node.name}) cannot run on the NeuronCore yet", node.loc)

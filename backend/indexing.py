@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.backend.elementwise import COMPARE, Kernel, _emit
+from nxsat.backend.elementwise import COMPARE, Kernel, emit
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
@@ -674,7 +674,7 @@ def _apply(k: Kernel, comp: Computation, args: list[Operand]) -> list[Operand]:
             if node.op not in EMITTERS:
                 raise error("NCC_EUOC002", f"{comp.name}: operator {node.op} ({node.name}) in a sort comparator or "
                             "scatter computation cannot run on the NeuronCore yet", node.loc)
-            val[node.id] = _emit(k, node, ops)  # type: ignore[arg-type]
+            val[node.id] = emit(k, node, ops)  # type: ignore[arg-type]
     res = val[comp.root.id]
     return list(res) if isinstance(res, list) else [res]  # type: ignore[list-item]
 

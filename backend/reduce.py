@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.backend.elementwise import EMITTERS, Kernel
+from nxsat.backend.elementwise import EMITTERS, Kernel, emit
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype, plans
 from nxsat.backend.tiles import Operand, Tiles, is_num
@@ -194,11 +194,7 @@ def apply_body(lw: Lowering, node: Node, body: Computation, accs: list[Operand],
         elif n.op in ("broadcast", "reshape", "copy", "bitcast") and n.shape == n.operands[0].shape == ():
             val[n.id] = val[n.operands[0].id]
         elif n.op in EMITTERS and isinstance(n.type, TensorType) and n.shape == ():
-            out = EMITTERS[n.op](k, n, [val[o.id] for o in n.operands])  # type: ignore[misc]
-            want = onchip_dtype(device_dtype(n.dtype))
-            if isinstance(out, Ref) and out.dtype is not want:
-                out = k.t.copy(out, want)
-            val[n.id] = out
+            val[n.id] = emit(k, n, [val[o.id] for o in n.operands])  # type: ignore[arg-type]
         else:
             raise error("NCC_EUOC002", f"reduce {node.name}: its body {body.name} uses {n.op} ({n.name}), which has "
                         "no tile form (only scalar elementwise operators are evaluated on chip)", n.loc)
