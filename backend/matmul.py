@@ -189,6 +189,8 @@ def _load(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType, trans
     when the operand's type is not the multiply type."""
     g = lw.graph
     sd = onchip_dtype(src.dtype)
+    if transpose and not transpose_dma and sd in PE_TRANSPOSABLE and dtype.is_float and min(shape) >= PE_MIN:
+        return _load_pe_transposed(lw, src, shape, dtype)
     tile = g.tile(shape, sd, "sbuf", "mmop").ref()
     if transpose and transpose_dma:
         g.add("dma", "dma_transpose", tile, src)
@@ -199,3 +201,27 @@ def _load(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType, trans
     conv = g.tile(shape, dtype, "sbuf", "mmcv").ref()
     g.add("dve", "tensor_copy", conv, tile)
     return conv
+
+
+PE_TRANSPOSABLE = (dt.F32, dt.BF16, dt.F16)
+PE_MIN = 16  # a smaller transposed tile is cheaper as an element-wise DMA than as load, transpose, copy
+
+
+def _load_pe_transposed(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType) -> Ref:
+    """The ``[K, X]`` tile of an ``[X, K]`` view (K contiguous in HBM) on a target without DMA transposes
+    (NeuronCore-v2): rows of 128 loaded as they lie (long contiguous DMAs), transposed on TensorE into
+    PSUM (fp32 on v2) and copied into the tile in the multiply type, as the NKI kernels transpose
+    operands, instead of a DMA that moves one element per descriptor. Finite values are exact; a NaN
+    or infinity spreads along its 128-row block (the transpose is an identity matmul on v2)."""
+    g = lw.graph
+    X, K = shape[1], shape[0]
+    rows = lw.target.matmul["rows"]
+    tile = g.tile(shape, dtype, "sbuf", "mmop").ref()
+    for x0 in range(0, X, rows):
+        xn = min(rows, X - x0)
+        nat = g.tile((xn, K), onchip_dtype(src.dtype), "sbuf", "mmnat").ref()
+        g.add("dma", "dma", nat, src[x0:x0 + xn, :])
+        ps = g.tile((K, xn), dt.F32, "psum", "mmtp").ref()
+        g.add("pe", "transpose", ps, nat)
+        g.add("dve", "tensor_copy", tile[:, x0:x0 + xn], ps)
+    return tile

@@ -18,6 +18,7 @@ and each semaphore has one signalling stream (the verifier checks it in one pass
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -54,7 +55,8 @@ class _Space:
         self.size = size
         self.align = align
         self.used: list[tuple[int, int, Buf]] = []  # sorted (lo, hi, buf)
-        self.history: list[tuple[int, int, list[Inst]]] = []  # freed (lo, hi, last users)
+        self.history: list[tuple[int, int, list[Inst]]] = []  # freed (lo, hi, last users): disjoint, by lo
+        self.history_lo: list[int] = []  # their ``lo``, for bisection
         self.in_use = 0
         self.peak = 0
         self.cursor = 0  # next fit: memory just freed is reused last, so its users need not be waited for
@@ -74,7 +76,7 @@ class _Space:
         self.used.sort(key=lambda u: u[0])
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
-        waits = [u for lo, hi, users in self.history if lo < off + need and off < hi for u in users]
+        waits = [u for k in self._history_over(off, off + need) for u in self.history[k][2]]
         return off, waits
 
     def _fit(self, start: int, need: int, step: int) -> int | None:
@@ -92,16 +94,29 @@ class _Space:
         """The place given to ``buf`` is taken: earlier tiles' records there are no longer needed (whoever
         uses this memory next waits for ``buf``'s users, which waited for theirs)."""
         lo0, hi0 = next((lo, hi) for lo, hi, b in self.used if b is buf)
+        self._forget(lo0, hi0)
+
+    def _history_over(self, lo0: int, hi0: int) -> range:
+        """The indices of the freed records that meet ``[lo0, hi0)`` (the records are disjoint, by ``lo``)."""
+        i = bisect_right(self.history_lo, lo0) - 1
+        if i < 0 or self.history[i][1] <= lo0:
+            i += 1
+        j = bisect_left(self.history_lo, hi0, lo=max(i, 0))
+        return range(max(i, 0), j)
+
+    def _forget(self, lo0: int, hi0: int) -> None:
+        over = self._history_over(lo0, hi0)
+        if not over:
+            return
         keep = []
-        for lo, hi, users in self.history:
-            if lo < hi0 and lo0 < hi:
-                if lo < lo0:
-                    keep.append((lo, lo0, users))
-                if hi0 < hi:
-                    keep.append((hi0, hi, users))
-            else:
-                keep.append((lo, hi, users))
-        self.history = keep
+        for k in over:
+            lo, hi, users = self.history[k]
+            if lo < lo0:
+                keep.append((lo, lo0, users))
+            if hi0 < hi:
+                keep.append((hi0, hi, users))
+        self.history[over.start:over.stop] = keep
+        self.history_lo[over.start:over.stop] = [r[0] for r in keep]
 
     def unalloc(self, buf: Buf) -> None:
         """Take back a place just given (before it is committed: nothing has used it)."""
@@ -116,7 +131,10 @@ class _Space:
             if b is buf:
                 del self.used[k]
                 self.in_use -= hi - lo
-                self.history.append((lo, hi, last_users))
+                self._forget(lo, hi)
+                at = bisect_left(self.history_lo, lo)
+                self.history.insert(at, (lo, hi, last_users))
+                self.history_lo.insert(at, lo)
                 return
 
 

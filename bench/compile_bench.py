@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -36,16 +35,19 @@ def compile_one(path: Path, args: argparse.Namespace) -> dict:
         cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(Path(tmp) / "m.neff"), "--report",
                str(rep), "--logfile", "", "--verbose", "error", "--target", args.target, f"-O{args.O}",
                "--auto-cast", args.auto_cast, "--auto-cast-type", args.auto_cast_type, "--fill-elided-constants"]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, NXSAT_PROGRESS="0"))
-        wall = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        with open(os.devnull, "w") as out, tempfile.TemporaryFile("w+") as err:
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, NXSAT_PROGRESS="0"))
+            _, status, usage = os.wait4(p.pid, 0)  # this child's own peak memory (ru_maxrss, KB)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            wall = time.perf_counter() - t0
+            err.seek(0)
+            stderr = err.read().strip()
         if p.returncode != 0:
-            return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+            return {"error": stderr.splitlines()[-1] if stderr else f"exit {p.returncode}"}
         r = json.loads(rep.read_text())
         r["wall_s"] = wall
-        r["peak_rss_mb"] = max(peak, before) / 1024  # ru_maxrss: the largest child so far (KB)
+        r["peak_rss_mb"] = usage.ru_maxrss / 1024
         return r
 
 
