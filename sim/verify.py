@@ -19,6 +19,7 @@ happens-before and race analysis and keeps everything else.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -610,19 +611,23 @@ class _Footprints:
     """The distinct footprints (tensor and index box) a program's accesses touch, numbered, with
     which of them overlap (``RAccess.overlaps``: exact within a tensor, by bytes between on-chip
     tensors that share memory). Each footprint is compared once with the footprints of its storage
-    whose intervals (row bytes on chip, flat elements in HBM) meet its own, found through buckets
-    about half as wide as a typical access."""
+    whose intervals (row bytes on chip, flat elements in HBM) meet its own, found through buckets:
+    level 0's about half as wide as a typical access, each next level ``2**LEVEL_BITS`` times wider.
+    A footprint is filed at the first level where it spans fewer than ``WIDE`` buckets, so a small
+    access meets only the large ones that lie over it, not every large one of its storage."""
 
     WIDE = 16
+    LEVEL_BITS = 3
 
     def __init__(self) -> None:
         self.ras: list[RAccess] = []
         self.overlaps: list[list[int]] = []
         self.by_key: dict[tuple, int] = {}
-        self.index: dict[str, tuple[int, dict[int, list[int]], list[int]]] = {}  # storage -> shift, buckets, wide
+        # storage -> (shift, levels): a level's buckets (bucket -> footprints) and their sorted keys
+        self.index: dict[str, tuple[int, list[tuple[dict[int, list[int]], list[int]]]]] = {}
 
     def add_storage(self, key: str, typical: int) -> None:
-        self.index[key] = (max(0, max(1, typical).bit_length() - 2), {}, [])
+        self.index[key] = (max(0, max(1, typical).bit_length() - 2), [])
 
     def id(self, ra: RAccess, storage: str) -> int:
         key = (ra.name, ra.key)
@@ -634,21 +639,27 @@ class _Footprints:
         self.ras.append(ra)
         mine = [fid]
         self.overlaps.append(mine)
-        shift, buckets, wide = self.index[storage]
-        b0, b1 = ra.lo >> shift, (max(ra.lo + 1, ra.hi) - 1) >> shift
-        cand: set[int] = set(wide)
-        if b1 - b0 >= self.WIDE:
-            for bl in buckets.values():
-                cand.update(bl)
-            wide.append(fid)
-        else:
-            for b in range(b0, b1 + 1):
-                bl = buckets.get(b)
-                if bl is None:
-                    buckets[b] = [fid]
-                else:
-                    cand.update(bl)
-                    bl.append(fid)
+        shift, levels = self.index[storage]
+        lo, last = ra.lo, max(ra.lo + 1, ra.hi) - 1
+        cand: set[int] = set()
+        for lv, (buckets, keys) in enumerate(levels):
+            s = shift + self.LEVEL_BITS * lv
+            for b in keys[bisect_left(keys, lo >> s):bisect_right(keys, last >> s)]:
+                cand.update(buckets[b])
+        level = 0
+        while (last >> (shift + self.LEVEL_BITS * level)) - (lo >> (shift + self.LEVEL_BITS * level)) >= self.WIDE:
+            level += 1
+        while len(levels) <= level:
+            levels.append(({}, []))
+        buckets, keys = levels[level]
+        s = shift + self.LEVEL_BITS * level
+        for b in range(lo >> s, (last >> s) + 1):
+            bl = buckets.get(b)
+            if bl is None:
+                buckets[b] = [fid]
+                insort(keys, b)
+            else:
+                bl.append(fid)
         for g in sorted(cand):
             if ra.overlaps(self.ras[g]):
                 mine.append(g)
