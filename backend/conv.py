@@ -905,7 +905,6 @@ def _win_load(lw: Lowering, X: Ref, blk: WinBlock, dtype: dt.DType, fill: float 
     for ti, ptap in enumerate(part_taps):
         dkey: list = []
         skey: list = [None] * len(shape)
-        empty = False
         if blk.part is not None:
             cls = blk.classes[blk.part]
             ja, jn = blk.ranges[blk.part]
@@ -919,25 +918,12 @@ def _win_load(lw: Lowering, X: Ref, blk: WinBlock, dtype: dt.DType, fill: float 
             skey[blk.part] = slice(a, a + (hi - lo - 1) * cls.istep + 1, cls.istep)
         else:
             dkey.append(slice(0, 1))
-        for k, bx in enumerate(blk.boxes):
-            if k == blk.part:
-                continue
-            assert bx is not None
-            lo, hi = _valid(bx, shape[k])
-            if lo >= hi:
-                empty = True
-                break
-            pad = pad or lo > 0 or hi < bx.extent
-            dkey.append(slice(lo, hi))
-            a = bx.lo + lo * bx.step
-            skey[k] = slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step)
-        if empty:
+        inside = _free_keys(blk, shape, dkey, skey)
+        if inside is None:
             pad = True
             continue
-        src = X[tuple(skey)] if skey else X
-        if blk.part is not None and blk.part != 0:
-            src = src.permute(blk.part, *(k for k in range(len(shape)) if k != blk.part))
-        loads.append((tile[tuple(dkey)], src))
+        pad = pad or not inside
+        loads.append((tile[tuple(dkey)], _part_first(X[tuple(skey)] if skey else X, blk)))
     if pad:
         g.add("pool" if dtype.is_int else "dve", "memset", tile, value=fill)
     for dst, src in loads:
@@ -1191,20 +1177,34 @@ def _win_store(lw: Lowering, Y: Ref, blk: WinBlock, tile: Ref) -> None:
         skey[blk.part] = slice(ja, ja + jn)
     else:
         dkey.append(slice(0, 1))
+    if _free_keys(blk, shape, dkey, skey) is None:
+        return
+    lw.graph.add("dma", "dma", _part_first(Y[tuple(skey)] if skey else Y, blk), tile[tuple(dkey)])
+
+
+def _free_keys(blk: WinBlock, shape: tuple[int, ...], dkey: list, skey: list) -> bool | None:
+    """Extend the tile's key ``dkey`` and the tensor's key ``skey`` by the block's free dimensions, each
+    clipped to the tensor: None when a dimension has nothing inside it, else whether all was inside."""
+    inside = True
     for k, bx in enumerate(blk.boxes):
         if k == blk.part:
             continue
         assert bx is not None
         lo, hi = _valid(bx, shape[k])
         if lo >= hi:
-            return
+            return None
+        inside = inside and lo == 0 and hi == bx.extent
         dkey.append(slice(lo, hi))
         a = bx.lo + lo * bx.step
         skey[k] = slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step)
-    dst = Y[tuple(skey)] if skey else Y
-    if blk.part is not None and blk.part != 0:
-        dst = dst.permute(blk.part, *(k for k in range(len(shape)) if k != blk.part))
-    lw.graph.add("dma", "dma", dst, tile[tuple(dkey)])
+    return inside
+
+
+def _part_first(r: Ref, blk: WinBlock) -> Ref:
+    """``r`` with the block's partition dimension first."""
+    if blk.part is None or blk.part == 0:
+        return r
+    return r.permute(blk.part, *(k for k in range(len(r.shape)) if k != blk.part))
 
 
 @lowers("select-and-scatter")
