@@ -83,6 +83,19 @@ def test_a_weight_stored_n_by_k_is_read_by_dma_transpose_on_trn2() -> None:
     assert text.count("dma_transpose") == 4
 
 
+def test_a_weight_stored_n_by_k_is_transposed_on_tensore_on_trn1() -> None:
+    """trn1 has no DMA transpose: an operand with K contiguous (here both) is loaded as it lies, 128 rows
+    at a time, and transposed on TensorE, not moved one element per DMA descriptor; same values."""
+    m = module_of(FLOAT_LAYOUTS["weight_n_by_k"])
+    assert_device_matches(m, target="trn1")
+    c = compile_graph(m, sim.load_target("trn1"))
+    insts = c.program.instrs
+    # both operands have K contiguous: per K tile (200 = 128 + 72), one block of the [96, K] input and
+    # three of the [300, K] weight (128 + 128 + 44 rows)
+    assert sum(1 for i in insts if i.opcode == "transpose") == 2 * (1 + 3)
+    assert sum(1 for i in insts if i.opcode == "matmul") == 2
+
+
 def test_operand_casts_are_done_on_chip() -> None:
     """The bf16 casts --auto-cast puts on a dot's operands are conversions of the loaded tiles: no
     bf16 tensor in HBM, and the same rounding (the test above compares the values)."""
