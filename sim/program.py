@@ -462,6 +462,8 @@ def box_runs(box: tuple[tuple[int, int, int], ...], shape: tuple[int, ...], onch
 
 def runs_overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
     """Do two sorted, merged interval lists share a point?"""
+    if len(a[0]) < len(b[0]):
+        a, b = b, a  # search the longer list for the shorter's intervals: work by the shorter
     a_s, a_e = a
     b_s, b_e = b
     if not len(a_s) or not len(b_s) or a_e[-1] <= b_s[0] or b_e[-1] <= a_s[0]:
