@@ -54,7 +54,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for i, o in enumerate(outputs):
         print(array_summary(f"out{i}", o))
     print(f"latency: {summary['latency_ns'] / 1000:.3f} us on {summary['target']} "
-          f"(roofline {summary['roofline']['bound_ns'] / 1000:.3f} us, MFU {summary['mfu']:.1%})")
+          f"(this program's own bound {summary['roofline']['bound_ns'] / 1000:.3f} us from the HBM bytes it moves "
+          f"and its FLOPs, MFU {summary['mfu']:.1%}; the model's roofline is in `nxsat compile`'s report)")
     return 0
 
 
