@@ -39,12 +39,12 @@ def compile_one(path: Path, args: argparse.Namespace) -> dict:
         with open(os.devnull, "w") as out, tempfile.TemporaryFile("w+") as err:
             p = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, NXSAT_PROGRESS="0"))
             _, status, usage = os.wait4(p.pid, 0)  # this child's own peak memory (ru_maxrss, KB)
-            p.returncode = os.waitstatus_to_exitcode(status)
+            code = os.waitstatus_to_exitcode(status)
             wall = time.perf_counter() - t0
             err.seek(0)
             stderr = err.read().strip()
-        if p.returncode != 0:
-            return {"error": stderr.splitlines()[-1] if stderr else f"exit {p.returncode}"}
+        if code != 0:
+            return {"error": stderr.splitlines()[-1] if stderr else f"exit {code}"}
         r = json.loads(rep.read_text())
         r["wall_s"] = wall
         r["peak_rss_mb"] = usage.ru_maxrss / 1024
