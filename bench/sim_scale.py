@@ -11,9 +11,12 @@ PSUM, a VectorE add, a DMA store). Columns, per instruction:
   load     loading the NEFF this nxsat wrote (integrity and structure; no race analysis)
   verify   loading with --verify (everything redone)
   replay   the timing model (profile)
-  run      the functional model on random inputs (only up to --run-max instructions)
-  memory   peak resident memory of the process over its starting size
-Single-threaded BLAS (OPENBLAS_NUM_THREADS=1): the figures are per core.
+  run      the functional model on random inputs (only up to --run-max instructions), on every core of
+           this machine: BLAS's threads for the matmul groups, NXSAT_SIM_THREADS for transcendental
+           functions over large tiles (how `nxsat run` runs by default)
+  run/core the same on one core (OPENBLAS_NUM_THREADS=1, NXSAT_SIM_THREADS=1), in a process of its own
+  memory   peak resident memory of the process over its starting size (the first process)
+The generated program shares equal index and access records, as a code generator does.
 Targets (issue: device model at compiler scale): build <= 20 us, replay <= 20 us, run <= 200 us per
 instruction, memory <= 2 KB per instruction, linear in size.
 """
@@ -34,6 +37,23 @@ HERE = Path(__file__).resolve().parent
 
 def _rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def measure_run(steps: int) -> dict:
+    """Build, load, and time the functional run only."""
+    sys.path.insert(0, str(HERE.parent / "tests" / "sim"))
+    import numpy as np
+    from nxsim_progs import pipeline_program
+
+    from nxsat import sim
+
+    m = sim.load(sim.build_neff(pipeline_program(steps), sim.load_target("trn1")), "scale.neff")
+    rng = np.random.default_rng(0)
+    inputs = {f"in{i}": rng.standard_normal(m.program.global_shape(t)).astype(t.dtype.np)
+              for i, t in enumerate(m.program.inputs())}
+    t0 = time.perf_counter()
+    m.run(inputs)
+    return {"run_s": time.perf_counter() - t0}
 
 
 def measure(steps: int, run: bool) -> dict:
@@ -81,23 +101,31 @@ def main() -> None:
     ap.add_argument("--run-max", type=int, default=1_000_000, help="largest size also run functionally")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--run-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.run)))
+        print(json.dumps(measure_run(args.child) if args.run_only else measure(args.child, args.run)))
         return
-    print(f"{'instr':>9} {'build':>8} {'load':>8} {'verify':>8} {'replay':>8} {'run':>8} {'memory':>9} "
-          f"{'latency':>12} {'roofline':>12}  (us per instruction; memory KB per instruction)")
+    print(f"{'instr':>9} {'build':>8} {'load':>8} {'verify':>8} {'replay':>8} {'run':>8} {'run/core':>8} "
+          f"{'memory':>9} {'latency':>12} {'roofline':>12}  (us per instruction; memory KB per instruction)")
+
+    def child(args: list[str], env: dict[str, str]) -> dict:
+        cmd = [sys.executable, __file__, "--child", *args]
+        return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+
+    one_core = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", NXSAT_SIM_THREADS="1")
     for size in (int(s) for s in args.sizes.split(",")):
         steps = max(1, (size - 2) // 8)
-        cmd = [sys.executable, __file__, "--child", str(steps)] + (["--run"] if size <= args.run_max else [])
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # per-core figures
-        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+        run = size <= args.run_max
+        r = child([str(steps)] + (["--run"] if run else []), dict(os.environ))
+        if run:
+            r["run1_s"] = child([str(steps), "--run-only"], one_core)["run_s"]
         n = r["instructions"]
 
         def us(key: str, r: dict = r, n: int = n) -> str:
             return f"{r[key] / n * 1e6:8.1f}" if key in r else f"{'-':>8}"
 
-        print(f"{n:>9} {us('build_s')} {us('load_s')} {us('verify_s')} {us('replay_s')} {us('run_s')} "
+        print(f"{n:>9} {us('build_s')} {us('load_s')} {us('verify_s')} {us('replay_s')} {us('run_s')} {us('run1_s')} "
               f"{r['memory_kb'] / n:9.2f} {r['latency_us']:10.1f}us {r['roofline_us']:10.1f}us"
               + ("" if r.get("run_matches_numpy", True) else "  RUN DIFFERS FROM NUMPY"))
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from nxsat.diagnostics import Warnings, error
 from nxsat.sim import numerics as nm
@@ -136,7 +137,11 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
         state = RankState(hbm, np.zeros((target.partitions, target.sbuf_bytes), np.uint8),
                           np.zeros((target.partitions, target.psum_bytes), np.uint8))
         ctxs.append(_Ctx(state, r, saturate, warnings))
-    with np.errstate(all="ignore"):
+    # One BLAS thread: a program's matmuls are small (a member multiplies at most 128x128 by 128x512),
+    # threads gain little on them, and while another process holds a core OpenBLAS's spinning threads
+    # made a run 20x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
+    # Transcendental functions over large tiles use the host's cores on their own (numerics.threads).
+    with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
         for i in lk.order:
             c = lk.instrs[i]
             c.op.run_all(ctxs, c)

@@ -460,9 +460,10 @@ class Matmul(Op):
         as it arrives. Small products of one shape go to numpy as one batched matmul."""
         dst, st, mv = c.ops
         k = st.partitions * self.rows(c)  # double row: (partition, row) pairs are the contraction
-        # one copy each: the operands as they are now
-        s = np.array(x.read(st).reshape(k, -1).T, dtype=np.float32, order="C")
-        m = np.array(x.read(mv).reshape(k, -1), dtype=np.float32)
+        # one copy each: the operands as they are now (widened in their own layout, then the fp32
+        # stationary transposed: numpy's transposing cast from a 16-bit float is several times slower)
+        s = np.ascontiguousarray(x.read(st).reshape(k, -1).astype(np.float32).T)
+        m = x.read(mv).reshape(k, -1).astype(np.float32)
         if self.precision(c) == "tf32":
             s, m = dt.round_tf32(s), dt.round_tf32(m)
         key = (dst.p0, dst.lo)
@@ -476,16 +477,17 @@ class Matmul(Op):
             return
         del x.groups[key]
         ss, ms = group
-        r = np.matmul(ss[0], ms[0])  # fp32; contiguous operands take BLAS's fast path
-        if len(ss) > 1:
+        if len(ss) == 1:
+            r = np.matmul(ss[0], ms[0])  # fp32; contiguous operands take BLAS's fast path
+        else:
             small = ss[0].shape[0] * ss[0].shape[1] * ms[0].shape[1] < SMALL_MATMUL
             if small and len({a.shape for a in ss}) == 1 and len({b.shape for b in ms}) == 1:
-                for p in np.matmul(np.stack(ss[1:]), np.stack(ms[1:])):  # one call for many small ones
-                    r += p
+                products = np.matmul(np.stack(ss), np.stack(ms))  # one call for many small ones
             else:
-                out = np.empty_like(r)
-                for a, b in zip(ss[1:], ms[1:]):
-                    r += np.matmul(a, b, out=out)
+                products = nm.parallel_map(np.matmul, ss, ms)  # large ones over the host's cores
+            r = products[0]
+            for p in products[1:]:
+                r += p
         x.write(dst, r.reshape(dst.shape))
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:

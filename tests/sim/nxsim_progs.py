@@ -163,9 +163,23 @@ def pipeline_program(steps: int, tiles: int | None = None, load_queues: int = 4,
     from nxsat.sim import Access, Idx, Instr, Tensor, Wait
 
     tiles = tiles or min(16, steps)
+    shared: dict[object, object] = {}
+
+    def one(v: object) -> object:
+        """Equal records shared, as a code generator that interns them would (a million instructions
+        touch a few hundred distinct accesses)."""
+        return shared.setdefault((type(v), v), v)
 
     def ix(*parts: object) -> tuple[Idx, ...]:
-        return tuple(Idx(p, p + 1, 1, True) if isinstance(p, int) else Idx(p[0], p[1]) for p in parts)
+        return one(tuple(one(Idx(p, p + 1, 1, True) if isinstance(p, int) else Idx(p[0], p[1])) for p in parts))
+
+    def acc(name: str, *parts: object) -> Access:
+        return one(Access(name, ix(*parts) if parts else ()))
+
+    attr_dicts: dict[tuple, dict] = {}
+
+    def attrs(**kw: object) -> dict:
+        return attr_dicts.setdefault(tuple(kw.items()), kw)
 
     bf, f32 = dt.BF16, dt.F32
     p = sim.Program(target=target)
@@ -179,14 +193,13 @@ def pipeline_program(steps: int, tiles: int | None = None, load_queues: int = 4,
         p.semaphores[s] = 0
     full = (0, 128)
     add = p.instrs.append
-    add(Instr("q15", "dma", (Access("ws"), Access("w")), {}, (), ("wl",), origin="weights"))
-    add(Instr("pool", "memset", (Access("bias"),), {"value": 0.5}, (), ("bi",), origin="bias"))
+    add(Instr("q15", "dma", (acc("ws"), acc("w")), {}, (), ("wl",), origin="weights"))
+    add(Instr("pool", "memset", (acc("bias"),), {"value": 0.5}, (), ("bi",), origin="bias"))
     for s in range(steps):
         t, b, q, bank = s % tiles, s % 2, s % load_queues, s % 8
         origin = f"step {s}"
-        add(Instr(f"q{q}", "dma", (Access("xs", ix(full, b, (0, 4), (0, 512))),
-                                   Access("x", ix(t, full, (0, 4), (0, 512)))),
-                  {}, (Wait("mm", s - 1),) if s >= 2 else (), (f"ld{q}",), origin=origin))
+        add(Instr(f"q{q}", "dma", one((acc("xs", full, b, (0, 4), (0, 512)), acc("x", t, full, (0, 4), (0, 512)))),
+                  attrs(), (Wait("mm", s - 1),) if s >= 2 else (), one((f"ld{q}",)), origin=origin))
         for k in range(4):
             waits = []
             if k == 0:
@@ -195,18 +208,18 @@ def pipeline_program(steps: int, tiles: int | None = None, load_queues: int = 4,
                     waits.append(Wait("wl", 1))
                 if s >= 8:
                     waits.append(Wait("ev", s - 7))
-            add(Instr("pe", "matmul", (Access("acc", ix(full, bank, (0, 512))), Access("ws", ix(full, k, (0, 128))),
-                                       Access("xs", ix(full, b, k, (0, 512)))),
-                      {"start": k == 0, "stop": k == 3}, tuple(waits), ("mm",) if k == 3 else (), origin=origin))
-        add(Instr("act", "activation", (Access("ys", ix(full, b, (0, 512))), Access("acc", ix(full, bank, (0, 512)))),
-                  {"func": funcs[s % len(funcs)]}, (Wait("mm", s + 1),) + ((Wait("ad", s - 1),) if s >= 2 else ()),
+            add(Instr("pe", "matmul", one((acc("acc", full, bank, (0, 512)), acc("ws", full, k, (0, 128)),
+                                           acc("xs", full, b, k, (0, 512)))),
+                      attrs(start=k == 0, stop=k == 3), tuple(waits), ("mm",) if k == 3 else (), origin=origin))
+        add(Instr("act", "activation", one((acc("ys", full, b, (0, 512)), acc("acc", full, bank, (0, 512)))),
+                  attrs(func=funcs[s % len(funcs)]), (Wait("mm", s + 1),) + ((Wait("ad", s - 1),) if s >= 2 else ()),
                   ("ev",), origin=origin))
-        add(Instr("dve", "tensor_tensor", (Access("zs", ix(full, b, (0, 512))), Access("ys", ix(full, b, (0, 512))),
-                                           Access("bias")), {"op": "add"},
+        add(Instr("dve", "tensor_tensor", one((acc("zs", full, b, (0, 512)), acc("ys", full, b, (0, 512)),
+                                               acc("bias"))), attrs(op="add"),
                   (Wait("ev", s + 1),) + ((Wait("st", s - 1),) if s >= 2 else ())
                   + ((Wait("bi", 1),) if s == 0 else ()),
                   ("ad",), origin=origin))
-        add(Instr("q4", "dma", (Access("y", ix(t, full, (0, 512))), Access("zs", ix(full, b, (0, 512)))), {},
+        add(Instr("q4", "dma", one((acc("y", t, full, (0, 512)), acc("zs", full, b, (0, 512)))), attrs(),
                   (Wait("ad", s + 1),), ("st",), origin=origin))
     return p
 

@@ -105,3 +105,22 @@ def test_a_hundred_thousand_instructions_build_load_and_profile() -> None:
     s, _ = m.profile()
     assert s["instructions"] == 100_002
     assert s["roofline"]["bound_ns"] <= s["latency_ns"] <= 1.5 * s["roofline"]["bound_ns"]  # double-buffered loads
+
+
+def test_the_host_thread_count_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Matmul groups and transcendental functions over large tiles run on the host's threads; each
+    thread computes what one call alone would, so the results are identical for any count."""
+    from nxsat.sim import numerics as nm
+
+    m = sim.load(sim.build_neff(pipeline_program(20), sim.load_target("trn1")))
+    ins = _inputs(m)
+    x = (np.random.default_rng(1).standard_normal(nm.PARALLEL_MIN + 7) * 8).astype(np.float32)
+    got = {}
+    for n in ("1", "3"):
+        monkeypatch.setenv("NXSAT_SIM_THREADS", n)
+        assert nm.threads() == int(n)
+        got[n] = (m.run(ins)[0], [nm.ACTIVATIONS[f](x) for f in nm.ACTIVATIONS])
+    np.testing.assert_array_equal(got["1"][0].view(np.uint16), got["3"][0].view(np.uint16))
+    np.testing.assert_array_equal(got["1"][0].astype(np.float32), pipeline_reference(m, ins, 20))
+    for f, a, b in zip(nm.ACTIVATIONS, got["1"][1], got["3"][1]):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f
