@@ -31,11 +31,21 @@ class Compiled:
         return len(self.program.instrs)
 
 
-def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:
-    """Lower ``module``'s entry computation: the instruction graph and where every value lives."""
-    from nxsat.backend.conv import weight_gradients
+def device_forms(module: Module) -> Module:
+    """The same values with operators rewritten into the forms the backend tiles best: convolutions
+    that are weight gradients (more window taps than outputs) as one contraction per output position
+    (:func:`nxsat.backend.conv.weight_gradients`)."""
+    from nxsat.backend.conv import is_weight_gradient, weight_gradients
 
-    lw = Lowering(weight_gradients(module), target, options or Options())
+    if not any(is_weight_gradient(n) for n in module.entry.post_order()):
+        return module  # nothing to rewrite: the same module (the driver then dumps nothing)
+    return weight_gradients(module)
+
+
+def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:
+    """Lower ``module``'s entry computation (after :func:`device_forms`): the instruction graph and
+    where every value lives."""
+    lw = Lowering(module, target, options or Options())
     lw.run()
     return lw
 
@@ -48,8 +58,9 @@ def schedule_graph(lw: Lowering, target: Target, flags: tuple[str, ...] = ()) ->
 
 def compile_graph(module: Module, target: Target, options: Options | None = None,
                   flags: tuple[str, ...] = ()) -> Compiled:
-    """Lower and schedule ``module`` for ``target``."""
-    return schedule_graph(lower_graph(module, target, options), target, flags)
+    """Rewrite into device forms, lower and schedule ``module`` for ``target`` (the driver's last
+    stages, without the front end and the e-graph)."""
+    return schedule_graph(lower_graph(device_forms(module), target, options), target, flags)
 
 
 def graph_summary(g: Graph) -> dict[str, object]:
@@ -59,4 +70,4 @@ def graph_summary(g: Graph) -> dict[str, object]:
     return {"instructions": len(g.insts), "by_engine_opcode": dict(sorted(by.items())), "buffers": dict(bufs)}
 
 
-__all__ = ["Compiled", "Options", "compile_graph", "graph_summary", "lower_graph", "schedule_graph"]
+__all__ = ["Compiled", "Options", "compile_graph", "device_forms", "graph_summary", "lower_graph", "schedule_graph"]

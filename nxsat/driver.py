@@ -9,6 +9,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
     extract       the program the extractor chooses from the e-graph                04-extracted.hlo
     precision     --auto-cast as a policy: casts as explicit converts                05-precision.hlo/.json
     partition     weights split across a logical core's physical cores where it pays  05-partition.hlo/.json
+    device-forms  operators in the forms the backend tiles best (weight gradients as dots)  05-device-forms.hlo
     lower         operators -> an instruction graph on tiles                         06-lowered.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
@@ -51,6 +52,8 @@ STAGES = (
     Stage("precision", "the --auto-cast policy applied: casts as explicit converts, inputs and outputs kept"),
     Stage("partition", "the same values; weights whose split pays are sharded over the logical core's "
           "physical cores, their results joined by all-gathers or sharded outputs"),
+    Stage("device-forms", "the same values; convolutions that are weight gradients (more taps than outputs) "
+          "as one contraction per output position"),
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
     Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
     Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
@@ -126,7 +129,7 @@ class _Stages:
 def compile_model(path: str, opts: CompileOptions, progress: Progress | None = None) -> CompileResult:
     """Compile the model at ``path`` for ``opts.target``: the NEFF bytes and the report."""
     from nxsat import sim
-    from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
+    from nxsat.backend import Options, device_forms, graph_summary, lower_graph, schedule_graph
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import apply_precision
     from nxsat.frontend import load
@@ -176,7 +179,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if sharding.ranks > 1:
         st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
         st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
-    lowering = st.run("lower", lambda: lower_graph(parted, target, Options(opts.mixed_precision_accumulation,
+    formed = st.run("device-forms", lambda: device_forms(parted))
+    if formed is not parted:
+        st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
+    lowering = st.run("lower", lambda: lower_graph(formed, target, Options(opts.mixed_precision_accumulation,
                                                                           opts.saturate_infinity)))
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))

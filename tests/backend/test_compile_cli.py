@@ -38,8 +38,8 @@ def test_compile_writes_a_neff_that_reproduces_xla(tmp_path: Path, capsys: pytes
         assert key in r, key
     assert {"nodes", "classes", "iterations", "stop_reason"} <= set(r["egraph"])
     assert r["latency_us"] >= r["roofline_us"] > 0
-    assert set(r["stages"]) >= {"frontend", "canonicalize", "saturate", "extract", "precision", "lower", "schedule",
-                                "neff", "simulate"}
+    assert set(r["stages"]) >= {"frontend", "canonicalize", "saturate", "extract", "precision", "device-forms", "lower",
+                                "schedule", "neff", "simulate"}
     assert m.manifest["compile_flags"][:2] == ["-o", str(out)]
 
 

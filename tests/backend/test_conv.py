@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from harness import DATA, assert_device_matches, device_run, module_of, random_i
 
 from nxsat import sim
 from nxsat.attrs import WindowDim
-from nxsat.backend import compile_graph, lower_graph
+from nxsat.backend import compile_graph, device_forms, lower_graph
 from nxsat.backend import conv as conv_module
 from nxsat.diagnostics import NxsatError
 from nxsat.extract import plan as plans
@@ -309,13 +310,26 @@ def test_weight_gradients_are_contractions_per_output_position(case: str, target
     assert_device_matches(m, None, target)
 
 
+def test_the_driver_rewrites_weight_gradients_in_a_stage_of_their_own(tmp_path: Path) -> None:
+    """The device-forms stage is named, timed and dumped: its HLO has the dots, not the convolution."""
+    from nxsat.driver import CompileOptions, compile_model
+
+    src = tmp_path / "wgrad.hlo"
+    src.write_text(conv_hlo(*WEIGHT_GRADS["1x1"][:3], WEIGHT_GRADS["1x1"][3]))
+    r = compile_model(str(src), CompileOptions(workdir=str(tmp_path / "wd"))).report
+    assert "device-forms" in r["stages"]
+    formed = (tmp_path / "wd" / "05-device-forms.hlo").read_text()
+    assert "convolution(" not in formed and " dot(" in formed
+    assert "convolution(" in (tmp_path / "wd" / "05-precision.hlo").read_text()
+
+
 def test_first_layer_gradient_is_one_contraction_per_kernel_position() -> None:
     """mobilenet_v2's first weight gradient (here 4 images of 224x224; 3x3 kernel, stride 2) lowers to
     one dot per kernel position with K = 4x112x112 on partitions: about 9 x 4x112x112/128 matmuls, where
     the implicit GEMM would take one matmul per tap and position (more than 100,000)."""
     m = module_of(conv_hlo("4,3,224,224", "4,32,112,112", "3,3,3,32",
                            "window={size=112x112 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf"))
-    lw = lower_graph(m, sim.load_target("trn1"))
+    lw = lower_graph(device_forms(m), sim.load_target("trn1"))
     mm = sum(1 for i in lw.graph.insts if i.opcode == "matmul")
     ideal = 9 * 4 * 112 * 112 / 128
     assert 0.95 * ideal <= mm <= 1.15 * ideal, (mm, ideal)
