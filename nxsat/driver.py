@@ -13,7 +13,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
     lower         operators -> an instruction graph on tiles                         06-lowered.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
-    simulate      the NEFF loaded back and replayed on the timing model: latency 08-profile.json
+    simulate      the NEFF's program replayed on the timing model: latency          08-profile.json
 
 ``rules`` never imports later stages: the driver takes the saturated e-graph from
 ``rules.saturate_module`` and runs the extractor itself.
@@ -57,7 +57,7 @@ STAGES = (
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
     Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
     Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
-    Stage("simulate", "the NEFF loaded back and replayed on the timing model: latency, utilization, memory"),
+    Stage("simulate", "the NEFF's program replayed on the timing model: latency, utilization, memory"),
 )
 
 
@@ -187,14 +187,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
     compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags))
-    data = st.run("neff", lambda: sim.build_neff(compiled.program, target, compiled.constants))
-
-    def simulate() -> tuple[sim.Model, dict]:
-        # the NEFF as a user's `nxsat run` loads it (parsed back, its integrity and structure checked)
-        model = sim.load(data, "compiled.neff")
-        return model, model.profile()[0]
-
-    model, summary = st.run("simulate", simulate)
+    data, model = st.run("neff", lambda: sim.build_model(compiled.program, target, compiled.constants))
+    summary = st.run("simulate", lambda: model.profile()[0])
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     info = model_info(canonical)

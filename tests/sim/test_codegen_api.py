@@ -124,3 +124,20 @@ def test_the_host_thread_count_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -
     np.testing.assert_array_equal(got["1"][0].astype(np.float32), pipeline_reference(m, ins, 20))
     for f, a, b in zip(nm.ACTIVATIONS, got["1"][1], got["3"][1]):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f
+
+
+def test_build_model_is_what_loading_its_bytes_gives() -> None:
+    """The compile driver profiles the model build_model returns instead of parsing its own NEFF
+    back: the two must be the same program, profile and results."""
+    p = pipeline_program(6)
+    data, built = sim.build_model(p, sim.load_target("trn1"))
+    loaded = sim.load(data, verify=True)
+    assert data == sim.build_neff(p, sim.load_target("trn1"))
+    assert built.text == loaded.text and built.manifest == loaded.manifest
+    # the program itself prints as the text the NEFF holds (built in Python, it has no line numbers)
+    assert sim.format_program(built.program, built.target.psum_bank_bytes) == loaded.text
+    assert [(c.stream, c.op.name, c.attrs) for c in built.linked.instrs] == \
+        [(c.stream, c.op.name, c.attrs) for c in loaded.linked.instrs]
+    assert built.profile()[0] == loaded.profile()[0]
+    ins = _inputs(loaded)
+    np.testing.assert_array_equal(built.run(ins)[0].view(np.uint16), loaded.run(ins)[0].view(np.uint16))
