@@ -667,16 +667,100 @@ class _Footprints:
         return fid
 
 
+class _Settled:
+    """Which footprints can still take part in a race. An access older than every instruction still to
+    run (on its stream ``k``, before ``done[k]``: the least that any stream's next instruction is
+    guaranteed to follow) is ordered before everything left, so it can never race again; its only
+    remaining effect is that a write there counts as written for a later read. A sweep drops such
+    accesses and keeps, per footprint, the list of overlapping footprints that still hold one
+    (``live``); a footprint that gets an access again is put back into its neighbours' lists. On
+    compiler output, where SBUF is reused all program long, most overlaps are with tiles long dead.
+    Sweeps run when the overlaps visited since the last one outnumber a quarter of the overlap
+    relation (a visit costs about four entries of a sweep), so they cost about what the checks would."""
+
+    SWEEP_COST = 4  # a visited overlap costs about as much as sweeping this many entries of the relation
+    FIRST_SWEEP = 1 << 16  # visits before the first (tests set 0, and SWEEP_COST huge: a sweep per instruction)
+
+    def __init__(self, lk: Linked, full: list[list[int]]) -> None:
+        self.lk = lk
+        self.full = full  # the whole symmetric overlap relation (_Footprints.overlaps)
+        self.live: list[list[int]] = []
+        self.active: list[bool] = []
+        self.settled_write: list[bool] = []
+        self.swept = False
+        self.visits = 0
+        self.threshold = self.FIRST_SWEEP  # visits before the relation is counted again
+        streams = max(lk.sid, default=0) + 1
+        self.queue: list[list[int]] = [[] for _ in range(streams)]  # each stream's instructions, run order
+        for i in lk.order:
+            self.queue[lk.sid[i]].append(i)
+        self.head = [0] * streams
+
+    def new(self, fid: int) -> None:
+        """Footprint ``fid`` was numbered (its overlaps are in ``full``)."""
+        if self.swept:
+            self.active.append(False)  # put into its neighbours' lists when it is first touched
+            self.live.append([g for g in self.full[fid] if self.active[g]])
+        else:  # before the first sweep every list is the whole relation (the same list object)
+            self.live.append(self.full[fid])
+            self.active.append(True)
+        self.settled_write.append(False)
+
+    def touched(self, fid: int) -> None:
+        """``fid`` got an access: it is live for every footprint it overlaps."""
+        if not self.active[fid]:
+            self.active[fid] = True
+            for h in self.full[fid]:
+                self.live[h].append(fid)
+
+    def ran(self, i: int) -> None:
+        self.head[self.lk.sid[i]] += 1
+
+    def written_long_ago(self, fid: int) -> bool:
+        """A write to a footprint overlapping ``fid`` was dropped by a sweep: it precedes every
+        instruction left, so a read there is not a read before any write."""
+        return any(self.settled_write[g] for g in self.full[fid])
+
+    def maybe_sweep(self, last_write: list[dict[int, int]], last_read: list[dict[int, int]]) -> None:
+        if self.visits <= self.threshold:
+            return
+        relation = sum(map(len, self.full)) // self.SWEEP_COST
+        if self.visits <= relation:
+            self.threshold = relation  # it has grown since it was counted
+            return
+        self.visits = 0
+        self.threshold = relation
+        lk = self.lk
+        nxt = [q[h] for q, h in zip(self.queue, self.head) if h < len(q)]
+        if not nxt:
+            return
+        assert lk.vc is not None
+        done = lk.vc[nxt].min(axis=0).tolist()
+        pos, sid = lk.pos, lk.sid
+        for g, (lw, lr) in enumerate(zip(last_write, last_read)):
+            for d, is_write in ((lw, True), (lr, False)):
+                old = [k for k, j in d.items() if pos[j] < done[sid[j]]]
+                for k in old:
+                    del d[k]
+                if old and is_write:
+                    self.settled_write[g] = True
+            self.active[g] = bool(lw or lr)
+        self.live = [[g for g in f if self.active[g]] for f in self.full]
+        self.swept = True
+
+
 def _dataflow(lk: Linked) -> None:
     """Read before any write and races. For each footprint, the latest read and the latest write of
     every stream: an access conflicts with those of the footprints it overlaps, and an older access of
-    the same stream is ordered before the latest, so checking the latest is enough."""
+    the same stream is ordered before the latest, so checking the latest is enough (and accesses
+    ordered before everything still to run are dropped: :class:`_Settled`)."""
     prog = lk.program
     group = _alias_groups(prog)
     instrs = lk.instrs
     pos, sid, vc = lk.pos, lk.sid, lk.vc
     assert vc is not None
     fps = _Footprints()
+    live = _Settled(lk, fps.overlaps)
     spans: dict[str, list[int]] = defaultdict(list)
     seen: set[int] = set()
     for c in instrs:
@@ -716,9 +800,12 @@ def _dataflow(lk: Linked) -> None:
                     while len(last_write) < len(fps.ras):
                         last_write.append({})
                         last_read.append({})
+                        live.new(len(last_write) - 1)
                 updates.append((fid, is_write))
                 found = False
-                for g in fps.overlaps[fid]:
+                near = live.live[fid]
+                live.visits += len(near)
+                for g in near:
                     for k, j in last_write[g].items():
                         if k == s:
                             found = True
@@ -737,12 +824,15 @@ def _dataflow(lk: Linked) -> None:
                                 row = vc[i].tolist()
                             if pos[j] >= row[k]:
                                 raise race(c, ra, j, "writes", "reads")
-                if not is_write and not found:
+                if not is_write and not found and not live.written_long_ago(fid):
                     raise error("NCC_EASM007", f"read before any write: {c.stream} {c.op.name} reads {ra.name}"
                                 f"{list(ra.shape)} but no write to it is guaranteed to happen before",
                                 _iloc(prog, c.instr), "write it first, or wait for the semaphore its writer signals")
         for fid, is_write in updates:
             (last_write if is_write else last_read)[fid][s] = i
+            live.touched(fid)
+        live.ran(i)
+        live.maybe_sweep(last_write, last_read)
 
 
 def _accumulation(lk: Linked) -> None:
