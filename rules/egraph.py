@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from egglog import bindings as eb
 
 from nxsat import dtypes as dt
 from nxsat.diagnostics import NxsatError, error
 from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
 from nxsat.rules import terms
 from nxsat.rules.catalog import Catalog, Rule, catalog
+from nxsat.rules.egglog_bindings import load as _load_bindings
 
+eb = _load_bindings()
 SPAN = eb.RustSpan("", 0, 0)
 
 # Load tables: name -> (key sorts, value sort).

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +146,17 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture) -> None:
                  "--distribution-strategy", "--logical-nc-config", "--num-parallel-jobs", "--output", "--logfile",
                  "--verbose", "--workdir", "--report"):
         assert flag in text, flag
+
+
+def test_a_compile_leaves_nothing_alive() -> None:
+    """The first compile in a process (the one that imports egglog) frees its whole graph: egglog's
+    Python API keeps the frames that import it, so nxsat loads only its bindings."""
+    code = ("import gc, sys\n"
+            "from nxsat.driver import CompileOptions, compile_model\n"
+            "from nxsat.backend.graph import Inst\n"
+            "def f():\n"
+            f"    compile_model({str(MLP)!r}, CompileOptions())\n"
+            "f(); gc.collect()\n"
+            "print(sum(isinstance(o, Inst) for o in gc.get_objects()), 'egglog' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "False"]
