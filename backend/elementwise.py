@@ -130,24 +130,43 @@ def _split(shape: tuple[int, ...]) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Layout:
-    """How a cluster's shape is tiled without copying any operand: ``shape`` seen as ``[*outer, rows,
-    *free]`` (each a run of the cluster's dimensions, or a factor of one, that every operand's access
-    pattern can view as one dimension), tiles of ``[<= 128 of rows, free]`` (the free dimensions flat,
-    ``cols`` elements per partition; with ``chunk`` the one free dimension in pieces of
-    :data:`MAX_COLS`), one per outer position."""
+    """How a cluster's shape is tiled without copying any operand: ``shape`` seen as ``axes`` (each a run
+    of the cluster's dimensions, or a factor of one, that every operand's access pattern walks as one
+    dimension), the last ``len(free)`` of them flat on a tile's free axis (``cols`` elements per
+    partition; with ``chunk`` the one free axis in pieces of :data:`MAX_COLS`), axis ``rows`` on the
+    partitions (``<= 128`` at a time) and every other one looped over. ``view`` orders the axes so: loops,
+    rows, free."""
 
-    outer: tuple[int, ...]
-    rows: int
-    free: tuple[int, ...]
+    axes: tuple[int, ...]
+    rows: int  # the index of the axis on the partitions
+    nfree: int
     chunk: bool
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        return self.axes[len(self.axes) - self.nfree:]
 
     @property
     def cols(self) -> int:
         return math.prod(self.free)
 
     @property
-    def view_shape(self) -> tuple[int, ...]:
-        return (*self.outer, self.rows, *self.free)
+    def loops(self) -> tuple[int, ...]:
+        """The looped axes' indices, outermost first."""
+        return tuple(i for i in range(len(self.axes) - self.nfree) if i != self.rows)
+
+    @property
+    def perm(self) -> tuple[int, ...]:
+        return (*self.loops, self.rows, *range(len(self.axes) - self.nfree, len(self.axes)))
+
+    @property
+    def positional(self) -> bool:
+        """Are a tile's rows consecutive rows of the shape seen as ``[-1, cols]`` (what iota needs)?"""
+        return self.rows == len(self.axes) - self.nfree - 1
+
+    def view(self, r: Ref) -> Ref:
+        """``r`` (of the cluster's shape) as ``[*loops, rows, *free]``."""
+        return r.reshape(*self.axes).permute(*self.perm)
 
 
 def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> list[list[int]]:
@@ -167,26 +186,31 @@ def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> lis
     return groups
 
 
-def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int) -> Layout:
-    """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``."""
+def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
+                positional: bool = False) -> Layout:
+    """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
+    free axis the innermost runs (the outermost of them maybe split), the partitions any other axis (with
+    ``positional``, the one just outside the free axis)."""
     sizes = [math.prod(g) for g in _runs(shape, aps)] if shape else [1]
     best: tuple[tuple[int, int], Layout] | None = None
     for k in range(len(sizes) - 1, -1, -1):
         tail = math.prod(sizes[k + 1:])
         if tail > MAX_COLS:
             break
-        outer = math.prod(sizes[:k])
         g = sizes[k]
         options = [(b, False) for b in range(1, min(g, MAX_COLS // tail) + 1) if g % b == 0]
         if k == len(sizes) - 1 and g > MAX_COLS:
             options.append((g, True))
         for b, chunk in options:
-            a = g // b
             free = tuple(x for x in (b, *sizes[k + 1:]) if x != 1) or (1,)
-            tiles = outer * -(-a // part) * (-(-b // MAX_COLS) if chunk else 1)
-            score = (tiles, -min(a, part))
-            if best is None or score < best[0]:
-                best = (score, Layout(tuple(sizes[:k]), a, free, chunk))
+            lead = (*sizes[:k], g // b)
+            total = math.prod(lead)
+            for rows in ([len(lead) - 1] if positional else range(len(lead))):
+                n = lead[rows]
+                tiles = total // n * -(-n // part) * (-(-b // MAX_COLS) if chunk else 1)
+                score = (tiles, -min(n, part))
+                if best is None or score < best[0]:
+                    best = (score, Layout((*lead, *free), rows, len(free), chunk))
     assert best is not None
     return best[1]
 
@@ -216,36 +240,36 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
             r = lw.ref(o)
             if o.shape == ():
                 repeated[o.id] = r.reshape(1, 1)
-            elif all(n == 1 or st == 0 for n, st in lw.graph.resolved(r).ap.dims):
+            elif all(n == 1 or st == 0 for n, st in r.ap.dims):
                 repeated[o.id] = r[(0,) * len(shape)].reshape(1, 1)
             else:
                 inputs[o.id] = r
     stores = {m.id: lw.result(m) for m in outputs}
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
-    lay = plan_layout(shape, [lw.graph.resolved(r).ap.dims for r in views], part)
-    vshape = lay.view_shape
-    nf = len(lay.free)
-    view_of = {oid: r.reshape(*vshape) for oid, r in inputs.items() if isinstance(r, Ref)}
-    # inputs repeated along the free dimensions (a per-row value): a column per tile
+    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members))
+    nf = lay.nfree
+    view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
+    # inputs repeated along the free axes (a per-row value): a column per tile
     per_row = {oid for oid, v in view_of.items() if lay.cols > 1
-               and all(n == 1 or st == 0 for n, st in lw.graph.resolved(v).ap.dims[-nf:])}
-    store_of = {mid: r.reshape(*vshape) for mid, r in stores.items()}
-    pmax = min(part, lay.rows)
+               and all(n == 1 or st == 0 for n, st in v.ap.dims[-nf:])}
+    store_of = {mid: lay.view(r) for mid, r in stores.items()}
+    nrows = lay.axes[lay.rows]
+    pmax = min(part, nrows)
     cols_of: dict[int, Ref] = {}
     for oid, r in repeated.items():
         lw.graph.origin = _origin(next(m for m in members if any(o.id == oid for o in m.operands)))
         col = lw.graph.tile((pmax, 1), onchip_dtype(r.dtype), "sbuf", "ewrep").ref()
         lw.graph.add("dma", "dma", col, r.broadcast(0, pmax))
         cols_of[oid] = col
-    rows_total = math.prod(lay.outer) * lay.rows
-    for o_flat, o_idx in enumerate(itertools.product(*(range(n) for n in lay.outer))):
-        for r0 in range(0, lay.rows, part):
-            rn = min(part, lay.rows - r0)
+    rows_total = math.prod(lay.axes[:len(lay.axes) - nf])
+    for o_flat, o_idx in enumerate(itertools.product(*(range(lay.axes[i]) for i in lay.loops))):
+        for r0 in range(0, nrows, part):
+            rn = min(part, nrows - r0)
             for c0 in range(0, lay.cols, MAX_COLS if lay.chunk else lay.cols):
                 cn = min(MAX_COLS, lay.cols - c0) if lay.chunk else lay.cols
                 at: tuple = (*o_idx, slice(r0, r0 + rn))
                 key = (*at, *((slice(c0, c0 + cn),) if lay.chunk else ()))
-                k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), shape, (o_flat * lay.rows + r0, c0),
+                k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), shape, (o_flat * nrows + r0, c0),
                            (rows_total, lay.cols))
                 val: dict[int, Operand] = {}
                 for oid, src in inputs.items():
