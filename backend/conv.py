@@ -130,7 +130,7 @@ class Conv:
 
 def _stride_one(lw: Lowering, r: Ref, dim: int) -> bool:
     """Is dimension ``dim`` of the HBM access ``r`` contiguous (and larger than one)?"""
-    dims = lw.graph.resolved(r).ap.dims
+    dims = r.ap.dims
     return r.shape[dim] > 1 and dims[dim][1] == 1
 
 
@@ -984,7 +984,7 @@ def _acc_type(d: dt.DType, op: str) -> dt.DType:
 
 def _window_plan(lw: Lowering, X: Ref, window: tuple[WindowDim, ...], out_shape: tuple[int, ...],
                  itemsize: int, trivial_part: bool = False) -> WindowPlan:
-    dims = lw.graph.resolved(X).ap.dims
+    dims = X.ap.dims
     inner = next((k for k in range(len(dims) - 1, -1, -1) if dims[k][0] > 1 and dims[k][1] == 1), None)
     return window_plan(tuple(X.shape), window, out_shape, itemsize, inner, lw.target, trivial_part)
 

@@ -7,14 +7,20 @@ elementwise operand of the same shape when every operand it takes from outside t
 computed before the cluster starts, so the cluster can run as soon as it starts. The values a
 cluster computes are stored only where something outside it (or the model's output) reads them.
 
-A cluster's shape is tiled as ``[rows, cols]``: ``cols`` the product of the trailing dimensions
-(up to :data:`MAX_COLS` elements per partition, further split in column chunks), ``rows`` the rest,
-128 at a time. Each operator becomes one or a few instructions on those tiles (the table below):
-activation functions on ScalarE, float arithmetic on VectorE, 32-bit integer arithmetic on GpSimd.
+A cluster's shape is tiled without copying an operand (:func:`plan_layout`): its dimensions are grouped
+into runs that every operand's access pattern walks as one dimension, and seen as ``[*outer, rows,
+*free]`` (one run split in two where that makes fewer tiles), each tile ``<= 128`` rows on the partitions
+and the free dimensions flat (up to :data:`MAX_COLS` elements per partition, a longer single run in
+column chunks), loaded and stored by one DMA through the operands' own access patterns. A value
+repeated over the whole shape (a scalar parameter broadcast) is loaded once per cluster into a column,
+one repeated along the row once per tile; both are read as stride-0 views of that column. Each
+operator becomes one or a few instructions on those tiles (the table below): activation functions on
+ScalarE, float arithmetic on VectorE, 32-bit integer arithmetic on GpSimd.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,65 +128,181 @@ def _split(shape: tuple[int, ...]) -> tuple[int, int]:
     return math.prod(shape[:k]), cols
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How a cluster's shape is tiled without copying any operand: ``shape`` seen as ``axes`` (each a run
+    of the cluster's dimensions, or a factor of one, that every operand's access pattern walks as one
+    dimension), the last ``len(free)`` of them flat on a tile's free axis (``cols`` elements per
+    partition; with ``chunk`` the one free axis in pieces of :data:`MAX_COLS`), axis ``rows`` on the
+    partitions (``<= 128`` at a time) and every other one looped over. ``view`` orders the axes so: loops,
+    rows, free."""
+
+    axes: tuple[int, ...]
+    rows: int  # the index of the axis on the partitions
+    nfree: int
+    chunk: bool
+
+    @property
+    def free(self) -> tuple[int, ...]:
+        return self.axes[len(self.axes) - self.nfree:]
+
+    @property
+    def cols(self) -> int:
+        return math.prod(self.free)
+
+    @property
+    def loops(self) -> tuple[int, ...]:
+        """The looped axes' indices, outermost first."""
+        return tuple(i for i in range(len(self.axes) - self.nfree) if i != self.rows)
+
+    @property
+    def perm(self) -> tuple[int, ...]:
+        return (*self.loops, self.rows, *range(len(self.axes) - self.nfree, len(self.axes)))
+
+    @property
+    def positional(self) -> bool:
+        """Are a tile's rows consecutive rows of the shape seen as ``[-1, cols]`` (what iota needs)?"""
+        return self.rows == len(self.axes) - self.nfree - 1
+
+    def view(self, r: Ref) -> Ref:
+        """``r`` (of the cluster's shape) as ``[*loops, rows, *free]``."""
+        return r.reshape(*self.axes).permute(*self.perm)
+
+
+def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> list[list[int]]:
+    """The cluster's dimensions grouped into maximal runs that every access pattern (``(size, stride)``
+    per dimension) walks as one dimension."""
+    groups: list[list[int]] = []
+    last: list[tuple[int, int] | None] = [None] * len(aps)  # per access: the run's innermost dimension
+    for d, n in enumerate(shape):
+        joins = bool(groups) and all(
+            n == 1 or lst is None or lst[1] == ap[d][1] * n for ap, lst in zip(aps, last))
+        if not joins:
+            groups.append([])
+            last = [None] * len(aps)
+        groups[-1].append(n)
+        if n != 1:
+            last = [ap[d] for ap in aps]
+    return groups
+
+
+def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
+                positional: bool = False) -> Layout:
+    """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
+    free axis the innermost runs (the outermost of them maybe split), the partitions any other axis (with
+    ``positional``, the one just outside the free axis)."""
+    sizes = [math.prod(g) for g in _runs(shape, aps)] if shape else [1]
+    best: tuple[tuple[int, int], Layout] | None = None
+    for k in range(len(sizes) - 1, -1, -1):
+        tail = math.prod(sizes[k + 1:])
+        if tail > MAX_COLS:
+            break
+        g = sizes[k]
+        options = [(b, False) for b in range(1, min(g, MAX_COLS // tail) + 1) if g % b == 0]
+        if k == len(sizes) - 1 and g > MAX_COLS:
+            options.append((g, True))
+        for b, chunk in options:
+            free = tuple(x for x in (b, *sizes[k + 1:]) if x != 1) or (1,)
+            lead = (*sizes[:k], g // b)
+            total = math.prod(lead)
+            for rows in ([len(lead) - 1] if positional else range(len(lead))):
+                n = lead[rows]
+                tiles = total // n * -(-n // part) * (-(-b // MAX_COLS) if chunk else 1)
+                score = (tiles, -min(n, part))
+                if best is None or score < best[0]:
+                    best = (score, Layout((*lead, *free), rows, len(free), chunk))
+    assert best is not None
+    return best[1]
+
+
 def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> None:
+    """One pass over tiles of the cluster's shape (:class:`Layout`): every input read in place through its
+    access pattern (a value repeated over the whole shape loaded once into a column; one repeated along a
+    tile's row loaded as a column per tile), every needed result stored once."""
     members = cl.members
     ids = {m.id for m in members}
     outputs = [m for m in members if m.id in lw.output_of or consumers.get(m.id, set()) - ids]
-    rows, cols = _split(cl.shape)
     part = lw.target.partitions
-    # Every input (an operand from outside the cluster) as a [rows, cols] access, or an immediate.
+    shape = cl.shape
+    if math.prod(shape) == 0:
+        return
+    # Every input (an operand from outside the cluster): an immediate, a value repeated everywhere, or a view.
     inputs: dict[int, Operand] = {}
+    repeated: dict[int, Ref] = {}  # one element seen everywhere, as a [1, 1] access
     for m in members:
         for o in m.operands:
-            if o.id in ids or o.id in inputs:
+            if o.id in ids or o.id in inputs or o.id in repeated:
                 continue
             s = lw.scalar(o)
             if s is not None:
                 inputs[o.id] = s
-            elif o.shape == () and cl.shape != ():  # a scalar operand (select's predicate, clamp's bounds)
-                inputs[o.id] = lw.ref(o).reshape(1, 1).broadcast(0, rows).broadcast(1, cols)
+                continue
+            r = lw.ref(o)
+            if o.shape == ():
+                repeated[o.id] = r.reshape(1, 1)
+            elif all(n == 1 or st == 0 for n, st in r.ap.dims):
+                repeated[o.id] = r[(0,) * len(shape)].reshape(1, 1)
             else:
-                inputs[o.id] = lw.view(lw.ref(o), lambda r: r.reshape(rows, cols), m)
-    stores = {m.id: lw.view(lw.result(m), lambda r: r.reshape(rows, cols), m) for m in outputs}
-    for r0 in range(0, rows, part):
-        rn = min(part, rows - r0)
-        for c0 in range(0, cols, MAX_COLS):
-            cn = min(MAX_COLS, cols - c0)
-            k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), cl.shape, (r0, c0), (rows, cols))
-            val: dict[int, Operand] = {}
-            for oid, src in inputs.items():
-                if is_num(src):
-                    val[oid] = src
-                    continue
-                assert isinstance(src, Ref)
-                val[oid] = load_input(lw, k.t, src[r0:r0 + rn, c0:c0 + cn])
-            for m in members:
-                lw.graph.origin = _origin(m)
-                val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
-            for m in outputs:
-                lw.graph.origin = _origin(m)
-                v = val[m.id]
-                if is_num(v):
-                    v = k.t.memset(v, onchip_dtype(device_dtype(m.dtype)))
-                assert isinstance(v, Ref)
-                lw.graph.add("dma", "dma", stores[m.id][r0:r0 + rn, c0:c0 + cn], v)
+                inputs[o.id] = r
+    stores = {m.id: lw.result(m) for m in outputs}
+    views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
+    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members))
+    nf = lay.nfree
+    view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
+    # inputs repeated along the free axes (a per-row value): a column per tile
+    per_row = {oid for oid, v in view_of.items() if lay.cols > 1
+               and all(n == 1 or st == 0 for n, st in v.ap.dims[-nf:])}
+    store_of = {mid: lay.view(r) for mid, r in stores.items()}
+    nrows = lay.axes[lay.rows]
+    pmax = min(part, nrows)
+    cols_of: dict[int, Ref] = {}
+    for oid, r in repeated.items():
+        lw.graph.origin = _origin(next(m for m in members if any(o.id == oid for o in m.operands)))
+        col = lw.graph.tile((pmax, 1), onchip_dtype(r.dtype), "sbuf", "ewrep").ref()
+        lw.graph.add("dma", "dma", col, r.broadcast(0, pmax))
+        cols_of[oid] = col
+    rows_total = math.prod(lay.axes[:len(lay.axes) - nf])
+    for o_flat, o_idx in enumerate(itertools.product(*(range(lay.axes[i]) for i in lay.loops))):
+        for r0 in range(0, nrows, part):
+            rn = min(part, nrows - r0)
+            for c0 in range(0, lay.cols, MAX_COLS if lay.chunk else lay.cols):
+                cn = min(MAX_COLS, lay.cols - c0) if lay.chunk else lay.cols
+                at: tuple = (*o_idx, slice(r0, r0 + rn))
+                key = (*at, *((slice(c0, c0 + cn),) if lay.chunk else ()))
+                k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), shape, (o_flat * nrows + r0, c0),
+                           (rows_total, lay.cols))
+                val: dict[int, Operand] = {}
+                for oid, src in inputs.items():
+                    if is_num(src):
+                        val[oid] = src
+                    elif oid in per_row:
+                        col = lw.graph.tile((rn, 1), onchip_dtype(src.dtype), "sbuf", "ewcol").ref()
+                        lw.graph.add("dma", "dma", col, view_of[oid][(*at, *([0] * nf))].reshape(rn, 1))
+                        val[oid] = col.broadcast(1, cn)
+                    else:
+                        tile = k.t.tile(onchip_dtype(src.dtype))
+                        lw.graph.add("dma", "dma", _shaped(tile, rn, lay, cn), view_of[oid][key])
+                        val[oid] = tile
+                for oid, col in cols_of.items():
+                    c = col[0:rn]
+                    val[oid] = c.broadcast(1, cn) if cn > 1 else c
+                for m in members:
+                    lw.graph.origin = _origin(m)
+                    val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
+                for m in outputs:
+                    lw.graph.origin = _origin(m)
+                    v = val[m.id]
+                    if is_num(v):
+                        v = k.t.memset(v, onchip_dtype(device_dtype(m.dtype)))
+                    assert isinstance(v, Ref)
+                    lw.graph.add("dma", "dma", store_of[m.id][key], _shaped(v, rn, lay, cn))
 
 
-def load_input(lw: Lowering, t: Tiles, src: Ref) -> Ref:
-    """A ``[rows, cols]`` input tile. A value repeated along the row (a per-row statistic broadcast
-    over the features: stride 0 in HBM) is loaded once per row and repeated on chip; a DMA of it as
-    it is would move one element per descriptor."""
-    d = onchip_dtype(src.dtype)
-    tile = t.tile(d)
-    rn, cn = src.shape
-    ap = src.resolved().ap
-    if cn > 1 and ap is not None and len(ap.dims) == 2 and ap.dims[-1][1] == 0:
-        col = lw.graph.tile((rn, 1), d, "sbuf", "ewcol").ref()
-        lw.graph.add("dma", "dma", col, src[:, 0:1])
-        lw.graph.add("dve", "tensor_copy", tile, col.broadcast(1, cn))
+def _shaped(tile: Ref, rn: int, lay: Layout, cn: int) -> Ref:
+    """A ``[rn, cn]`` tile (or view of one) as the tile's view of the layout: ``[rn, *free]``."""
+    if lay.chunk or len(lay.free) == 1:
         return tile
-    lw.graph.add("dma", "dma", tile, src)
-    return tile
+    return tile.reshape(rn, *lay.free)
 
 
 def _origin(node: Node) -> str:

@@ -20,7 +20,19 @@ from typing import Any
 from nxsat import dtypes as dt
 from nxsat.diagnostics import error
 from nxsat.sim.isa import OPS, RAccess
-from nxsat.sim.program import Access, Idx, Tensor, index_box, resolve
+from nxsat.sim.program import (
+    AP,
+    Access,
+    Idx,
+    Tensor,
+    _broadcast,
+    _index,
+    _permute,
+    _reshape,
+    contiguous_strides,
+    index_box,
+    resolve,
+)
 
 ONCHIP = ("sbuf", "psum")
 MAX_INSTRUCTIONS = 2_000_000  # what the device program accepts (sim/verify.py)
@@ -44,6 +56,9 @@ class Buf:
     shard: int | None = None  # input/output: the dimension split across the SPMD ranks
     users: list[Inst] = field(default_factory=list, repr=False)
     base: Buf | None = field(default=None, repr=False)
+    _decl: tuple[Any, Tensor] | None = field(default=None, repr=False)  # (place, tensor) last declared
+    _ap0: AP | None = field(default=None, repr=False)  # the access pattern of the whole buffer
+    sealed: bool = False  # HBM: written completely; only read from now on (:meth:`Graph.seal`)
 
     @property
     def root(self) -> Buf:
@@ -64,10 +79,22 @@ class Buf:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def tensor(self) -> Tensor:
-        """The device-program declaration (on-chip tiles at a placeholder place until allocated)."""
-        return Tensor(self.name, self.kind, self.dtype, self.shape, partition=self.partition,
-                      offset=self.offset if self.offset is not None else (0 if self.onchip else None),
-                      shard=self.shard)
+        """The device-program declaration (on-chip tiles at a placeholder place until allocated); made once
+        per place (every access of the buffer resolves against it)."""
+        place = (self.partition, self.offset, self.shard)
+        if self._decl is None or self._decl[0] != place:
+            t = Tensor(self.name, self.kind, self.dtype, self.shape, partition=self.partition,
+                       offset=self.offset if self.offset is not None else (0 if self.onchip else None),
+                       shard=self.shard)
+            self._decl = (place, t)
+        return self._decl[1]
+
+    @property
+    def ap0(self) -> AP:
+        """The access pattern of the whole buffer (where every access chain starts)."""
+        if self._ap0 is None:
+            self._ap0 = resolve(Access(self.name), self.tensor())
+        return self._ap0
 
     def ref(self) -> Ref:
         return Ref(self, ())
@@ -84,14 +111,19 @@ class Buf:
 class Ref:
     """An access to a buffer: a chain of ``index``, ``permute``, ``reshape`` and ``broadcast`` steps,
     built numpy-style (``buf[0:128, 3].reshape(128, 4, 2).T``). ``as_type`` reads an on-chip tile's
-    bytes as another type of the same width (:meth:`bitcast`)."""
+    bytes as another type of the same width (:meth:`bitcast`).
+
+    The access pattern is resolved step by step (:attr:`ap`: the chain's last step applied to the access
+    pattern of the chain before it, ``parent``), once per Ref: lowering derives tile after tile from one
+    view, and replaying every chain from the buffer was most of its time."""
 
     buf: Buf
     ops: tuple[tuple[str, Any], ...]
     as_type: dt.DType | None = None
+    parent: Ref | None = field(default=None, repr=False)  # the same chain without its last step, if known
 
     def _then(self, op: str, arg: Any) -> Ref:
-        return Ref(self.buf, self.ops + ((op, arg),), self.as_type)
+        return Ref(self.buf, self.ops + ((op, arg),), self.as_type, self)
 
     def bitcast(self, dtype: dt.DType) -> Ref:
         """The same elements of an on-chip tile seen as ``dtype`` (same width): the device program declares
@@ -99,11 +131,33 @@ class Ref:
         stay exact: the geometry is the tile's own."""
         if not self.buf.onchip or dtype.itemsize != self.buf.dtype.itemsize:
             raise ValueError(f"cannot view {self.buf} as {dtype.name}")
-        return Ref(self.buf, self.ops, None if dtype is self.buf.dtype else dtype)
+        return Ref(self.buf, self.ops, None if dtype is self.buf.dtype else dtype, self.parent)
+
+    @cached_property
+    def ap(self) -> AP:
+        """Where the access lies in its buffer (:class:`AccessError` if the chain does not fit it)."""
+        if not self.ops:
+            return self.buf.ap0
+        parent = self.parent if self.parent is not None else Ref(self.buf, self.ops[:-1], self.as_type)
+        p = parent.ap
+        op, arg = self.ops[-1]
+        name = self.buf.name
+        dims, part, offset = list(p.dims), p.part, p.offset
+        if op == "index":
+            offset, dims, part = _index(offset, dims, part, arg, name)
+        elif op == "permute":
+            dims, part = _permute(dims, part, arg, name)
+        elif op == "reshape":
+            dims = _reshape(dims, part, arg, name)
+        elif op == "broadcast":
+            dims = _broadcast(dims, part, arg, name)
+        else:
+            raise ValueError(f"unknown view operation {op}")
+        return AP(offset, tuple(dims), part)
 
     @cached_property
     def shape(self) -> tuple[int, ...]:  # a Ref never changes: resolved once
-        return resolve(self.access(), self.buf.tensor()).shape
+        return self.ap.shape
 
     @property
     def dtype(self) -> dt.DType:
@@ -120,6 +174,7 @@ class Ref:
         if len(key) != len(shape):
             raise IndexError(f"{len(key)} indices for a view of rank {len(shape)}")
         idx = []
+        whole = True
         for k, n in zip(key, shape):
             if isinstance(k, slice):
                 start, stop, step = k.indices(n)
@@ -127,22 +182,28 @@ class Ref:
                 if count <= 0:
                     raise IndexError(f"empty slice {k} of a dimension of {n}")
                 idx.append(Idx(start, start + (count - 1) * step + 1, step, False))
+                whole = whole and start == 0 and count == n and step == 1
             else:
                 i = int(k) + (n if int(k) < 0 else 0)
                 if not 0 <= i < n:
                     raise IndexError(f"index {k} out of range for a dimension of {n}")
                 idx.append(Idx(i, i + 1, 1, True))
-        if all(not ix.single and ix.start == 0 and ix.stop == n and ix.step == 1 for ix, n in zip(idx, shape)):
+                whole = False
+        if whole:
             return self
         return self._then("index", tuple(idx))
 
     def permute(self, *perm: int) -> Ref:
         if self.ops and self.ops[-1][0] == "permute":  # a permute of a permute is one
             prev = self.ops[-1][1]
-            return Ref(self.buf, self.ops[:-1], self.as_type).permute(*(prev[p] for p in perm))
+            return self._up().permute(*(prev[p] for p in perm))
         if tuple(perm) == tuple(range(len(perm))):
             return self
         return self._then("permute", tuple(perm))
+
+    def _up(self) -> Ref:
+        """The chain without its last step."""
+        return self.parent if self.parent is not None else Ref(self.buf, self.ops[:-1], self.as_type)
 
     @property
     def T(self) -> Ref:  # noqa: N802 - numpy's spelling
@@ -152,7 +213,7 @@ class Ref:
         if tuple(shape) == self.shape:
             return self
         if self.ops and self.ops[-1][0] == "reshape":  # a reshape of a reshape is one (no rank-0 step between)
-            return Ref(self.buf, self.ops[:-1]).reshape(*shape)
+            return self._up().reshape(*shape)
         return self._then("reshape", tuple(int(s) for s in shape))
 
     def broadcast(self, dim: int, size: int) -> Ref:
@@ -167,8 +228,7 @@ class Ref:
     def resolved(self) -> RAccess:
         t = self.buf.tensor()
         acc = self.access()
-        ap = resolve(acc, t)
-        return RAccess(acc, t, ap, index_box(acc, t, ap))
+        return RAccess(acc, t, self.ap, index_box(acc, t, self.ap))
 
     def __repr__(self) -> str:
         return f"Ref({self.buf.name}, {self.ops})"
@@ -207,7 +267,7 @@ class _Track:
     __slots__ = ("entries", "buckets", "wide", "writes", "shift", "serial")
 
     def __init__(self, buf: Buf) -> None:
-        self.entries: dict[int, tuple[RAccess, Inst, bool]] = {}
+        self.entries: dict[int, tuple[RAccess, Inst, bool, Any]] = {}
         self.serial = 0
         # the span an access's (lo, hi) ranges over: flat elements in HBM, a partition row's bytes on chip
         elems = math.prod(buf.shape[1:]) * buf.dtype.itemsize if buf.onchip else math.prod(buf.shape)
@@ -244,10 +304,10 @@ class _Track:
             for b in span:
                 self.buckets[b].discard(key)
 
-    def add(self, ra: RAccess, inst: Inst, write: bool) -> None:
+    def add(self, ra: RAccess, inst: Inst, write: bool, h: tuple[tuple[int, int], ...] | None = None) -> None:
         key = self.serial
         self.serial += 1
-        self.entries[key] = (ra, inst, write)
+        self.entries[key] = (ra, inst, write, h)
         if write:
             self.writes.add(key)
         span = self._span(ra)
@@ -275,7 +335,6 @@ class Graph:
         self._names: set[str] = set()
         self._next: dict[str, int] = {}  # the next suffix to try for a name (names stay unique in O(1))
         self._track: dict[int, _Track] = {}
-        self._resolved: dict[tuple[int, tuple], RAccess] = {}
         self.origin: str | None = None
         self.hbm_bytes = 0
         self.hbm_limit: int | None = None
@@ -347,11 +406,27 @@ class Graph:
         return inst
 
     def resolved(self, r: Ref) -> RAccess:
-        key = (id(r.buf), r.ops)
-        ra = self._resolved.get(key)
+        """``r`` resolved against its buffer as declared during lowering (kept with the Ref of a tile, which
+        instructions use again and again; an HBM access's element set can be large, and is dropped)."""
+        if not r.buf.onchip:
+            return r.resolved()
+        ra = r.__dict__.get("_ra")
         if ra is None:
-            ra = self._resolved[key] = r.resolved()
+            ra = r.__dict__["_ra"] = r.resolved()
         return ra
+
+    def seal(self, buf: Buf) -> None:
+        """HBM buffer ``buf`` is written completely and only read from now on (a lowered operator's
+        result): its reads need not be remembered for a later write, which would have to wait for them;
+        a write to it is an error. A model's value is read tile by tile by many operators: remembering
+        each read cost memory and time in proportion to the program."""
+        if buf.onchip or buf.sealed:
+            return
+        buf.sealed = True
+        tr = self._track.get(id(buf))
+        if tr is not None:
+            for key in [k for k, e in tr.entries.items() if not e[2]]:
+                tr.remove(key)
 
     def _depend(self, inst: Inst) -> None:
         for is_write, refs in ((False, inst.reads), (True, inst.writes)):
@@ -362,11 +437,17 @@ class Graph:
                 tr = self._track.get(id(root))
                 if tr is None:
                     tr = self._track[id(root)] = _Track(root)  # a view and its base: one memory
+                if root.sealed and is_write:
+                    raise AssertionError(f"{root.name} is written after it was sealed (at {self.origin})")
                 ra = self.resolved(r)
+                h = hull(ra)
                 for key in tr.candidates(ra, is_write):
-                    e_ra, e_inst, e_write = tr.entries[key]
+                    e_ra, e_inst, e_write, e_h = tr.entries[key]
                     if e_inst is inst:
                         continue
+                    if h is not None and e_h is not None and not all(
+                            a <= d and c <= b for (a, b), (c, d) in zip(h, e_h)):
+                        continue  # apart in some dimension: neither overlaps nor covers the other
                     if (is_write or e_write) and e_ra.overlaps(ra):
                         inst.deps.add(e_inst)
                     # An access that covers an older one and is ordered after it replaces it: a write
@@ -374,4 +455,40 @@ class Graph:
                     ordered = is_write or (not e_write and e_inst in inst.deps)
                     if ordered and ra.covers(e_ra):
                         tr.remove(key)
-                tr.add(ra, inst, is_write)
+                if not root.sealed:
+                    tr.add(ra, inst, is_write, h)
+
+
+def hull(ra: RAccess) -> tuple[tuple[int, int], ...] | None:
+    """Per declared dimension of an HBM tensor, a range ``(first, last)`` of the coordinates the access
+    may touch (its box's, or for an access that is no box, a superset worked out from its pattern), so
+    that two accesses apart in some dimension are told apart without their exact element sets; None on
+    chip (tiles are compared by partitions and bytes) or where no such range is known."""
+    if ra.onchip:
+        return None
+    if ra.box is not None:
+        return tuple((s, e - 1) for s, e, _ in ra.box)
+    shape = ra.tensor.shape
+    strides = contiguous_strides(shape)
+    n = len(shape)
+    ap = ra.ap
+    first = [(ap.offset // st) % m for st, m in zip(strides, shape)]
+    ext = [0] * n
+    for size, st in ap.dims:
+        if size == 1 or st == 0:
+            continue
+        if st < 0:
+            return None
+        d = next(d for d in range(n) if strides[d] <= st and st % strides[d] == 0)
+        ext[d] += (size - 1) * (st // strides[d])
+    out = []
+    carry = 0
+    for d in range(n - 1, -1, -1):  # a dimension that overflows spans its whole range and carries outward
+        top = first[d] + ext[d] + carry
+        if top >= shape[d]:
+            carry = top // shape[d]
+            out.append((0, shape[d] - 1))
+        else:
+            carry = 0
+            out.append((first[d], top))
+    return tuple(reversed(out)) if not carry else None

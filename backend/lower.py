@@ -100,6 +100,7 @@ class Lowering:
     plan: dict[int, Any] = field(default_factory=dict)  # node id -> what a planner decided for its lowering
     _consts: dict[tuple, Ref] = field(default_factory=dict)
     _by_id: dict[int, Node] = field(default_factory=dict)
+    _fresh: list[Any] = field(default_factory=list)  # values set since the last operator was lowered
 
     # --- where values live ----------------------------------------------------------------------
     def ref(self, node: Node) -> Ref:
@@ -110,6 +111,7 @@ class Lowering:
 
     def set(self, node: Node, value: Any) -> None:
         self.values[node.id] = value
+        self._fresh.append(value)
 
     def scalar(self, node: Node) -> float | int | None:
         """The value of a node that is one number however it is shaped (a scalar constant, or a
@@ -249,6 +251,13 @@ class Lowering:
                                        "(high bits dropped)", node.loc)
             self.graph.origin = _origin(node)
             fn(self, node)
+            # What this operator computed is written completely: read only from now on (Graph.seal).
+            while self._fresh:
+                v = self._fresh.pop()
+                if isinstance(v, tuple):
+                    self._fresh.extend(v)
+                elif isinstance(v, Ref) and v.buf.kind in ("scratch", "output"):
+                    self.graph.seal(v.buf)
         self.graph.origin = None
         # Outputs a node did not write itself (a parameter, a constant, a view, a value returned twice).
         for k, (leaf, elem) in enumerate(leaves):

@@ -176,7 +176,7 @@ def _load_kmajor(lw: Lowering, src: Ref, dtype: dt.DType, transpose_dma: bool) -
 
 def _inner_stride(r: Ref) -> int | None:
     """The element stride of a 2-D access's last dimension (None when the chain is not a box)."""
-    ap = r.resolved().ap
+    ap = r.ap
     if ap is None or not ap.dims:
         return None
     size, stride = ap.dims[-1]

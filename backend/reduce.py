@@ -284,7 +284,7 @@ def merge_groups(refs: list[Ref | None], kept: list[int], red: list[int], shape:
     for r in refs:
         if r is None:
             continue
-        ap = r.resolved().ap
+        ap = r.ap
         strides.append([st for _, st in ap.dims])
     groups: list[Group] = []
     pos = {d: i for i, d in enumerate([*kept, *red])}  # position in the permuted views

@@ -48,8 +48,12 @@ class Tiles:
         operations on floats (sign, exponent, mantissa) run on an integer view of the same tile."""
         if a.dtype is dtype:
             return a
-        if a.ops:
-            raise ValueError("only a whole tile can be viewed as another type")
+        if a.ops:  # a view of a tile (an input repeated along the row): its elements, or a whole copy
+            if dtype.itemsize == a.dtype.itemsize:
+                return a.bitcast(dtype)
+            whole = self.tile(a.dtype)
+            self.g.add("dve", "tensor_copy", whole, a)
+            a = whole
         b = a.buf
         n, rem = divmod(b.row_bytes, dtype.itemsize)
         assert rem == 0, f"{b} does not hold whole {dtype.name} elements"
