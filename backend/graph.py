@@ -25,13 +25,10 @@ from nxsat.sim.program import (
     Access,
     Idx,
     Tensor,
-    _broadcast,
-    _index,
-    _permute,
-    _reshape,
     contiguous_strides,
     index_box,
     resolve,
+    view_step,
 )
 
 ONCHIP = ("sbuf", "psum")
@@ -139,21 +136,8 @@ class Ref:
         if not self.ops:
             return self.buf.ap0
         parent = self.parent if self.parent is not None else Ref(self.buf, self.ops[:-1], self.as_type)
-        p = parent.ap
         op, arg = self.ops[-1]
-        name = self.buf.name
-        dims, part, offset = list(p.dims), p.part, p.offset
-        if op == "index":
-            offset, dims, part = _index(offset, dims, part, arg, name)
-        elif op == "permute":
-            dims, part = _permute(dims, part, arg, name)
-        elif op == "reshape":
-            dims = _reshape(dims, part, arg, name)
-        elif op == "broadcast":
-            dims = _broadcast(dims, part, arg, name)
-        else:
-            raise ValueError(f"unknown view operation {op}")
-        return AP(offset, tuple(dims), part)
+        return view_step(parent.ap, op, arg, self.buf.name)
 
     @cached_property
     def shape(self) -> tuple[int, ...]:  # a Ref never changes: resolved once

@@ -245,19 +245,27 @@ def resolve(acc: Access, t: Tensor) -> AP:
     else:
         dims = list(zip(t.shape, strides))
         part = None
-    offset = 0
+    ap = AP(0, tuple(dims), part)
     ops: tuple[tuple[str, object], ...] = ((("index", acc.index),) if acc.index else ()) + acc.views
     for op, arg in ops:
-        if op == "index":
-            offset, dims, part = _index(offset, dims, part, arg, t.name)  # type: ignore[arg-type]
-        elif op == "permute":
-            dims, part = _permute(dims, part, arg, t.name)  # type: ignore[arg-type]
-        elif op == "reshape":
-            dims = _reshape(dims, part, arg, t.name)  # type: ignore[arg-type]
-        elif op == "broadcast":
-            dims = _broadcast(dims, part, arg, t.name)  # type: ignore[arg-type]
-        else:
-            raise AccessError(f"unknown view operation {op}")
+        ap = view_step(ap, op, arg, t.name)
+    return ap
+
+
+def view_step(ap: AP, op: str, arg: Any, name: str) -> AP:
+    """One step of an access chain (``index``, ``permute``, ``reshape``, ``broadcast``) applied to the
+    access pattern so far: the backend resolves its own chains step by step with it."""
+    dims, part, offset = list(ap.dims), ap.part, ap.offset
+    if op == "index":
+        offset, dims, part = _index(offset, dims, part, arg, name)
+    elif op == "permute":
+        dims, part = _permute(dims, part, arg, name)
+    elif op == "reshape":
+        dims = _reshape(dims, part, arg, name)
+    elif op == "broadcast":
+        dims = _broadcast(dims, part, arg, name)
+    else:
+        raise AccessError(f"unknown view operation {op}")
     return AP(offset, tuple(dims), part)
 
 

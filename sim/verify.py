@@ -676,10 +676,10 @@ class _Settled:
     (``live``); a footprint that gets an access again is put back into its neighbours' lists. On
     compiler output, where SBUF is reused all program long, most overlaps are with tiles long dead.
     Sweeps run when the overlaps visited since the last one outnumber a quarter of the overlap
-    relation (a visit costs about four entries of a sweep), so they cost about what the checks would."""
+    relation (a visit costs about four entries of a sweep) and 64K, so they cost about what the checks would."""
 
     SWEEP_COST = 4  # a visited overlap costs about as much as sweeping this many entries of the relation
-    FIRST_SWEEP = 1 << 16  # visits before the first (tests set 0, and SWEEP_COST huge: a sweep per instruction)
+    MIN_VISITS = 1 << 16  # visits between two sweeps at least (tests: 0, and SWEEP_COST huge: a sweep each time)
 
     def __init__(self, lk: Linked, full: list[list[int]]) -> None:
         self.lk = lk
@@ -689,7 +689,7 @@ class _Settled:
         self.settled_write: list[bool] = []
         self.swept = False
         self.visits = 0
-        self.threshold = self.FIRST_SWEEP  # visits before the relation is counted again
+        self.threshold = self.MIN_VISITS  # visits before the relation is counted again
         streams = max(lk.sid, default=0) + 1
         self.queue: list[list[int]] = [[] for _ in range(streams)]  # each stream's instructions, run order
         for i in lk.order:
@@ -724,12 +724,13 @@ class _Settled:
     def maybe_sweep(self, last_write: list[dict[int, int]], last_read: list[dict[int, int]]) -> None:
         if self.visits <= self.threshold:
             return
-        relation = sum(map(len, self.full)) // self.SWEEP_COST
-        if self.visits <= relation:
-            self.threshold = relation  # it has grown since it was counted
+        # a sweep also has a fixed cost (every footprint, every stream's clock)
+        threshold = max(self.MIN_VISITS, sum(map(len, self.full)) // self.SWEEP_COST)
+        if self.visits <= threshold:
+            self.threshold = threshold  # the relation has grown since it was counted
             return
         self.visits = 0
-        self.threshold = relation
+        self.threshold = threshold
         lk = self.lk
         nxt = [q[h] for q, h in zip(self.queue, self.head) if h < len(q)]
         if not nxt:

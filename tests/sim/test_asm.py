@@ -395,7 +395,7 @@ def test_checks_hold_when_every_instruction_sweeps(monkeypatch: pytest.MonkeyPat
     the same line."""
     from nxsat.sim import verify
 
-    monkeypatch.setattr(verify._Settled, "FIRST_SWEEP", 0)
+    monkeypatch.setattr(verify._Settled, "MIN_VISITS", 0)
     monkeypatch.setattr(verify._Settled, "SWEEP_COST", 10**12)
     for body, code, line in BAD:
         test_program_errors_are_coded_with_line_numbers(body, code, line)
