@@ -584,7 +584,11 @@ class Activation(Op):
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
         v = nm.to_f32(x.read(src)).reshape(dst.shape)
-        t = v * _scalar(x, c.attrs["scale"], dst, "f32") + _scalar(x, c.attrs["bias"], dst, "f32")
+        scale = c.attrs["scale"]
+        if not isinstance(scale, RAccess) and scale == 1.0:  # x * 1 is x: one pass over the tile saved
+            t = v + _scalar(x, c.attrs["bias"], dst, "f32")
+        else:
+            t = v * _scalar(x, scale, dst, "f32") + _scalar(x, c.attrs["bias"], dst, "f32")
         y = nm.ACTIVATIONS[c.attrs["func"]](np.asarray(t, dtype=np.float32))
         x.write(dst, y)
         acc = c.attrs["accum"]
