@@ -577,3 +577,15 @@ def test_a_view_is_placed_with_its_base_and_keeps_it_alive() -> None:
     xs = RNG.standard_normal((128, 512)).astype(np.float32)
     got = m.run({"x": xs})
     np.testing.assert_array_equal(got[0], xs.view(np.uint32))
+
+
+def test_layout_keeps_a_value_per_row_as_a_column() -> None:
+    """An operand repeated along the innermost dimension (softmax's max, broadcast over a row) is read as
+    one column per tile: the free axis is that dimension alone, although a wider one makes fewer tiles
+    (mha_block: 150 us per tile when the repeated value was loaded element by element)."""
+    from nxsat.backend.elementwise import plan_layout
+
+    rowwise = ((32, 768), (6, 128), (128, 1))
+    repeated = ((32, 6), (6, 1), (128, 0))
+    assert plan_layout((32, 6, 128), [rowwise, repeated], 128).free == (128,)  # two tiles of 128 rows
+    assert plan_layout((32, 6, 128), [rowwise, rowwise], 128).cols > 128  # otherwise: one tile, wider
