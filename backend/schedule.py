@@ -18,7 +18,7 @@ and each semaphore has one signalling stream (the verifier checks it in one pass
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -46,6 +46,14 @@ class Scheduled:
     order: list[Inst] = field(default_factory=list)
 
 
+def _lo(u: tuple[int, int, Buf]) -> int:
+    return u[0]
+
+
+def _hi(u: tuple[int, int, Buf]) -> int:
+    return u[1]
+
+
 class _Space:
     """Next-fit allocation of one memory's bytes per partition (all partitions alike): the search starts
     where the last allocation ended and wraps around, so a tile rarely lands where one was just freed
@@ -54,7 +62,8 @@ class _Space:
     def __init__(self, size: int, align: int) -> None:
         self.size = size
         self.align = align
-        self.used: list[tuple[int, int, Buf]] = []  # sorted (lo, hi, buf)
+        self.used: list[tuple[int, int, Buf]] = []  # sorted (lo, hi, buf): disjoint, so by ``hi`` too
+        self.place: dict[int, int] = {}  # id(buf) -> its ``lo`` in ``used``
         self.history: list[tuple[int, int, list[Inst]]] = []  # freed (lo, hi, last users): disjoint, by lo
         self.history_lo: list[int] = []  # their ``lo``, for bisection
         self.in_use = 0
@@ -72,8 +81,8 @@ class _Space:
         if off is None:
             return None
         self.cursor = off + need
-        self.used.append((off, off + need, buf))
-        self.used.sort(key=lambda u: u[0])
+        insort(self.used, (off, off + need, buf), key=_lo)
+        self.place[id(buf)] = off
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
         waits = [u for k in self._history_over(off, off + need) for u in self.history[k][2]]
@@ -82,18 +91,25 @@ class _Space:
     def _fit(self, start: int, need: int, step: int) -> int | None:
         """The first place at or after ``start`` with room for ``need`` bytes."""
         off = -(-start // step) * step
-        for lo, hi, _ in self.used:
-            if hi <= off:
-                continue
+        used = self.used
+        for k in range(bisect_right(used, off, key=_hi), len(used)):  # the first place ending after ``off``
+            lo, hi, _ = used[k]
             if off + need <= lo:
                 break
             off = max(off, -(-hi // step) * step)
         return off if off + need <= self.size else None
 
+    def _index(self, buf: Buf) -> int:
+        """Where ``buf``'s place is in ``used`` (found by its ``lo``: the places are disjoint)."""
+        k = bisect_left(self.used, self.place[id(buf)], key=_lo)
+        while self.used[k][2] is not buf:  # an empty place may share its ``lo`` with the next one
+            k += 1
+        return k
+
     def commit(self, buf: Buf) -> None:
         """The place given to ``buf`` is taken: earlier tiles' records there are no longer needed (whoever
         uses this memory next waits for ``buf``'s users, which waited for theirs)."""
-        lo0, hi0 = next((lo, hi) for lo, hi, b in self.used if b is buf)
+        lo0, hi0, _ = self.used[self._index(buf)]
         self._forget(lo0, hi0)
 
     def _history_over(self, lo0: int, hi0: int) -> range:
@@ -120,22 +136,20 @@ class _Space:
 
     def unalloc(self, buf: Buf) -> None:
         """Take back a place just given (before it is committed: nothing has used it)."""
-        for k, (lo, hi, b) in enumerate(self.used):
-            if b is buf:
-                del self.used[k]
-                self.in_use -= hi - lo
-                return
+        if id(buf) in self.place:
+            lo, hi, _ = self.used.pop(self._index(buf))
+            del self.place[id(buf)]
+            self.in_use -= hi - lo
 
     def free(self, buf: Buf, last_users: list[Inst]) -> None:
-        for k, (lo, hi, b) in enumerate(self.used):
-            if b is buf:
-                del self.used[k]
-                self.in_use -= hi - lo
-                self._forget(lo, hi)
-                at = bisect_left(self.history_lo, lo)
-                self.history.insert(at, (lo, hi, last_users))
-                self.history_lo.insert(at, lo)
-                return
+        if id(buf) in self.place:
+            lo, hi, _ = self.used.pop(self._index(buf))
+            del self.place[id(buf)]
+            self.in_use -= hi - lo
+            self._forget(lo, hi)
+            at = bisect_left(self.history_lo, lo)
+            self.history.insert(at, (lo, hi, last_users))
+            self.history_lo.insert(at, lo)
 
 
 def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf], flags: tuple[str, ...] = (),
