@@ -59,6 +59,8 @@ class _Space:
     where the last allocation ended and wraps around, so a tile rarely lands where one was just freed
     (whose last users it would have to wait for)."""
 
+    FAR = 64  # live places walked past before the search jumps to the free end
+
     def __init__(self, size: int, align: int) -> None:
         self.size = size
         self.align = align
@@ -92,10 +94,17 @@ class _Space:
         """The first place at or after ``start`` with room for ``need`` bytes."""
         off = -(-start // step) * step
         used = self.used
-        for k in range(bisect_right(used, off, key=_hi), len(used)):  # the first place ending after ``off``
+        first = bisect_right(used, off, key=_hi)  # the first place ending after ``off``
+        for k in range(first, len(used)):
             lo, hi, _ = used[k]
             if off + need <= lo:
                 break
+            if k - first == self.FAR and used:
+                # a long run of live places (a training step's activations, kept for the backward
+                # pass): past the last one, if there is room, rather than walking them all each time
+                end = -(-used[-1][1] // step) * step
+                if end + need <= self.size:
+                    return end
             off = max(off, -(-hi // step) * step)
         return off if off + need <= self.size else None
 
