@@ -99,9 +99,9 @@ class _Space:
             lo, hi, _ = used[k]
             if off + need <= lo:
                 break
-            if k - first == self.FAR and used:
-                # a long run of live places (a training step's activations, kept for the backward
-                # pass): past the last one, if there is room, rather than walking them all each time
+            if k - first == self.FAR:
+                # a long run of live places: past the last one, if there is room, rather than walking
+                # them all at every allocation
                 end = -(-used[-1][1] // step) * step
                 if end + need <= self.size:
                     return end
@@ -143,18 +143,23 @@ class _Space:
         self.history[over.start:over.stop] = keep
         self.history_lo[over.start:over.stop] = [r[0] for r in keep]
 
+    def _take(self, buf: Buf) -> tuple[int, int] | None:
+        """``buf``'s place, given back (None when it has none)."""
+        if id(buf) not in self.place:
+            return None
+        lo, hi, _ = self.used.pop(self._index(buf))
+        del self.place[id(buf)]
+        self.in_use -= hi - lo
+        return lo, hi
+
     def unalloc(self, buf: Buf) -> None:
         """Take back a place just given (before it is committed: nothing has used it)."""
-        if id(buf) in self.place:
-            lo, hi, _ = self.used.pop(self._index(buf))
-            del self.place[id(buf)]
-            self.in_use -= hi - lo
+        self._take(buf)
 
     def free(self, buf: Buf, last_users: list[Inst]) -> None:
-        if id(buf) in self.place:
-            lo, hi, _ = self.used.pop(self._index(buf))
-            del self.place[id(buf)]
-            self.in_use -= hi - lo
+        place = self._take(buf)
+        if place is not None:
+            lo, hi = place
             self._forget(lo, hi)
             at = bisect_left(self.history_lo, lo)
             self.history.insert(at, (lo, hi, last_users))

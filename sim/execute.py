@@ -139,7 +139,7 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
         ctxs.append(_Ctx(state, r, saturate, warnings))
     # One BLAS thread: a program's matmuls are small (a member multiplies at most 128x128 by 128x512),
     # threads gain little on them, and while another process holds a core OpenBLAS's spinning threads
-    # made a run 20x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
+    # made a run 22x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
     # Transcendental functions over large tiles use the host's cores on their own (numerics.threads).
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
         for i in lk.order:

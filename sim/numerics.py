@@ -97,12 +97,9 @@ def _f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.nd
     def run(x: np.ndarray) -> np.ndarray:
         out = np.empty(np.shape(x), F32)
         n = threads() if out.size >= PARALLEL_MIN else 1
-        if n == 1:
-            part(np.asarray(x), out)
-            return out
         flat, dst = np.ravel(x), out.reshape(-1)
-        cuts = [flat.size * i // n for i in range(n + 1)]
-        parallel_map(part, [flat[a:b] for a, b in zip(cuts, cuts[1:])], [dst[a:b] for a, b in zip(cuts, cuts[1:])])
+        spans = [slice(flat.size * i // n, flat.size * (i + 1) // n) for i in range(n)]
+        parallel_map(part, [flat[s] for s in spans], [dst[s] for s in spans])
         return out
 
     return run
