@@ -18,7 +18,7 @@ and each semaphore has one signalling stream (the verifier checks it in one pass
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -54,6 +54,51 @@ def _hi(u: tuple[int, int, Buf]) -> int:
     return u[1]
 
 
+class _Gaps:
+    """The free gaps of a memory by their aligned start (one slot per ``align`` bytes), each slot holding
+    the room its gap has from there: a max-tree over the slots finds the first gap at or after a slot
+    with room for a request in a few steps, where a walk over the live places took thousands."""
+
+    def __init__(self, size: int, align: int) -> None:
+        self.align = align
+        self.leaves = 1 << max(1, -(-size // align) - 1).bit_length()
+        self.tree = [0] * (2 * self.leaves)
+
+    def room(self, lo: int, hi: int) -> tuple[int, int]:
+        """The gap ``[lo, hi)``'s slot and its room from the aligned start (0 when none)."""
+        slot = -(-lo // self.align)
+        return slot, max(0, hi - slot * self.align)
+
+    def set(self, lo: int, hi: int, present: bool) -> None:
+        """Add or remove the gap ``[lo, hi)`` (only gaps with room are kept: their slots are distinct)."""
+        slot, room = self.room(lo, hi)
+        if not room:
+            return
+        tree, i = self.tree, slot + self.leaves
+        tree[i] = room if present else 0
+        while i > 1:
+            i >>= 1
+            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+
+    def widest(self) -> int:
+        return self.tree[1]
+
+    def first(self, slot: int, need: int) -> int | None:
+        """The first slot at or after ``slot`` whose gap has room for ``need`` bytes."""
+        tree, i = self.tree, slot + self.leaves
+        if slot >= self.leaves:
+            return None
+        while tree[i] < need:
+            while i & 1:  # a right child: up until the subtree to the right is a sibling
+                i >>= 1
+            if i == 0:
+                return None
+            i += 1
+        while i < self.leaves:
+            i = 2 * i if tree[2 * i] >= need else 2 * i + 1
+        return i - self.leaves
+
+
 class _Space:
     """Next-fit allocation of one memory's bytes per partition (all partitions alike): the search starts
     where the last allocation ended and wraps around, so a tile rarely lands where one was just freed
@@ -65,33 +110,74 @@ class _Space:
         self.size = size
         self.align = align
         self.used: list[tuple[int, int, Buf]] = []  # sorted (lo, hi, buf): disjoint, so by ``hi`` too
-        self.place: dict[int, int] = {}  # id(buf) -> its ``lo`` in ``used``
+        self.place: dict[int, int] = {}  # id(buf) -> its ``lo`` in ``used`` (-1: an empty tile, not in it)
         self.history: list[tuple[int, int, list[Inst]]] = []  # freed (lo, hi, last users): disjoint, by lo
         self.history_lo: list[int] = []  # their ``lo``, for bisection
         self.in_use = 0
         self.peak = 0
         self.cursor = 0  # next fit: memory just freed is reused last, so its users need not be waited for
+        # the free gaps, for a search that does not walk the live places (and fails at once when no gap
+        # is wide enough: a full SBUF refuses many ready instructions at every step)
+        self.gaps = _Gaps(size, align)
+        self.gaps.set(0, size, True)
 
     def alloc(self, buf: Buf, nbytes: int, bank: int | None = None) -> tuple[int, list[Inst]] | None:
         """A place for ``nbytes`` (at a multiple of ``bank`` bytes when given, not crossing one when it
         fits in one), and the instructions that last used that memory."""
         step = bank or self.align
-        need = nbytes if bank is None else -(-nbytes // bank) * bank
+        need = self.need(nbytes, bank)
+        if need == 0:  # an empty tile takes no place (an empty place would break the order by ``hi``)
+            self.place[id(buf)] = -1
+            return 0, []
+        if need > self.gaps.widest():
+            return None
         off = self._fit(self.cursor, need, step)
         if off is None:
             off = self._fit(0, need, step)
         if off is None:
             return None
         self.cursor = off + need
-        insort(self.used, (off, off + need, buf), key=_lo)
+        k = bisect_right(self.used, off, key=_lo)
+        prev, nxt = self._bounds(k, k)
+        self.used.insert(k, (off, off + need, buf))
+        self.gaps.set(prev, nxt, False)
+        self.gaps.set(prev, off, True)
+        self.gaps.set(off + need, nxt, True)
         self.place[id(buf)] = off
         self.in_use += need
         self.peak = max(self.peak, self.in_use)
         waits = [u for k in self._history_over(off, off + need) for u in self.history[k][2]]
         return off, waits
 
+    @staticmethod
+    def need(nbytes: int, bank: int | None) -> int:
+        """The bytes an allocation of ``nbytes`` takes (whole banks when given)."""
+        return nbytes if bank is None else -(-nbytes // bank) * bank
+
     def _fit(self, start: int, need: int, step: int) -> int | None:
-        """The first place at or after ``start`` with room for ``need`` bytes."""
+        """The first place at or after ``start`` with room for ``need`` bytes; past the last live place
+        instead, if there is room there, when the first is more than FAR places on."""
+        if step != self.align:
+            return self._walk(start, need, step)
+        off = -(-start // step) * step
+        used = self.used
+        first = bisect_right(used, off, key=_hi)  # the first place ending after ``off``
+        if off + need <= (used[first][0] if first < len(used) else self.size):
+            return off
+        if first == len(used):
+            return None
+        slot = self.gaps.first(-(-used[first][1] // step), need)
+        if slot is None:
+            return None
+        at = slot * step
+        if bisect_right(used, at, key=_hi) - first > self.FAR:
+            end = -(-used[-1][1] // step) * step
+            if end + need <= self.size:
+                return end
+        return at
+
+    def _walk(self, start: int, need: int, step: int) -> int | None:
+        """``_fit`` place by place, for a step other than the gaps' alignment (PSUM's banks: few places)."""
         off = -(-start // step) * step
         used = self.used
         first = bisect_right(used, off, key=_hi)  # the first place ending after ``off``
@@ -108,16 +194,26 @@ class _Space:
             off = max(off, -(-hi // step) * step)
         return off if off + need <= self.size else None
 
+    def _bounds(self, before: int, after: int) -> tuple[int, int]:
+        """The end of the place before index ``before`` and the start of the one at index ``after``."""
+        return (self.used[before - 1][1] if before else 0,
+                self.used[after][0] if after < len(self.used) else self.size)
+
+    def widest(self) -> int:
+        """The most bytes one allocation could get now."""
+        return self.gaps.widest()
+
     def _index(self, buf: Buf) -> int:
         """Where ``buf``'s place is in ``used`` (found by its ``lo``: the places are disjoint)."""
         k = bisect_left(self.used, self.place[id(buf)], key=_lo)
-        while self.used[k][2] is not buf:  # an empty place may share its ``lo`` with the next one
-            k += 1
+        assert self.used[k][2] is buf
         return k
 
     def commit(self, buf: Buf) -> None:
         """The place given to ``buf`` is taken: earlier tiles' records there are no longer needed (whoever
         uses this memory next waits for ``buf``'s users, which waited for theirs)."""
+        if self.place[id(buf)] < 0:
+            return
         lo0, hi0, _ = self.used[self._index(buf)]
         self._forget(lo0, hi0)
 
@@ -147,7 +243,15 @@ class _Space:
         """``buf``'s place, given back (None when it has none)."""
         if id(buf) not in self.place:
             return None
-        lo, hi, _ = self.used.pop(self._index(buf))
+        if self.place[id(buf)] < 0:
+            del self.place[id(buf)]
+            return None
+        k = self._index(buf)
+        prev, nxt = self._bounds(k, k + 1)
+        lo, hi, _ = self.used.pop(k)
+        self.gaps.set(prev, lo, False)
+        self.gaps.set(hi, nxt, False)
+        self.gaps.set(prev, nxt, True)
         del self.place[id(buf)]
         self.in_use -= hi - lo
         return lo, hi
@@ -201,19 +305,27 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     frontier = 0  # lowest unscheduled program position
     scheduled = [False] * n
 
-    def place(i: Inst) -> bool:
+    # Instructions whose new tile did not fit wait aside (per memory, by the bytes that did not fit) until
+    # a free makes a gap that wide: nothing else can make room, and retrying every refused instruction
+    # at every step was quadratic once thousands of loads were ready and SBUF was full.
+    parked: dict[int, list[tuple[int, int]]] = {id(sbuf): [], id(psum): []}  # heaps of (need, index)
+    parked_loads: list[int] = []  # heap of parked loads' indices (an entry is stale once unparked)
+    is_parked = bytearray(n)
+
+    def place(i: Inst) -> tuple[_Space, int] | None:
+        """Give ``i``'s new tiles their places; None, or the memory and bytes that did not fit."""
         new = list({id(r.buf.root): r.buf.root for r in i.writes
                     if r.buf.onchip and id(r.buf.root) not in placed}.values())
         got: list[tuple[Buf, _Space]] = []
         for b in new:
-            space = sbuf if b.kind == "sbuf" else psum
-            res = space.alloc(b, b.row_bytes, bank if b.kind == "psum" else None)
+            space, b_bank = (sbuf, None) if b.kind == "sbuf" else (psum, bank)
+            res = space.alloc(b, b.row_bytes, b_bank)
             if res is None:
                 for g, sp in got:  # undo: nothing used that memory
                     sp.unalloc(g)
                     placed.discard(id(g))
                     g.offset = None
-                return False
+                return space, space.need(b.row_bytes, b_bank)
             b.offset, waits = res
             placed.add(id(b))
             reuse[id(b)] = waits
@@ -222,31 +334,58 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
             space.commit(b)
         for b in {id(r.buf): r.buf for r in i.writes if r.buf.onchip}.values():
             extra[i.index].extend(reuse.get(id(b), ()))
-        return True
+        return None
+
+    def park(idx: int, blocked: tuple[_Space, int], load: bool) -> None:
+        space, need = blocked
+        heapq.heappush(parked[id(space)], (need, idx))
+        is_parked[idx] = 1
+        if load:
+            heapq.heappush(parked_loads, idx)
+
+    def unpark(space: _Space, everything: bool = False) -> None:
+        waiting, wide = parked[id(space)], space.widest()
+        while waiting and (everything or waiting[0][0] <= wide):
+            idx = heapq.heappop(waiting)[1]
+            is_parked[idx] = 0
+            heapq.heappush(ready_loads if is_load(insts[idx]) else ready_other, idx)
+
+    def lowest_parked_load() -> int:
+        while parked_loads and not is_parked[parked_loads[0]]:
+            heapq.heappop(parked_loads)
+        return parked_loads[0] if parked_loads else n
 
     while len(order) < n:
         pick = None
         # A load may go ahead of program order (within a window, while SBUF has room): its data then
         # arrives in a tile of its own while the tiles before it are still in use (double buffering).
-        if ready_loads and ready_loads[0] <= frontier + LOOKAHEAD and (
+        # (the earliest load first: when that one is parked, it would not fit)
+        if ready_loads and ready_loads[0] <= frontier + LOOKAHEAD and ready_loads[0] < lowest_parked_load() and (
                 ready_loads[0] == frontier or sbuf.in_use <= PREFETCH_SBUF_FRACTION * sbuf.size):
-            if place(insts[ready_loads[0]]):
+            blocked = place(insts[ready_loads[0]])
+            if blocked is None:
                 pick = insts[heapq.heappop(ready_loads)]
-        if pick is None:
-            stuck: list[tuple[list[int], int]] = []
+            else:
+                park(heapq.heappop(ready_loads), blocked, True)
+        for retry in (False, True):
+            if pick is not None:
+                break
+            if retry:  # a parked instruction whose other tile another one has placed may fit now
+                for space in (sbuf, psum):
+                    unpark(space, everything=True)
             while ready_loads or ready_other:
                 h = ready_loads if not ready_other or (ready_loads and ready_loads[0] < ready_other[0]) \
                     else ready_other
                 idx = heapq.heappop(h)
-                if place(insts[idx]):
+                blocked = place(insts[idx])
+                if blocked is None:
                     pick = insts[idx]
                     break
-                stuck.append((h, idx))
-            for h, idx in stuck:
-                heapq.heappush(h, idx)
+                park(idx, blocked, h is ready_loads)
         if pick is None:
+            waiting = [idx for heap in parked.values() for _, idx in heap]
             need = max((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "sbuf")
-                        for i in (*ready_loads, *ready_other)), default=0)
+                        for i in (*ready_loads, *ready_other, *waiting)), default=0)
             raise error("NCC_EOOM001", f"the working set does not fit on chip: {sbuf.in_use} of {sbuf.size} SBUF "
                         f"bytes per partition are live and {need} more are needed",
                         hint="the model's tiles are too large for this target")
@@ -263,7 +402,9 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 continue
             remaining[id(b)] -= 1
             if remaining[id(b)] == 0:
-                (sbuf if b.kind == "sbuf" else psum).free(b, list(b.users))
+                space = sbuf if b.kind == "sbuf" else psum
+                space.free(b, list(b.users))
+                unpark(space)
     if len(order) != n:
         raise error("NCC_IINT001", "internal compiler error: the instruction graph has a cycle")
     return _emit(graph, target, order, extra, inputs, outputs, flags, lnc, sbuf.peak, psum.peak)

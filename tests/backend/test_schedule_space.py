@@ -1,0 +1,72 @@
+"""The scheduler's memory allocator (`backend.schedule._Space`) against brute force: after any sequence
+of allocations and frees, an allocation fails exactly when no aligned place has room, and the widest
+free gap it keeps (its fail-fast test) is the true one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nxsat import dtypes as dt
+from nxsat.backend.graph import Buf
+from nxsat.backend.schedule import _Space
+
+
+def _gaps(space: _Space) -> list[tuple[int, int]]:
+    edges = [0] + [x for lo, hi, _ in space.used for x in (lo, hi)] + [space.size]
+    return [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+
+
+def _fits(space: _Space, need: int, step: int) -> bool:
+    return need == 0 or any(-(-a // step) * step + need <= b for a, b in _gaps(space))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("bank", [None, 2048])
+def test_allocation_fails_exactly_when_no_place_has_room(seed: int, bank: int | None) -> None:
+    rng = random.Random(seed)
+    space = _Space(16384, 64)
+    live: list[Buf] = []
+    refused = 0
+    for n in range(1500):
+        if live and rng.random() < 0.45:
+            space.free(live.pop(rng.randrange(len(live))), [])
+        else:
+            nbytes = rng.choice([0, 64, 128, 640, 2048, 3000, 4096])
+            b = Buf(f"t{n}", "sbuf", dt.F32, (128, max(nbytes // 4, 0)))
+            step = bank or 64
+            need = nbytes if bank is None else -(-nbytes // bank) * bank
+            could = _fits(space, need, step)
+            got = space.alloc(b, nbytes, bank)
+            assert (got is not None) == could, (n, nbytes, _gaps(space))
+            if got is None:
+                refused += 1
+                continue
+            space.commit(b)
+            live.append(b)
+        assert space.widest() == max([0] + [b - -(-a // 64) * 64 for a, b in _gaps(space)])
+        assert space.in_use == sum(hi - lo for lo, hi, _ in space.used)
+    assert refused > 50  # the sequence does fill the memory
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_gap_search_finds_what_a_walk_over_the_places_finds(seed: int) -> None:
+    """Many small tiles (more live places than FAR): the tree's answer, jumps to the free end included,
+    is the place-by-place walk's."""
+    rng = random.Random(seed)
+    space = _Space(65536, 64)
+    live: list[Buf] = []
+    for n in range(3000):
+        if live and rng.random() < 0.4:
+            space.free(live.pop(rng.randrange(len(live))), [])
+        else:
+            nbytes = rng.choice([64, 100, 128, 192, 1000])
+            b = Buf(f"t{n}", "sbuf", dt.F32, (128, nbytes // 4))
+            if space.alloc(b, nbytes) is not None:
+                space.commit(b)
+                live.append(b)
+        for _ in range(4):
+            start, need = rng.randrange(space.size), rng.choice([64, 128, 256, 1024, 4096])
+            assert space._fit(start, need, 64) == space._walk(start, need, 64), (n, start, need)
+    assert len(space.used) > 2 * _Space.FAR
