@@ -75,17 +75,19 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
     for b in range(B):
         for m0 in range(0, M, plan.m_tile):
             mn = min(plan.m_tile, M - m0)
-            stationary = []
-            for k0 in range(0, K, plan.k_tile):
-                kn = min(plan.k_tile, K - k0)
-                st = _load_kmajor(lw, L[b, m0:m0 + mn, k0:k0 + kn].T, mt, transpose_dma)
-                stationary.append((k0, kn, st))
+            k_tiles = [(k0, min(plan.k_tile, K - k0)) for k0 in range(0, K, plan.k_tile)]
+
+            def stationary(k0: int, kn: int, b: int = b, m0: int = m0, mn: int = mn) -> Ref:
+                return _load_kmajor(lw, L[b, m0:m0 + mn, k0:k0 + kn].T, mt, transpose_dma)
+
+            resident = [stationary(k0, kn) for k0, kn in k_tiles] if plan.resident else None
             for n0 in range(0, N, plan.n_tile):
                 nn = min(plan.n_tile, N - n0)
                 acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
-                for j, (k0, kn, st) in enumerate(stationary):
+                for j, (k0, kn) in enumerate(k_tiles):
+                    st = resident[j] if resident is not None else stationary(k0, kn)
                     mv = _load_kmajor(lw, R[b, k0:k0 + kn, n0:n0 + nn], mt, transpose_dma)
-                    g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(stationary) - 1,
+                    g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(k_tiles) - 1,
                           **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                 res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()
                 if evac % 2 == 0:

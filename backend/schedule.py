@@ -32,6 +32,7 @@ from nxsat.sim.target import Target
 ALIGN = 64
 LOOKAHEAD = 48  # how many instructions a DMA load may go ahead of program order
 PREFETCH_SBUF_FRACTION = 0.6  # and only while SBUF stays below this fraction in use
+REACH = 512  # how far past the lowest unscheduled instruction one may take on-chip memory
 ENGINES = ("pe", "act", "dve", "pool", "cc")
 
 
@@ -311,11 +312,19 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     parked: dict[int, list[tuple[int, int]]] = {id(sbuf): [], id(psum): []}  # heaps of (need, index)
     parked_loads: list[int] = []  # heap of parked loads' indices (an entry is stale once unparked)
     is_parked = bytearray(n)
+    # Instructions more than REACH past the frontier that would take memory wait for it to come nearer:
+    # a tile placed for far-off work (a memset of padding, ready from the start) holds its memory until
+    # that work runs, and enough of them left the frontier no room (mobilenet_v2: 110 KB of SBUF per
+    # partition held for instructions up to 300k ahead).
+    deferred: list[int] = []
 
     def place(i: Inst) -> tuple[_Space, int] | None:
-        """Give ``i``'s new tiles their places; None, or the memory and bytes that did not fit."""
+        """Give ``i``'s new tiles their places; None, or the memory and bytes that did not fit (the
+        bytes are 0 when ``i`` is too far ahead to take any)."""
         new = list({id(r.buf.root): r.buf.root for r in i.writes
                     if r.buf.onchip and id(r.buf.root) not in placed}.values())
+        if new and i.index > frontier + REACH:
+            return sbuf, 0
         got: list[tuple[Buf, _Space]] = []
         for b in new:
             space, b_bank = (sbuf, None) if b.kind == "sbuf" else (psum, bank)
@@ -338,6 +347,9 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
 
     def park(idx: int, blocked: tuple[_Space, int], load: bool) -> None:
         space, need = blocked
+        if not need:
+            heapq.heappush(deferred, idx)
+            return
         heapq.heappush(parked[id(space)], (need, idx))
         is_parked[idx] = 1
         if load:
@@ -393,6 +405,9 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         order.append(pick)
         while frontier < n and scheduled[frontier]:
             frontier += 1
+        while deferred and deferred[0] <= frontier + REACH:
+            idx = heapq.heappop(deferred)
+            heapq.heappush(ready_loads if is_load(insts[idx]) else ready_other, idx)
         for s in succ[pick.index]:
             indeg[s.index] -= 1
             if indeg[s.index] == 0:

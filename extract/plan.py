@@ -10,28 +10,42 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nxsat import dtypes as dt
 from nxsat.sim.target import Target
 
 
 @dataclass(frozen=True)
 class MatmulPlan:
     """Tiles of ``[M, K] @ [K, N]``: ``m_tile`` stationary columns (output partitions), ``k_tile``
-    contraction rows (partitions), ``n_tile`` moving columns (one PSUM bank of fp32)."""
+    contraction rows (partitions), ``n_tile`` moving columns (one PSUM bank of fp32). ``resident``:
+    an M tile's stationary K tiles are loaded once and kept on chip for all its N tiles; otherwise
+    each is loaded beside the moving tile it meets (once per N tile), so a long contraction does not
+    hold its whole stationary operand in SBUF."""
 
     m_tile: int
     k_tile: int
     n_tile: int
+    resident: bool = True
 
     def instructions(self, M: int, K: int, N: int) -> int:
         """Matmul instructions the plan emits for one batch."""
         return -(-M // self.m_tile) * -(-K // self.k_tile) * -(-N // self.n_tile)
 
 
+# The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
+STATIONARY_SBUF_SHARE = 1 / 8
+
+
 def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPlan:
-    """The largest tiles the array and one PSUM bank take."""
+    """The largest tiles the array and one PSUM bank take; the stationary operand resident when its K
+    tiles fit the SBUF share (mobilenet_v2's weight gradients contract over 75k positions: 588 K
+    tiles, loaded all at once, left no room for the moving ones)."""
     mm = target.matmul
     n_bank = target.psum_bank_bytes // 4
-    return MatmulPlan(min(M, mm["cols"]), min(K, mm["rows"]), min(N, mm["max_moving"], n_bank))
+    m, k, n = min(M, mm["cols"]), min(K, mm["rows"]), min(N, mm["max_moving"], n_bank)
+    stationary = -(-K // k) * m * dt.by_name(dtype).itemsize  # bytes per partition
+    resident = stationary <= STATIONARY_SBUF_SHARE * target.sbuf_bytes
+    return MatmulPlan(m, k, n, resident)
 
 
 @dataclass(frozen=True)

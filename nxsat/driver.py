@@ -21,6 +21,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -187,12 +188,18 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
     compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags))
-    data, model = st.run("neff", lambda: sim.build_model(compiled.program, target, compiled.constants))
+    program, constants = compiled.program, compiled.constants
+    io = [(b.nbytes, b.shard) for b in compiled.inputs + compiled.outputs]
+    # The instruction graph is done with: freed now, not after the NEFF and the simulation (mobilenet_v2's
+    # is gigabytes; its instructions and buffers refer to each other, so only the collector frees them).
+    lowering = compiled = None
+    gc.collect()
+    data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
     summary = st.run("simulate", lambda: model.profile()[0])
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     info = model_info(canonical)
-    report = _report(opts, target, info, summary, st.seconds, egraph, prec, compiled, extracted)
+    report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
     report["sharding"] = sharding.to_json()
     return CompileResult(data, report, warnings)
 
@@ -205,7 +212,8 @@ def matmul_precision(opts: CompileOptions) -> str:
 
 
 def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any], seconds: dict[str, float],
-            egraph: dict[str, Any], prec: Any, compiled: Any, module: Module) -> dict[str, Any]:
+            egraph: dict[str, Any], prec: Any, io: list[tuple[int, int | None]], constants: dict[str, Any],
+            module: Module) -> dict[str, Any]:
     """The compile report (docs/compiling.md lists the fields)."""
     flops = sum(info.flops.get(k, 0) for k in ("dot", "convolution"))
     from nxsat.sim.target import physical_cores
@@ -214,8 +222,8 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
     # The logical core's ideal: every physical core's TensorE and DMA engines busy on the model.
     cores = physical_cores(target)
     peak = cores * target.peak_flops(matmul_type if target.supports_matmul_dtype(matmul_type) else "f32")
-    io_bytes = sum(b.nbytes * (cores if b.shard is not None else 1) for b in compiled.inputs + compiled.outputs) \
-        + sum(int(v.nbytes) for v in compiled.constants.values())
+    io_bytes = sum(nbytes * (cores if shard is not None else 1) for nbytes, shard in io) \
+        + sum(int(v.nbytes) for v in constants.values())
     compute_ns = flops / peak if peak else 0.0
     memory_ns = io_bytes / (cores * target.memory_bw)
     roof = max(compute_ns, memory_ns)

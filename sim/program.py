@@ -9,6 +9,7 @@ turns an access (``x[:, 0:4].T``) into the offsets and strides the engines and D
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -468,6 +469,9 @@ def box_runs(box: tuple[tuple[int, int, int], ...], shape: tuple[int, ...], onch
     return ap_runs(AP(offset, dims))
 
 
+SMALL_RUNS = 4
+
+
 def runs_overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
     """Do two sorted, merged interval lists share a point?"""
     if len(a[0]) < len(b[0]):
@@ -475,6 +479,12 @@ def runs_overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarr
     a_s, a_e = a
     b_s, b_e = b
     if not len(a_s) or not len(b_s) or a_e[-1] <= b_s[0] or b_e[-1] <= a_s[0]:
+        return False
+    if len(b_s) <= SMALL_RUNS:  # a few intervals: bisection per interval beats numpy's per-call cost
+        for s, e in zip(b_s.tolist(), b_e.tolist()):
+            i = bisect_right(a_e, s)  # the first interval of a ending after s
+            if i < len(a_s) and a_s[i] < e:
+                return True
         return False
     i = np.searchsorted(a_e, b_s, side="right")  # the first interval of a ending after each start of b
     ok = i < len(a_s)

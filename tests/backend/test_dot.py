@@ -104,3 +104,23 @@ def test_operand_casts_are_done_on_chip() -> None:
     c = compile_graph(m, t)
     assert not [n for n, ten in c.program.tensors.items() if ten.kind == "scratch"]
     assert "bf16" in sim.load(sim.build_neff(c.program, t, c.constants)).text
+
+
+def test_a_long_contraction_streams_its_stationary_operand() -> None:
+    """K = 6400 (50 tiles of 128 rows): the stationary operand's tiles (25 KB per partition) are more
+    than the plan keeps resident, so each is loaded beside the moving tile it meets, once per N tile
+    (two here), instead of all 50 being held in SBUF first; same values."""
+    from nxsat.extract.plan import STATIONARY_SBUF_SHARE, matmul_plan
+
+    t = sim.load_target("trn1")
+    assert 50 * 128 * 4 > STATIONARY_SBUF_SHARE * t.sbuf_bytes
+    assert not matmul_plan(128, 6400, 600, "f32", t).resident
+    m = module_of(_dot("f32[128,6400]", "f32[6400,600]", "f32[128,600]",
+                       "lhs_contracting_dims={1}, rhs_contracting_dims={0}"))
+    assert_device_matches(m, target="trn1")
+    c = compile_graph(m, t)
+    loads = [i for i in c.program.instrs if i.opcode == "dma" and i.operands[0].tensor.startswith("sb")]
+    assert len(loads) == 2 * 50 * 2  # per N tile, both operands' 50 K tiles
+    # the first multiply does not wait for the whole stationary operand (50 loads) to arrive
+    first_mm = next(k for k, i in enumerate(c.program.instrs) if i.opcode == "matmul")
+    assert first_mm < c.program.instrs.index(loads[49])

@@ -63,3 +63,18 @@ def test_run_overlap_agrees_with_element_sets(a0: int, an: int, b0: int, bn: int
     eb, pb = elems(b0, bn)
     assert runs_overlap(ap_runs(pa), ap_runs(pb)) == bool(ea & eb)
     assert resolve(Access("m", (Idx(0, 40), Idx(0, 6))), Tensor("m", "input", dt.F32, (40, 6))).shape == (40, 6)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_run_overlap_of_few_intervals_against_many(seed: int) -> None:
+    """The few-interval path (bisection per interval) and the vectorised one agree with element sets."""
+    rng = np.random.default_rng(seed)
+
+    def runs(n: int) -> tuple[tuple[np.ndarray, np.ndarray], set[int]]:
+        cuts = np.sort(rng.choice(400, 2 * n, replace=False)).astype(np.int64)
+        s, e = cuts[0::2], cuts[1::2]
+        return (s, e), {x for a, b in zip(s.tolist(), e.tolist()) for x in range(a, b)}
+
+    few, fe = runs(int(rng.integers(1, 7)))
+    many, me = runs(int(rng.integers(1, 60)))
+    assert runs_overlap(few, many) == runs_overlap(many, few) == bool(fe & me)

@@ -1,16 +1,19 @@
-"""The scheduler's memory allocator (`backend.schedule._Space`) against brute force: after any sequence
-of allocations and frees, an allocation fails exactly when no aligned place has room, and the widest
-free gap it keeps (its fail-fast test) is the true one."""
+"""The scheduler: its memory allocator (`backend.schedule._Space`) against brute force (after any
+sequence of allocations and frees, an allocation fails exactly when no aligned place has room, and
+the widest free gap it keeps, its fail-fast test, is the true one), and its rule that work far ahead
+of program order takes no on-chip memory."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from nxsat import dtypes as dt
-from nxsat.backend.graph import Buf
-from nxsat.backend.schedule import _Space
+from nxsat import sim
+from nxsat.backend.graph import Buf, Graph
+from nxsat.backend.schedule import REACH, _Space, schedule
 
 
 def _gaps(space: _Space) -> list[tuple[int, int]]:
@@ -70,3 +73,34 @@ def test_the_gap_search_finds_what_a_walk_over_the_places_finds(seed: int) -> No
             start, need = rng.randrange(space.size), rng.choice([64, 128, 256, 1024, 4096])
             assert space._fit(start, need, 64) == space._walk(start, need, 64), (n, start, need)
     assert len(space.used) > 2 * _Space.FAR
+
+
+def test_far_ahead_work_takes_no_memory_while_the_frontier_waits_for_some() -> None:
+    """The second big load waits for the first one's tile; meanwhile the independent copies run, and the
+    memset of a tile used only at the end (ready from the start) is not given memory REACH instructions
+    ahead of the load still waiting (such tiles filled SBUF in mobilenet_v2 until nothing fit)."""
+    g = Graph()
+    t = sim.load_target("trn1")
+    cols = t.sbuf_bytes * 6 // 10 // 4  # 60% of SBUF: two such tiles do not fit together
+    x = g.buf("x", "input", dt.F32, (128, cols)).ref()
+    outs = [g.buf(f"out{k}", "output", dt.F32, (128, cols)).ref() for k in range(2)]
+    fill = g.buf("fill", "output", dt.F32, (REACH + 88, 8)).ref()
+    last = g.buf("last", "output", dt.F32, (128, 1)).ref()
+    a, b, m = g.tile((128, cols), dt.F32), g.tile((128, cols), dt.F32), g.tile((128, 1), dt.F32)
+    g.add("dma", "dma", a.ref(), x)
+    wait = g.add("dma", "dma", b.ref(), x)  # its tile fits once the first is stored
+    for k in range(REACH + 88):  # independent HBM copies, no on-chip memory
+        g.add("dma", "dma", fill[k:k + 1, :], x[0:1, 0:8])
+    far = g.add("pool", "memset", m.ref(), value=3.0)
+    g.add("dma", "dma", outs[0], a.ref())
+    g.add("dma", "dma", outs[1], b.ref())
+    g.add("dma", "dma", last, m.ref())
+    sch = schedule(g, t, [x.buf], [o.buf for o in (*outs, fill, last)])
+    order = [i.index for i in sch.order]
+    assert order.index(far.index) > order.index(wait.index)
+    xs = np.random.default_rng(0).standard_normal((128, cols)).astype(np.float32)
+    got = sim.load(sim.build_neff(sch.program, t, sch.constants), verify=True).run({"x": xs})
+    np.testing.assert_array_equal(got[0], xs)
+    np.testing.assert_array_equal(got[1], xs)
+    np.testing.assert_array_equal(got[2], np.broadcast_to(xs[0:1, 0:8], (REACH + 88, 8)))
+    np.testing.assert_array_equal(got[3], np.full((128, 1), 3.0, np.float32))
