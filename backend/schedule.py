@@ -79,7 +79,10 @@ class _Gaps:
         tree[i] = room if present else 0
         while i > 1:
             i >>= 1
-            tree[i] = max(tree[2 * i], tree[2 * i + 1])
+            wide = max(tree[2 * i], tree[2 * i + 1])
+            if tree[i] == wide:
+                break  # nothing above changes
+            tree[i] = wide
 
     def widest(self) -> int:
         return self.tree[1]
