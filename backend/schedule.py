@@ -106,13 +106,15 @@ class _Gaps:
 class _Space:
     """Next-fit allocation of one memory's bytes per partition (all partitions alike): the search starts
     where the last allocation ended and wraps around, so a tile rarely lands where one was just freed
-    (whose last users it would have to wait for)."""
+    (whose last users it would have to wait for). Places start at multiples of ``align``; with
+    ``whole``, a tile takes whole units of it (PSUM: banks, so a tile never crosses one it fits in)."""
 
-    FAR = 64  # live places walked past before the search jumps to the free end
+    FAR = 64  # live places passed before the search jumps to the free end
 
-    def __init__(self, size: int, align: int) -> None:
+    def __init__(self, size: int, align: int, whole: bool = False) -> None:
         self.size = size
         self.align = align
+        self.whole = whole
         self.used: list[tuple[int, int, Buf]] = []  # sorted (lo, hi, buf): disjoint, so by ``hi`` too
         self.place: dict[int, int] = {}  # id(buf) -> its ``lo`` in ``used`` (-1: an empty tile, not in it)
         self.history: list[tuple[int, int, list[Inst]]] = []  # freed (lo, hi, last users): disjoint, by lo
@@ -125,19 +127,17 @@ class _Space:
         self.gaps = _Gaps(size, align)
         self.gaps.set(0, size, True)
 
-    def alloc(self, buf: Buf, nbytes: int, bank: int | None = None) -> tuple[int, list[Inst]] | None:
-        """A place for ``nbytes`` (at a multiple of ``bank`` bytes when given, not crossing one when it
-        fits in one), and the instructions that last used that memory."""
-        step = bank or self.align
-        need = self.need(nbytes, bank)
+    def alloc(self, buf: Buf, nbytes: int) -> tuple[int, list[Inst]] | None:
+        """A place for ``nbytes``, and the instructions that last used that memory."""
+        need = self.need(nbytes)
         if need == 0:  # an empty tile takes no place (an empty place would break the order by ``hi``)
             self.place[id(buf)] = -1
             return 0, []
-        if need > self.gaps.widest():
+        if need > self.widest():
             return None
-        off = self._fit(self.cursor, need, step)
+        off = self._fit(self.cursor, need)
         if off is None:
-            off = self._fit(0, need, step)
+            off = self._fit(0, need)
         if off is None:
             return None
         self.cursor = off + need
@@ -153,16 +153,14 @@ class _Space:
         waits = [u for k in self._history_over(off, off + need) for u in self.history[k][2]]
         return off, waits
 
-    @staticmethod
-    def need(nbytes: int, bank: int | None) -> int:
-        """The bytes an allocation of ``nbytes`` takes (whole banks when given)."""
-        return nbytes if bank is None else -(-nbytes // bank) * bank
+    def need(self, nbytes: int) -> int:
+        """The bytes an allocation of ``nbytes`` takes."""
+        return -(-nbytes // self.align) * self.align if self.whole else nbytes
 
-    def _fit(self, start: int, need: int, step: int) -> int | None:
+    def _fit(self, start: int, need: int) -> int | None:
         """The first place at or after ``start`` with room for ``need`` bytes; past the last live place
         instead, if there is room there, when the first is more than FAR places on."""
-        if step != self.align:
-            return self._walk(start, need, step)
+        step = self.align
         off = -(-start // step) * step
         used = self.used
         first = bisect_right(used, off, key=_hi)  # the first place ending after ``off``
@@ -179,24 +177,6 @@ class _Space:
             if end + need <= self.size:
                 return end
         return at
-
-    def _walk(self, start: int, need: int, step: int) -> int | None:
-        """``_fit`` place by place, for a step other than the gaps' alignment (PSUM's banks: few places)."""
-        off = -(-start // step) * step
-        used = self.used
-        first = bisect_right(used, off, key=_hi)  # the first place ending after ``off``
-        for k in range(first, len(used)):
-            lo, hi, _ = used[k]
-            if off + need <= lo:
-                break
-            if k - first == self.FAR:
-                # a long run of live places: past the last one, if there is room, rather than walking
-                # them all at every allocation
-                end = -(-used[-1][1] // step) * step
-                if end + need <= self.size:
-                    return end
-            off = max(off, -(-hi // step) * step)
-        return off if off + need <= self.size else None
 
     def _bounds(self, before: int, after: int) -> tuple[int, int]:
         """The end of the place before index ``before`` and the start of the one at index ``after``."""
@@ -286,8 +266,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
             succ[d.index].append(i)
         indeg[i.index] = len(i.deps)
     sbuf = _Space(target.sbuf_bytes, ALIGN)
-    psum = _Space(target.psum_bytes, ALIGN)
-    bank = target.psum_bank_bytes
+    psum = _Space(target.psum_bytes, target.psum_bank_bytes, whole=True)
     # Tiles that own memory (views of a tile's bytes are placed with it; their uses count as its uses).
     remaining: dict[int, int] = {id(b): len({u.index for u in b.users}) for b in graph.bufs
                                  if b.onchip and b.base is None}
@@ -321,23 +300,23 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     # partition held for instructions up to 300k ahead).
     deferred: list[int] = []
 
-    def place(i: Inst) -> tuple[_Space, int] | None:
-        """Give ``i``'s new tiles their places; None, or the memory and bytes that did not fit (the
-        bytes are 0 when ``i`` is too far ahead to take any)."""
-        new = list({id(r.buf.root): r.buf.root for r in i.writes
-                    if r.buf.onchip and id(r.buf.root) not in placed}.values())
-        if new and i.index > frontier + REACH:
-            return sbuf, 0
+    def new_tiles(i: Inst) -> list[Buf]:
+        """The tiles ``i`` writes first."""
+        return list({id(r.buf.root): r.buf.root for r in i.writes
+                     if r.buf.onchip and id(r.buf.root) not in placed}.values())
+
+    def place(i: Inst, new: list[Buf]) -> tuple[_Space, int] | None:
+        """Give ``i``'s new tiles their places; None, or the memory and bytes that did not fit."""
         got: list[tuple[Buf, _Space]] = []
         for b in new:
-            space, b_bank = (sbuf, None) if b.kind == "sbuf" else (psum, bank)
-            res = space.alloc(b, b.row_bytes, b_bank)
+            space = sbuf if b.kind == "sbuf" else psum
+            res = space.alloc(b, b.row_bytes)
             if res is None:
                 for g, sp in got:  # undo: nothing used that memory
                     sp.unalloc(g)
                     placed.discard(id(g))
                     g.offset = None
-                return space, space.need(b.row_bytes, b_bank)
+                return space, space.need(b.row_bytes)
             b.offset, waits = res
             placed.add(id(b))
             reuse[id(b)] = waits
@@ -350,9 +329,6 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
 
     def park(idx: int, blocked: tuple[_Space, int], load: bool) -> None:
         space, need = blocked
-        if not need:
-            heapq.heappush(deferred, idx)
-            return
         heapq.heappush(parked[id(space)], (need, idx))
         is_parked[idx] = 1
         if load:
@@ -377,7 +353,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         # (the earliest load first: when that one is parked, it would not fit)
         if ready_loads and ready_loads[0] <= frontier + LOOKAHEAD and ready_loads[0] < lowest_parked_load() and (
                 ready_loads[0] == frontier or sbuf.in_use <= PREFETCH_SBUF_FRACTION * sbuf.size):
-            blocked = place(insts[ready_loads[0]])
+            blocked = place(insts[ready_loads[0]], new_tiles(insts[ready_loads[0]]))
             if blocked is None:
                 pick = insts[heapq.heappop(ready_loads)]
             else:
@@ -392,7 +368,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 h = ready_loads if not ready_other or (ready_loads and ready_loads[0] < ready_other[0]) \
                     else ready_other
                 idx = heapq.heappop(h)
-                blocked = place(insts[idx])
+                new = new_tiles(insts[idx])
+                if new and idx > frontier + REACH:
+                    heapq.heappush(deferred, idx)
+                    continue
+                blocked = place(insts[idx], new)
                 if blocked is None:
                     pick = insts[idx]
                     break

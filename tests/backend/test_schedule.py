@@ -21,15 +21,34 @@ def _gaps(space: _Space) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
 
 
-def _fits(space: _Space, need: int, step: int) -> bool:
+def _fits(space: _Space, need: int) -> bool:
+    step = space.align
     return need == 0 or any(-(-a // step) * step + need <= b for a, b in _gaps(space))
 
 
+def _walk(space: _Space, start: int, need: int) -> int | None:
+    """Next fit place by place (the search before the gap tree): the first place at or after ``start``,
+    or the free end when that is more than FAR live places on and has room."""
+    step, used = space.align, space.used
+    off = -(-start // step) * step
+    first = next((k for k, (_, hi, _) in enumerate(used) if hi > off), len(used))
+    for k in range(first, len(used)):
+        lo, hi, _ = used[k]
+        if off + need <= lo:
+            break
+        if k - first == _Space.FAR:
+            end = -(-used[-1][1] // step) * step
+            if end + need <= space.size:
+                return end
+        off = max(off, -(-hi // step) * step)
+    return off if off + need <= space.size else None
+
+
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("bank", [None, 2048])
-def test_allocation_fails_exactly_when_no_place_has_room(seed: int, bank: int | None) -> None:
+@pytest.mark.parametrize("align,whole", [(64, False), (2048, True)])  # SBUF; PSUM's banks
+def test_allocation_fails_exactly_when_no_place_has_room(seed: int, align: int, whole: bool) -> None:
     rng = random.Random(seed)
-    space = _Space(16384, 64)
+    space = _Space(16384, align, whole)
     live: list[Buf] = []
     refused = 0
     for n in range(1500):
@@ -38,17 +57,16 @@ def test_allocation_fails_exactly_when_no_place_has_room(seed: int, bank: int | 
         else:
             nbytes = rng.choice([0, 64, 128, 640, 2048, 3000, 4096])
             b = Buf(f"t{n}", "sbuf", dt.F32, (128, max(nbytes // 4, 0)))
-            step = bank or 64
-            need = nbytes if bank is None else -(-nbytes // bank) * bank
-            could = _fits(space, need, step)
-            got = space.alloc(b, nbytes, bank)
+            need = -(-nbytes // align) * align if whole else nbytes
+            could = _fits(space, need)
+            got = space.alloc(b, nbytes)
             assert (got is not None) == could, (n, nbytes, _gaps(space))
             if got is None:
                 refused += 1
                 continue
             space.commit(b)
             live.append(b)
-        assert space.widest() == max([0] + [b - -(-a // 64) * 64 for a, b in _gaps(space)])
+        assert space.widest() == max([0] + [b - -(-a // align) * align for a, b in _gaps(space)])
         assert space.in_use == sum(hi - lo for lo, hi, _ in space.used)
     assert refused > 50  # the sequence does fill the memory
 
@@ -71,7 +89,7 @@ def test_the_gap_search_finds_what_a_walk_over_the_places_finds(seed: int) -> No
                 live.append(b)
         for _ in range(4):
             start, need = rng.randrange(space.size), rng.choice([64, 128, 256, 1024, 4096])
-            assert space._fit(start, need, 64) == space._walk(start, need, 64), (n, start, need)
+            assert space._fit(start, need) == _walk(space, start, need), (n, start, need)
     assert len(space.used) > 2 * _Space.FAR
 
 
