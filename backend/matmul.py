@@ -4,8 +4,9 @@ The operands are viewed as ``L[B, M, K]`` and ``R[B, K, N]`` (batch, free and co
 each merged; a view the access patterns cannot express is copied first) and the result is
 ``[B, M, N]``, XLA's order. For every batch, the plan (:func:`nxsat.extract.plan.matmul_plan`) tiles M
 by the array's columns, N by one PSUM bank and K by its rows: each K tile of L is loaded transposed
-(K on partitions) as the stationary operand, each K tile of R as the moving one, and the K tiles
-accumulate in one PSUM bank (``start``/``stop``). ScalarE or VectorE (in turn) evacuates the bank,
+(K on partitions) as the stationary operand, each K tile of R as the moving one (consecutive K tiles
+in runs, one DMA each: ``MatmulPlan.k_group``), and the K tiles accumulate in one PSUM bank
+(``start``/``stop``). ScalarE or VectorE (in turn) evacuates the bank,
 converting to the result type, and one DMA stores the tile. Integer operands are multiplied as fp32
 (exact below 2^24, as the device computes dots).
 """
@@ -17,8 +18,9 @@ import math
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import matmul_plan
+from nxsat.extract.plan import MatmulPlan, matmul_plan
 from nxsat.ir import Node
+from nxsat.sim.program import AccessError
 
 TENSOR_TYPES = ("bf16", "f16", "f8e4m3fn", "f8e5m2", "f32")
 
@@ -72,23 +74,26 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
     evac = 0
+    groups = k_groups(K, plan)
     for b in range(B):
         for m0 in range(0, M, plan.m_tile):
             mn = min(plan.m_tile, M - m0)
-            k_tiles = [(k0, min(plan.k_tile, K - k0)) for k0 in range(0, K, plan.k_tile)]
 
-            def stationary(k0: int, kn: int, b: int = b, m0: int = m0, mn: int = mn) -> Ref:
-                return _load_kmajor(lw, L[b, m0:m0 + mn, k0:k0 + kn].T, mt, transpose_dma)
+            def stationary(k0: int, kn: int, n: int, b: int = b, m0: int = m0, mn: int = mn) -> list[Ref]:
+                return _load_ktiles(lw, L[b, m0:m0 + mn, k0:k0 + n * kn].T, kn, mt, transpose_dma)
 
-            resident = [stationary(k0, kn) for k0, kn in k_tiles] if plan.resident else None
+            resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
             for n0 in range(0, N, plan.n_tile):
                 nn = min(plan.n_tile, N - n0)
                 acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
-                for j, (k0, kn) in enumerate(k_tiles):
-                    st = resident[j] if resident is not None else stationary(k0, kn)
-                    mv = _load_kmajor(lw, R[b, k0:k0 + kn, n0:n0 + nn], mt, transpose_dma)
-                    g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(k_tiles) - 1,
-                          **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
+                j = 0
+                for k0, kn, n in groups:
+                    sts = resident[j:j + n] if resident is not None else stationary(k0, kn, n)
+                    mvs = _load_ktiles(lw, R[b, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma)
+                    for st, mv in zip(sts, mvs):
+                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == plan.k_tiles(K) - 1,
+                              **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
+                        j += 1
                 res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()
                 if evac % 2 == 0:
                     g.add("act", "activation", res, acc)
@@ -96,6 +101,14 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                     g.add("dve", "tensor_copy", res, acc)
                 evac += 1
                 g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
+
+
+def k_groups(K: int, plan: MatmulPlan) -> list[tuple[int, int, int]]:
+    """The contraction as ``(k0, rows, tiles)``: runs of up to ``plan.k_group`` whole K tiles loaded
+    together, and a last partial tile alone."""
+    kt, whole = plan.k_tile, K // plan.k_tile
+    out = [(i * kt, kt, min(plan.k_group, whole - i)) for i in range(0, whole, plan.k_group)]
+    return out + ([(whole * kt, K - whole * kt, 1)] if K % kt else [])
 
 
 # Rows of L per tile and contraction elements per pass of the exact integer product.
@@ -171,9 +184,38 @@ def _load_kmajor(lw: Lowering, src: Ref, dtype: dt.DType, transpose_dma: bool) -
     """A ``[K, X]`` operand tile (K on partitions) read the way its bytes lie: a plain DMA when X is
     the contiguous dimension in HBM, else a transposing load of the ``[X, K]`` view (the DMA
     engines' transpose where the target has one) rather than an element-by-element copy."""
-    if _inner_stride(src) != 1 and _inner_stride(src.T) == 1:
+    if _k_contiguous(src):
         return _load(lw, src.T, src.shape, dtype, transpose=True, transpose_dma=transpose_dma)
     return _load(lw, src, src.shape, dtype)
+
+
+def _load_ktiles(lw: Lowering, src: Ref, kn: int, dtype: dt.DType, transpose_dma: bool) -> list[Ref]:
+    """The ``[kn, X]`` operand tiles of the consecutive K tiles of ``src`` (``[n * kn, X]``), loaded
+    together where their bytes allow: one DMA for the ``n`` tiles of a run that lies in rows (one
+    ``[kn, n, X]`` tile), or one DMA of the ``[X, n * kn]`` rows, transposed on TensorE block by block
+    into one PSUM bank and evacuated once (:func:`_load_pe_transposed`). A DMA takes about 1.3 us to
+    start whatever it moves, and a K tile of 128 x 144 fp32 is 576 bytes per partition."""
+    n = src.shape[0] // kn
+    if n > 1:
+        X = src.shape[1]
+        if not _k_contiguous(src):
+            try:
+                grouped = src.reshape(n, kn, X).permute(1, 0, 2)
+                grouped.ap  # noqa: B018 - a run that crosses the view's merged dimensions has no box
+            except AccessError:
+                grouped = None
+            if grouped is not None:
+                tile = _load(lw, grouped, (kn, n, X), dtype)
+                return [tile[:, i, :] for i in range(n)]
+        elif _pe_transposable(src, dtype, transpose_dma):
+            tile = _load_pe_transposed(lw, src.T, kn, n, dtype)
+            return [tile[:, i, :] for i in range(n)]
+    return [_load_kmajor(lw, src[i * kn:(i + 1) * kn, :], dtype, transpose_dma) for i in range(n)]
+
+
+def _k_contiguous(src: Ref) -> bool:
+    """``src`` (``[K, X]``) has K, not X, as its contiguous dimension in memory."""
+    return _inner_stride(src) != 1 and _inner_stride(src.T) == 1
 
 
 def _inner_stride(r: Ref) -> int | None:
@@ -185,14 +227,21 @@ def _inner_stride(r: Ref) -> int | None:
     return 1 if size == 1 else stride
 
 
-def _load(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType, transpose: bool = False,
+def _pe_transposable(src: Ref, dtype: dt.DType, transpose_dma: bool) -> bool:
+    """A K-contiguous ``[K, X]`` operand goes through TensorE transposes (no DMA transpose on the
+    target, a type TensorE transposes, and the tile wide enough to pay for it)."""
+    return (not transpose_dma and onchip_dtype(src.dtype) in PE_TRANSPOSABLE and dtype.is_float
+            and min(src.shape) >= PE_MIN)
+
+
+def _load(lw: Lowering, src: Ref, shape: tuple[int, ...], dtype: dt.DType, transpose: bool = False,
           transpose_dma: bool = False) -> Ref:
     """An SBUF tile of ``shape`` and ``dtype`` holding ``src`` (transposed when asked), converted on chip
     when the operand's type is not the multiply type."""
     g = lw.graph
     sd = onchip_dtype(src.dtype)
-    if transpose and not transpose_dma and sd in PE_TRANSPOSABLE and dtype.is_float and min(shape) >= PE_MIN:
-        return _load_pe_transposed(lw, src, shape, dtype)
+    if transpose and _pe_transposable(src.T, dtype, transpose_dma):
+        return _load_pe_transposed(lw, src, shape[0], 1, dtype)[:, 0, :]
     tile = g.tile(shape, sd, "sbuf", "mmop").ref()
     if transpose and transpose_dma:
         g.add("dma", "dma_transpose", tile, src)
@@ -209,21 +258,27 @@ PE_TRANSPOSABLE = (dt.F32, dt.BF16, dt.F16)
 PE_MIN = 16  # a smaller transposed tile is cheaper as an element-wise DMA than as load, transpose, copy
 
 
-def _load_pe_transposed(lw: Lowering, src: Ref, shape: tuple[int, int], dtype: dt.DType) -> Ref:
-    """The ``[K, X]`` tile of an ``[X, K]`` view (K contiguous in HBM) on a target without DMA transposes
-    (NeuronCore-v2): rows of 128 loaded as they lie (long contiguous DMAs), transposed on TensorE into
-    PSUM (fp32 on v2) and copied into the tile in the multiply type, as the NKI kernels transpose
+def _load_pe_transposed(lw: Lowering, src: Ref, kn: int, n: int, dtype: dt.DType) -> Ref:
+    """The ``[kn, n, X]`` tile of ``n`` K tiles of an ``[X, n * kn]`` view (K contiguous in HBM) on a
+    target without DMA transposes (NeuronCore-v2): rows of 128 loaded as they lie (long contiguous
+    DMAs), each K block transposed on TensorE into a PSUM bank (fp32 on v2; as many blocks as the bank
+    holds) and the bank copied into the tile in the multiply type, as the NKI kernels transpose
     operands, instead of a DMA that moves one element per descriptor. Finite values are exact; a NaN
     or infinity spreads along its 128-row block (the transpose is an identity matmul on v2)."""
     g = lw.graph
-    X, K = shape[1], shape[0]
+    X = src.shape[0]
     rows = lw.target.matmul["rows"]
-    tile = g.tile(shape, dtype, "sbuf", "mmop").ref()
+    bank = lw.target.psum_bank_bytes // 4
+    tile = g.tile((kn, n, X), dtype, "sbuf", "mmop").ref()
     for x0 in range(0, X, rows):
         xn = min(rows, X - x0)
-        nat = g.tile((xn, K), onchip_dtype(src.dtype), "sbuf", "mmnat").ref()
+        nat = g.tile((xn, n * kn), onchip_dtype(src.dtype), "sbuf", "mmnat").ref()
         g.add("dma", "dma", nat, src[x0:x0 + xn, :])
-        ps = g.tile((K, xn), dt.F32, "psum", "mmtp").ref()
-        g.add("pe", "transpose", ps, nat)
-        g.add("dve", "tensor_copy", tile[:, x0:x0 + xn], ps)
+        per = max(1, bank // xn)  # transposed blocks one bank holds
+        for i0 in range(0, n, per):
+            cnt = min(per, n - i0)
+            ps = g.tile((kn, cnt, xn), dt.F32, "psum", "mmtp").ref()
+            for i in range(cnt):
+                g.add("pe", "transpose", ps[:, i, :], nat[:, (i0 + i) * kn:(i0 + i + 1) * kn])
+            g.add("dve", "tensor_copy", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
     return tile

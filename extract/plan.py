@@ -20,12 +20,17 @@ class MatmulPlan:
     contraction rows (partitions), ``n_tile`` moving columns (one PSUM bank of fp32). ``resident``:
     an M tile's stationary K tiles are loaded once and kept on chip for all its N tiles; otherwise
     each is loaded beside the moving tile it meets (once per N tile), so a long contraction does not
-    hold its whole stationary operand in SBUF."""
+    hold its whole stationary operand in SBUF. ``k_group``: K tiles loaded by one DMA (a run of
+    them), so a load moves at least :data:`LOAD_BYTES` per partition when the contraction is long."""
 
     m_tile: int
     k_tile: int
     n_tile: int
     resident: bool = True
+    k_group: int = 1
+
+    def k_tiles(self, K: int) -> int:
+        return -(-K // self.k_tile)
 
     def instructions(self, M: int, K: int, N: int) -> int:
         """Matmul instructions the plan emits for one batch."""
@@ -34,6 +39,9 @@ class MatmulPlan:
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
 STATIONARY_SBUF_SHARE = 1 / 8
+# Bytes per partition a grouped operand load moves at least: the size from which a DMA runs at full
+# rate (docs: ~1.3 us from trigger to transfer, >= 4 KiB per partition saturates).
+LOAD_BYTES = 4096
 
 
 def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPlan:
@@ -45,7 +53,8 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     m, k, n = min(M, mm["cols"]), min(K, mm["rows"]), min(N, mm["max_moving"], n_bank)
     stationary = -(-K // k) * m * dt.by_name(dtype).itemsize  # bytes per partition
     resident = stationary <= STATIONARY_SBUF_SHARE * target.sbuf_bytes
-    return MatmulPlan(m, k, n, resident)
+    group = max(1, min(-(-K // k), LOAD_BYTES // (n * dt.by_name(dtype).itemsize)))
+    return MatmulPlan(m, k, n, resident, group)
 
 
 @dataclass(frozen=True)

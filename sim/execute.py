@@ -2,7 +2,8 @@
 
 Memory is modeled as bytes: SBUF and PSUM are ``[partitions, bytes]`` arrays per rank and an on-chip
 tensor is a typed view at its partition and offset, so tiles that share memory really share it.
-HBM tensors are separate arrays. Instructions run in the verifier's order (any order the semaphores
+HBM tensors are separate arrays; a scratch tensor exists from its first access to its last
+(:func:`scratch_lives`). Instructions run in the verifier's order (any order the semaphores
 allow gives the same result, since the verifier refused races); each rank of an SPMD program has
 its own memory and collectives combine them.
 """
@@ -10,6 +11,7 @@ its own memory and collectives combine them.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -108,6 +110,36 @@ def shard(prog: Program, t: Tensor, value: np.ndarray, rank: int) -> np.ndarray:
     return np.split(value, prog.ranks, axis=t.shard)[rank]
 
 
+def scratch_lives(lk: Linked) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
+    """The scratch tensors each step of the run order creates (zeros, at their first access) and frees
+    (after their last), and the most bytes they hold at once. A compiled training step keeps every
+    intermediate in a scratch tensor of its own: mobilenet_v2's add up to 26 GiB, far more than are
+    live at any one time."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for step, i in enumerate(lk.order):
+        c = lk.instrs[i]
+        for ra in (*c.reads, *c.writes):
+            if ra.tensor.kind == "scratch":
+                first.setdefault(ra.name, step)
+                last[ra.name] = step
+    tensors = lk.program.tensors
+    born: dict[int, list[Tensor]] = defaultdict(list)
+    dies: dict[int, list[Tensor]] = defaultdict(list)
+    change: dict[int, int] = defaultdict(int)
+    for name in sorted(first, key=first.__getitem__):
+        t = tensors[name]
+        born[first[name]].append(t)
+        dies[last[name]].append(t)
+        change[first[name]] += t.nbytes
+        change[last[name] + 1] -= t.nbytes
+    live = peak = 0
+    for step in sorted(change):
+        live += change[step]
+        peak = max(peak, live)
+    return born, dies, peak
+
+
 def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, np.ndarray],
             warnings: Warnings | None = None) -> list[np.ndarray]:
     """Run the program; ``inputs`` and ``consts`` by tensor name, host (global) shapes and exact dtypes.
@@ -115,9 +147,10 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     prog = lk.program
     target = lk.target
     warnings = warnings if warnings is not None else Warnings()
-    hbm_bytes = sum(t.nbytes for t in prog.tensors.values() if not t.onchip)
+    born, dies, scratch_peak = scratch_lives(lk)
+    hbm_bytes = sum(t.nbytes for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
     onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
-    need = prog.ranks * (hbm_bytes + onchip)
+    need = prog.ranks * (hbm_bytes + scratch_peak + onchip)
     if need > max_host_bytes():
         raise error("NCC_ERUN001", f"simulating this program needs {need / 2**30:.1f} GiB of host memory; "
                     f"the limit is {max_host_bytes() / 2**30:.1f} GiB", hint="raise NXSAT_SIM_MAX_BYTES")
@@ -132,7 +165,7 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
                 hbm[t.name] = np.ascontiguousarray(shard(prog, t, inputs[t.name], r)).copy()
             elif t.kind == "const":
                 hbm[t.name] = np.ascontiguousarray(consts[t.name]).copy()
-            else:
+            elif t.kind != "scratch":
                 hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
         state = RankState(hbm, np.zeros((target.partitions, target.sbuf_bytes), np.uint8),
                           np.zeros((target.partitions, target.psum_bytes), np.uint8))
@@ -142,9 +175,16 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     # made a run 22x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
     # Transcendental functions over large tiles use the host's cores on their own (numerics.threads).
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
-        for i in lk.order:
+        for step, i in enumerate(lk.order):
+            for t in born.get(step, ()):
+                for x in ctxs:
+                    x.state.hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
             c = lk.instrs[i]
             c.op.run_all(ctxs, c)
+            for t in dies.get(step, ()):
+                for x in ctxs:
+                    del x.state.hbm[t.name]
+                    x.state.bases.pop(t.name, None)
     outs: list[np.ndarray] = []
     for t in prog.outputs():
         parts = [x.state.hbm[t.name] for x in ctxs]

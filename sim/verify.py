@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -607,130 +608,171 @@ def _alias_groups(prog: Program) -> dict[str, str]:
     return {name: find(name) for name in prog.tensors}
 
 
-class _Footprints:
-    """The distinct footprints (tensor and index box) a program's accesses touch, numbered, with
-    which of them overlap (``RAccess.overlaps``: exact within a tensor, by bytes between on-chip
-    tensors that share memory). Each footprint is compared once with the footprints of its storage
-    whose intervals (row bytes on chip, flat elements in HBM) meet its own, found through buckets:
-    level 0's about half as wide as a typical access, each next level ``2**LEVEL_BITS`` times wider.
-    A footprint is filed at the first level where it spans fewer than ``WIDE`` buckets, so a small
-    access meets only the large ones that lie over it, not every large one of its storage."""
+class _Intervals:
+    """Footprints filed by the interval they cover in their storage (row bytes on chip, flat elements in
+    HBM), so that an access finds the footprints that may overlap it without visiting the others.
+    Buckets: level 0's about half as wide as a typical access of the storage, each next level
+    ``2**LEVEL_BITS`` times wider. A footprint is filed at the first level where it spans fewer than
+    ``WIDE`` buckets, so a small access meets only the large ones that lie over it, not every large one
+    of its storage. Footprints leave as well as enter (a bucket is an insertion-ordered dict)."""
 
     WIDE = 16
     LEVEL_BITS = 3
 
-    def __init__(self) -> None:
-        self.ras: list[RAccess] = []
-        self.overlaps: list[list[int]] = []
-        self.by_key: dict[tuple, int] = {}
-        # storage -> (shift, levels): a level's buckets (bucket -> footprints) and their sorted keys
-        self.index: dict[str, tuple[int, list[tuple[dict[int, list[int]], list[int]]]]] = {}
+    def __init__(self, shifts: dict[str, int]) -> None:
+        self.shifts = shifts
+        # storage -> levels: a level's buckets (bucket -> footprints, oldest first) and their sorted keys
+        self.levels: dict[str, list[tuple[dict[int, dict[int, None]], list[int]]]] = defaultdict(list)
+        self.epoch: dict[str, int] = defaultdict(int)  # storage -> changes so far (what was found may be reused)
 
-    def add_storage(self, key: str, typical: int) -> None:
-        self.index[key] = (max(0, max(1, typical).bit_length() - 2), [])
+    def _level(self, storage: str, lo: int, last: int) -> tuple[int, int]:
+        s = self.shifts[storage]
+        while (last >> s) - (lo >> s) >= self.WIDE:
+            s += self.LEVEL_BITS
+        return (s - self.shifts[storage]) // self.LEVEL_BITS, s
 
-    def id(self, ra: RAccess, storage: str) -> int:
-        key = (ra.name, ra.key)
-        fid = self.by_key.get(key)
-        if fid is not None:
-            return fid
-        fid = len(self.ras)
-        self.by_key[key] = fid
-        self.ras.append(ra)
-        mine = [fid]
-        self.overlaps.append(mine)
-        shift, levels = self.index[storage]
-        lo, last = ra.lo, max(ra.lo + 1, ra.hi) - 1
-        cand: set[int] = set()
-        for lv, (buckets, keys) in enumerate(levels):
-            s = shift + self.LEVEL_BITS * lv
-            for b in keys[bisect_left(keys, lo >> s):bisect_right(keys, last >> s)]:
-                cand.update(buckets[b])
-        level = 0
-        while (last >> (shift + self.LEVEL_BITS * level)) - (lo >> (shift + self.LEVEL_BITS * level)) >= self.WIDE:
-            level += 1
+    def add(self, fid: int, storage: str, lo: int, last: int) -> None:
+        self.epoch[storage] += 1
+        level, s = self._level(storage, lo, last)
+        levels = self.levels[storage]
         while len(levels) <= level:
             levels.append(({}, []))
         buckets, keys = levels[level]
-        s = shift + self.LEVEL_BITS * level
         for b in range(lo >> s, (last >> s) + 1):
             bl = buckets.get(b)
             if bl is None:
-                buckets[b] = [fid]
+                buckets[b] = {fid: None}
                 insort(keys, b)
             else:
-                bl.append(fid)
-        for g in sorted(cand):
-            if ra.overlaps(self.ras[g]):
-                mine.append(g)
-                self.overlaps[g].append(fid)
-        return fid
+                bl[fid] = None
+
+    def remove(self, fid: int, storage: str, lo: int, last: int) -> None:
+        self.epoch[storage] += 1
+        level, s = self._level(storage, lo, last)
+        buckets, keys = self.levels[storage][level]
+        for b in range(lo >> s, (last >> s) + 1):
+            bl = buckets[b]
+            del bl[fid]
+            if not bl:
+                del buckets[b]
+                del keys[bisect_left(keys, b)]
+
+    def near(self, storage: str, lo: int, last: int) -> Iterator[int]:
+        """The filed footprints whose buckets meet ``[lo, last]`` (newest first within a bucket; one
+        that spans several buckets comes once per bucket)."""
+        s = self.shifts[storage]
+        for buckets, keys in self.levels[storage]:
+            for b in keys[bisect_left(keys, lo >> s):bisect_right(keys, last >> s)]:
+                yield from reversed(buckets[b])
+            s += self.LEVEL_BITS
 
 
-class _Settled:
-    """Which footprints can still take part in a race. An access older than every instruction still to
-    run (on its stream ``k``, before ``done[k]``: the least that any stream's next instruction is
-    guaranteed to follow) is ordered before everything left, so it can never race again; its only
-    remaining effect is that a write there counts as written for a later read. A sweep drops such
-    accesses and keeps, per footprint, the list of overlapping footprints that still hold one
-    (``live``); a footprint that gets an access again is put back into its neighbours' lists. On
-    compiler output, where SBUF is reused all program long, most overlaps are with tiles long dead.
-    Sweeps run when the overlaps visited since the last one outnumber a quarter of the overlap
-    relation (a visit costs about four entries of a sweep) and 64K, so they cost about what the checks would."""
+class _Footprints:
+    """The distinct footprints (tensor and index box) a program's accesses touch, numbered, with the
+    latest read and write of each stream, and which of them an access meets (``RAccess.overlaps``:
+    exact within a tensor, by bytes between on-chip tensors that share memory).
 
-    SWEEP_COST = 4  # a visited overlap costs about as much as sweeping this many entries of the relation
+    An access older than every instruction still to run (on its stream ``k``, before ``done[k]``: the
+    least that any stream's next instruction is guaranteed to follow) is ordered before everything
+    left, so it can never race again; its only remaining effect is that a write there counts as
+    written for a later read. Only footprints with accesses that may still race are *filed*, by their
+    intervals (:class:`_Intervals`): all of them for a write to meet, those with a write in flight for
+    a read to meet (reads never race with reads: a tensor written once and read tile by tile costs
+    its reads nothing among themselves). A sweep drops settled accesses and unfiles what is left
+    without any. So an access meets the footprints in flight, not every earlier one at its bytes: on
+    compiler output, where SBUF is reused all program long, that was quadratic. A footprint whose
+    write was dropped is filed for good in a third index, consulted only by a read that finds no write
+    in flight. Sweeps run when the footprints met since the last one outnumber a quarter of those
+    filed (meeting one costs about four entries of a sweep) and 64K, so they cost about what the
+    checks would."""
+
+    SWEEP_COST = 4  # meeting a footprint costs about as much as sweeping this many filed ones
     MIN_VISITS = 1 << 16  # visits between two sweeps at least (tests: 0, and SWEEP_COST huge: a sweep each time)
 
-    def __init__(self, lk: Linked, full: list[list[int]]) -> None:
+    def __init__(self, lk: Linked, shifts: dict[str, int]) -> None:
         self.lk = lk
-        self.full = full  # the whole symmetric overlap relation (_Footprints.overlaps)
-        self.live: list[list[int]] = []
-        self.active: list[bool] = []
+        self.ras: list[RAccess] = []
+        self.spans: list[tuple[str, int, int]] = []  # (storage, first, last) of each footprint
+        self.by_key: dict[tuple, int] = {}
+        self.memo_w: dict[int, tuple[int, list[int]]] = {}  # footprint -> (epoch, what a write met), in flight
+        self.memo_r: dict[int, tuple[int, list[int]]] = {}
+        self.last_write: list[dict[int, int]] = []  # footprint -> {stream: instruction}
+        self.last_read: list[dict[int, int]] = []
+        self.filed: dict[int, None] = {}  # footprints with an access in flight
+        self.inflight = _Intervals(shifts)  # those
+        self.writing = _Intervals(shifts)  # those with a write in flight
+        self.settled = _Intervals(shifts)  # footprints a dropped write touched
         self.settled_write: list[bool] = []
-        self.swept = False
+        self.written: set[int] = set()  # footprints known to overlap a dropped write
         self.visits = 0
-        self.threshold = self.MIN_VISITS  # visits before the relation is counted again
         streams = max(lk.sid, default=0) + 1
         self.queue: list[list[int]] = [[] for _ in range(streams)]  # each stream's instructions, run order
         for i in lk.order:
             self.queue[lk.sid[i]].append(i)
         self.head = [0] * streams
 
-    def new(self, fid: int) -> None:
-        """Footprint ``fid`` was numbered (its overlaps are in ``full``)."""
-        if self.swept:
-            self.active.append(False)  # put into its neighbours' lists when it is first touched
-            self.live.append([g for g in self.full[fid] if self.active[g]])
-        else:  # before the first sweep every list is the whole relation (the same list object)
-            self.live.append(self.full[fid])
-            self.active.append(True)
-        self.settled_write.append(False)
+    def id(self, ra: RAccess, storage: str) -> int:
+        key = (ra.name, ra.key)
+        fid = self.by_key.get(key)
+        if fid is None:
+            fid = self.by_key[key] = len(self.ras)
+            self.ras.append(ra)
+            self.spans.append((storage, ra.lo, max(ra.lo + 1, ra.hi) - 1))
+            self.last_write.append({})
+            self.last_read.append({})
+            self.settled_write.append(False)
+        return fid
 
-    def touched(self, fid: int) -> None:
-        """``fid`` got an access: it is live for every footprint it overlaps."""
-        if not self.active[fid]:
-            self.active[fid] = True
-            for h in self.full[fid]:
-                self.live[h].append(fid)
+    def near(self, fid: int, write: bool) -> list[int]:
+        """The footprints in flight that an access to ``fid`` meets: for a write every one it overlaps,
+        for a read those with a write in flight (found again only when its storage's index changed:
+        a tile used again and again between two sweeps finds them once)."""
+        index, memo = (self.inflight, self.memo_w) if write else (self.writing, self.memo_r)
+        span = self.spans[fid]
+        epoch = index.epoch[span[0]]
+        hit = memo.get(fid)
+        if hit is not None and hit[0] == epoch:
+            self.visits += len(hit[1])
+            return hit[1]
+        ra, ras = self.ras[fid], self.ras
+        cand = dict.fromkeys(index.near(*span))
+        self.visits += len(cand)
+        found = [g for g in cand if g == fid or ra.overlaps(ras[g])]
+        memo[fid] = (epoch, found)
+        return found
 
-    def ran(self, i: int) -> None:
-        self.head[self.lk.sid[i]] += 1
+    def accessed(self, fid: int, stream: int, i: int, write: bool) -> None:
+        if write:
+            lw = self.last_write[fid]
+            if not lw:  # its first write in flight
+                self.writing.add(fid, *self.spans[fid])
+            lw[stream] = i
+        else:
+            self.last_read[fid][stream] = i
+        if fid not in self.filed:
+            self.filed[fid] = None
+            self.inflight.add(fid, *self.spans[fid])
 
     def written_long_ago(self, fid: int) -> bool:
         """A write to a footprint overlapping ``fid`` was dropped by a sweep: it precedes every
         instruction left, so a read there is not a read before any write."""
-        return any(self.settled_write[g] for g in self.full[fid])
+        if self.settled_write[fid] or fid in self.written:
+            return True
+        ra = self.ras[fid]
+        if any(ra.overlaps(self.ras[g]) for g in self.settled.near(*self.spans[fid])):
+            self.written.add(fid)
+            return True
+        return False
 
-    def maybe_sweep(self, last_write: list[dict[int, int]], last_read: list[dict[int, int]]) -> None:
-        if self.visits <= self.threshold:
-            return
-        # a sweep also has a fixed cost (every footprint, every stream's clock)
-        threshold = max(self.MIN_VISITS, sum(map(len, self.full)) // self.SWEEP_COST)
-        if self.visits <= threshold:
-            self.threshold = threshold  # the relation has grown since it was counted
-            return
+    def ran(self, i: int) -> None:
+        self.head[self.lk.sid[i]] += 1
+        if self.visits > max(self.MIN_VISITS, len(self.filed) // self.SWEEP_COST):
+            self._sweep()
+
+    def _sweep(self) -> None:
         self.visits = 0
-        self.threshold = threshold
+        self.memo_w.clear()
+        self.memo_r.clear()
         lk = self.lk
         nxt = [q[h] for q, h in zip(self.queue, self.head) if h < len(q)]
         if not nxt:
@@ -738,30 +780,33 @@ class _Settled:
         assert lk.vc is not None
         done = lk.vc[nxt].min(axis=0).tolist()
         pos, sid = lk.pos, lk.sid
-        for g, (lw, lr) in enumerate(zip(last_write, last_read)):
+        for g in list(self.filed):
+            lw, lr = self.last_write[g], self.last_read[g]
+            had_write = bool(lw)
             for d, is_write in ((lw, True), (lr, False)):
                 old = [k for k, j in d.items() if pos[j] < done[sid[j]]]
                 for k in old:
                     del d[k]
-                if old and is_write:
+                if old and is_write and not self.settled_write[g]:
                     self.settled_write[g] = True
-            self.active[g] = bool(lw or lr)
-        self.live = [[g for g in f if self.active[g]] for f in self.full]
-        self.swept = True
+                    self.settled.add(g, *self.spans[g])
+            if had_write and not lw:
+                self.writing.remove(g, *self.spans[g])
+            if not lw and not lr:
+                del self.filed[g]
+                self.inflight.remove(g, *self.spans[g])
 
 
 def _dataflow(lk: Linked) -> None:
     """Read before any write and races. For each footprint, the latest read and the latest write of
     every stream: an access conflicts with those of the footprints it overlaps, and an older access of
     the same stream is ordered before the latest, so checking the latest is enough (and accesses
-    ordered before everything still to run are dropped: :class:`_Settled`)."""
+    ordered before everything still to run are dropped: :class:`_Footprints`)."""
     prog = lk.program
     group = _alias_groups(prog)
     instrs = lk.instrs
     pos, sid, vc = lk.pos, lk.sid, lk.vc
     assert vc is not None
-    fps = _Footprints()
-    live = _Settled(lk, fps.overlaps)
     spans: dict[str, list[int]] = defaultdict(list)
     seen: set[int] = set()
     for c in instrs:
@@ -770,11 +815,10 @@ def _dataflow(lk: Linked) -> None:
         seen.add(c.template)
         for ra in (*c.reads, *c.writes):
             spans[group[ra.name]].append(ra.hi - ra.lo)
-    for k, v in spans.items():
-        fps.add_storage(k, sorted(v)[len(v) // 2])
+    shifts = {k: max(0, max(1, sorted(v)[len(v) // 2]).bit_length() - 2) for k, v in spans.items()}
+    fps = _Footprints(lk, shifts)
+    last_write, last_read = fps.last_write, fps.last_read
     fid_of: dict[int, int] = {}  # id(RAccess) -> footprint (RAccess objects are shared and live as long)
-    last_write: list[dict[int, int]] = []  # footprint -> {stream: instruction}
-    last_read: list[dict[int, int]] = []
 
     def race(c: LInstr, ra: RAccess, j: int, mine: str, theirs: str) -> Exception:
         w = instrs[j]
@@ -796,17 +840,10 @@ def _dataflow(lk: Linked) -> None:
                     continue
                 fid = fid_of.get(id(ra))
                 if fid is None:
-                    fid = fps.id(ra, group[ra.name])
-                    fid_of[id(ra)] = fid
-                    while len(last_write) < len(fps.ras):
-                        last_write.append({})
-                        last_read.append({})
-                        live.new(len(last_write) - 1)
+                    fid = fid_of[id(ra)] = fps.id(ra, group[ra.name])
                 updates.append((fid, is_write))
                 found = False
-                near = live.live[fid]
-                live.visits += len(near)
-                for g in near:
+                for g in fps.near(fid, is_write):
                     for k, j in last_write[g].items():
                         if k == s:
                             found = True
@@ -825,15 +862,13 @@ def _dataflow(lk: Linked) -> None:
                                 row = vc[i].tolist()
                             if pos[j] >= row[k]:
                                 raise race(c, ra, j, "writes", "reads")
-                if not is_write and not found and not live.written_long_ago(fid):
+                if not is_write and not found and not fps.written_long_ago(fid):
                     raise error("NCC_EASM007", f"read before any write: {c.stream} {c.op.name} reads {ra.name}"
                                 f"{list(ra.shape)} but no write to it is guaranteed to happen before",
                                 _iloc(prog, c.instr), "write it first, or wait for the semaphore its writer signals")
         for fid, is_write in updates:
-            (last_write if is_write else last_read)[fid][s] = i
-            live.touched(fid)
-        live.ran(i)
-        live.maybe_sweep(last_write, last_read)
+            fps.accessed(fid, s, i, is_write)
+        fps.ran(i)
 
 
 def _accumulation(lk: Linked) -> None:

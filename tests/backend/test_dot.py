@@ -114,13 +114,41 @@ def test_a_long_contraction_streams_its_stationary_operand() -> None:
 
     t = sim.load_target("trn1")
     assert 50 * 128 * 4 > STATIONARY_SBUF_SHARE * t.sbuf_bytes
-    assert not matmul_plan(128, 6400, 600, "f32", t).resident
+    plan = matmul_plan(128, 6400, 600, "f32", t)
+    assert not plan.resident
     m = module_of(_dot("f32[128,6400]", "f32[6400,600]", "f32[128,600]",
                        "lhs_contracting_dims={1}, rhs_contracting_dims={0}"))
     assert_device_matches(m, target="trn1")
     c = compile_graph(m, t)
     loads = [i for i in c.program.instrs if i.opcode == "dma" and i.operands[0].tensor.startswith("sb")]
-    assert len(loads) == 2 * 50 * 2  # per N tile, both operands' 50 K tiles
-    # the first multiply does not wait for the whole stationary operand (50 loads) to arrive
+    per_operand = -(-50 // plan.k_group)  # runs of K tiles, one load each
+    assert len(loads) == 2 * per_operand * 2  # per N tile, both operands' 50 K tiles
+    # the first multiply does not wait for the whole stationary operand to arrive
     first_mm = next(k for k, i in enumerate(c.program.instrs) if i.opcode == "matmul")
-    assert first_mm < c.program.instrs.index(loads[49])
+    assert first_mm < c.program.instrs.index(loads[per_operand - 1])
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_long_contraction_loads_its_k_tiles_in_runs(target: str) -> None:
+    """A weight gradient's shape (M = 24, N = 144, K = 3,000: 23 whole K tiles and a partial one):
+    the moving operand's K tiles (576 bytes per partition each) are loaded seven to a DMA, the
+    K-contiguous stationary operand's too, transposed on TensorE into one PSUM bank per run on trn1
+    (DMA transposes on trn2, one per tile); same values."""
+    from nxsat.extract.plan import LOAD_BYTES, matmul_plan
+
+    t = sim.load_target(target)
+    plan = matmul_plan(24, 3000, 144, "f32", t)
+    assert plan.k_group == LOAD_BYTES // (144 * 4) == 7
+    m = module_of(_dot("f32[24,3000]", "f32[3000,144]", "f32[24,144]",
+                       "lhs_contracting_dims={1}, rhs_contracting_dims={0}"))
+    assert_device_matches(m, target=target)
+    c = compile_graph(m, t)
+    ops = [i.opcode for i in c.program.instrs]
+    loads = [i for i in c.program.instrs if i.opcode.startswith("dma") and i.operands[0].tensor.startswith("sb")]
+    runs = -(-23 // 7) + 1  # runs of whole tiles, and the partial tile
+    assert ops.count("matmul") == 24
+    if target == "trn1":
+        assert len(loads) == 2 * runs
+        assert ops.count("transpose") == 24 and ops.count("tensor_copy") == runs
+    else:
+        assert len(loads) == runs + 24

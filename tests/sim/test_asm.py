@@ -390,13 +390,13 @@ q0    dma            y, t, wait=s>=2
 
 
 def test_checks_hold_when_every_instruction_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The race check drops accesses ordered before everything still to run (verify._Settled); with a
+    """The race check drops accesses ordered before everything still to run (verify._Footprints); with a
     sweep after every instruction the same programs are accepted, and refused with the same code at
     the same line."""
     from nxsat.sim import verify
 
-    monkeypatch.setattr(verify._Settled, "MIN_VISITS", 0)
-    monkeypatch.setattr(verify._Settled, "SWEEP_COST", 10**12)
+    monkeypatch.setattr(verify._Footprints, "MIN_VISITS", 0)
+    monkeypatch.setattr(verify._Footprints, "SWEEP_COST", 10**12)
     for body, code, line in BAD:
         test_program_errors_are_coded_with_line_numbers(body, code, line)
     test_semaphore_counting_across_producers()

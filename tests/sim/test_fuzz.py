@@ -418,3 +418,89 @@ def test_happens_before_is_exact(text: str) -> None:
         for i in range(len(prog.instrs)):
             if prog.instrs[i].stream != prog.instrs[j].stream:
                 assert lk.hb(j, i) == (i not in reached), (j, i)
+
+
+# --- the race check against every pair of accesses ---------------------------------------------------------
+
+@st.composite
+def data_programs(draw: st.DrawFn) -> str:
+    """Copies between column ranges of two tiles that share bytes (``b`` overlaps the back of ``a``),
+    a scratch tensor, the input and the output, on random streams. Each signals one semaphore and
+    mostly waits for every earlier one (a total order), sometimes for fewer or none: a program with
+    a single race, or a read of what nothing wrote first, is common."""
+    lines = [".isa 1.0", ".target trn1", "input   x: f32[8, 16]", "output  y: f32[8, 16]",
+             "scratch h: f32[8, 16]", "sbuf    a: f32[8, 16]  offset=0", "sbuf    b: f32[8, 16]  offset=32",
+             "sem     s"]
+    places = {"dma": ["a", "b", "h", "y"], "eng": ["a", "b"]}
+    first = 0
+    for t in ("a", "b", "h"):  # usually written whole first, in order
+        if draw(st.integers(0, 5)):
+            lines.append(f"q0 dma {t}, x{f', wait=s>={first}' if first else ''}, signal=s")
+            first += 1
+    for n in range(first, first + draw(st.integers(2, 14))):
+        stream = draw(st.sampled_from(["q0", "q1", "dve", "act"]))
+        kind = "dma" if stream.startswith("q") else "eng"
+        w = draw(st.integers(1, 16))
+        d0, s0 = draw(st.integers(0, 16 - w)), draw(st.integers(0, 16 - w))
+        dst = draw(st.sampled_from(places[kind]))
+        src = draw(st.sampled_from([p for p in (*places[kind], "x") if p != "y" and (kind == "dma" or p != "x")]))
+        wait = draw(st.sampled_from([n, n, n, n - 1, n - 2, 0])) if n else 0
+        parts = [f"{dst}[:, {d0}:{d0 + w}]", f"{src}[:, {s0}:{s0 + w}]", *([f"wait=s>={wait}"] if wait > 0 else []),
+                 "signal=s"]
+        lines.append(f"{stream} {'dma' if kind == 'dma' else 'tensor_copy'} {', '.join(parts)}")
+    return "\n".join(lines) + "\n"
+
+
+def _brute_dataflow_error(lk: Any) -> bool:
+    """Whether some pair of accesses races (different streams, overlapping, one a write, neither
+    ordered before the other) or some read has no overlapping write ordered before it: every pair."""
+    acc = [(i, ra, w) for i, c in enumerate(lk.instrs) for w, ras in ((False, c.reads), (True, c.writes))
+           for ra in ras if ra.tensor.kind not in ("input", "const")]
+    stream = [c.stream for c in lk.instrs]
+
+    def before(j: int, i: int) -> bool:
+        return lk.pos[j] < lk.pos[i] if stream[j] == stream[i] else lk.hb(j, i)
+
+    for i, ra, w in acc:
+        for j, rb, wb in acc:
+            if j != i and (w or wb) and ra.overlaps(rb) and not before(i, j) and not before(j, i):
+                return True
+        if not w and not any(wb and j != i and rb.overlaps(ra) and before(j, i) for j, rb, wb in acc):
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.filter_too_much])
+@given(text=data_programs(), sweep_each=st.booleans())
+def test_race_check_agrees_with_every_pair(text: str, sweep_each: bool) -> None:
+    """The race check (verify._dataflow: latest accesses per stream, footprints in flight, reads meeting
+    only writes, settled accesses swept) refuses a program exactly when some pair of its accesses
+    races or some read has no write before it, sweeping rarely or after every instruction."""
+    from hypothesis import assume, event
+
+    from nxsat.sim import verify
+    from nxsat.sim.asm import parse
+
+    prog = parse(text, "d.nxs")
+    saved = verify._coverage, verify._Footprints.MIN_VISITS, verify._Footprints.SWEEP_COST
+    verify._coverage = lambda lk: None  # outputs left unwritten are another check's business
+    if sweep_each:
+        verify._Footprints.MIN_VISITS, verify._Footprints.SWEEP_COST = 0, 10**12
+    try:
+        try:
+            lk = verify.link(prog, sim.load_target("trn1"), races=False)
+        except NxsatError as exc:
+            assert exc.code == "NCC_EASM009"  # a deadlock: no order to check
+            assume(False)
+            return
+        lk.vc = verify._clocks(lk.program, lk.streams, lk.by_stream, lk.sid, lk.pos, lk.order)
+        try:
+            verify._dataflow(lk)
+            refused = False
+        except NxsatError as exc:
+            assert exc.code in ("NCC_EASM007", "NCC_EASM008"), exc
+            refused = True
+    finally:
+        verify._coverage, verify._Footprints.MIN_VISITS, verify._Footprints.SWEEP_COST = saved
+    event("refused" if refused else "accepted")
+    assert refused == _brute_dataflow_error(lk)

@@ -92,6 +92,34 @@ def test_host_memory_limit(monkeypatch) -> None:
     assert e.value.code == "NCC_ERUN001"
 
 
+def test_scratch_lives_from_first_to_last_access(monkeypatch) -> None:
+    """Four 4 MiB scratch tensors in a chain, each dead once the next is written: at most two exist at
+    once, so the run fits a limit below their sum (the executor creates each at its first access and
+    frees it after its last), and the chain still carries the value through."""
+    from nxsat.sim.execute import scratch_lives
+
+    lines = [".isa 1.0", ".target trn1", "input x: f32[1024, 1024]", "output y: f32[1024, 1024]",
+             *(f"scratch h{k}: f32[1024, 1024]" for k in range(4)), "sem s"]
+    chain = ["x", "h0", "h1", "h2", "h3", "y"]
+    lines += [f"q{k % 2} dma {dst}, {src}" + (f", wait=s>={k}" if k else "") + ", signal=s"
+              for k, (src, dst) in enumerate(zip(chain, chain[1:]))]
+    m = sim.load(sim.assemble("\n".join(lines) + "\n", "chain"))
+    born, dies, peak = scratch_lives(m.linked)
+    assert peak == 2 * (4 << 20)
+    assert [t.name for step in sorted(born) for t in born[step]] == ["h0", "h1", "h2", "h3"]
+    assert [t.name for step in sorted(dies) for t in dies[step]] == ["h0", "h1", "h2", "h3"]
+    t = sim.load_target("trn1")
+    onchip = t.partitions * (t.sbuf_bytes + t.psum_bytes)
+    need = onchip + 2 * (4 << 20) + peak  # x, y and two of h
+    monkeypatch.setenv("NXSAT_SIM_MAX_BYTES", str(need))
+    x = np.arange(1 << 20, dtype=np.float32).reshape(1024, 1024)
+    np.testing.assert_array_equal(m.run({"x": x})[0], x)
+    monkeypatch.setenv("NXSAT_SIM_MAX_BYTES", str(need - 1))
+    with pytest.raises(NxsatError) as e:
+        m.run({"x": x})
+    assert e.value.code == "NCC_ERUN001"
+
+
 def _many_small_accesses(n: int) -> str:
     engines = ["dve", "act", "pool"]
     lines = [".isa 1.0", ".target trn1", "sbuf t: f32[128, 8000]", "sem s"]
