@@ -1,8 +1,9 @@
 """Matrix products on TensorE: ``dot`` with any dimension numbers.
 
 The operands are viewed as ``L[B, M, K]`` and ``R[B, K, N]`` (batch, free and contracting dimensions
-each merged; a view the access patterns cannot express is copied first) and the result is
-``[B, M, N]``, XLA's order. For every batch, the plan (:func:`nxsat.extract.plan.matmul_plan`) tiles M
+each merged; contracting dimensions that do not merge as outer segments of ones that do, see
+:func:`_split_contraction`; a view the access patterns cannot express otherwise is copied first)
+and the result is ``[B, M, N]``, XLA's order. For every batch, the plan (:func:`nxsat.extract.plan.matmul_plan`) tiles M
 by the array's columns, N by one PSUM bank and K by its rows: each K tile of L is loaded transposed
 (K on partitions) as the stationary operand, each K tile of R as the moving one (consecutive K tiles
 in runs, one DMA each: ``MatmulPlan.k_group``), and the K tiles accumulate in one PSUM bank
@@ -53,45 +54,80 @@ def dot(lw: Lowering, node: Node) -> None:
         lhs = lhs.operands[0]
     if rhs.id in lw.absorbed:
         rhs = rhs.operands[0]
-    L = lw.view(lw.ref(lhs).permute(*lb, *lf, *lc), lambda r: r.reshape(B, M, K), node)
-    R = lw.view(lw.ref(rhs).permute(*rb, *rc, *rf), lambda r: r.reshape(B, K, N), node)
+    Lp, Rp = lw.ref(lhs).permute(*lb, *lf, *lc), lw.ref(rhs).permute(*rb, *rc, *rf)
     out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
-    if device_dtype(node.dtype).is_int and L.dtype.is_int and R.dtype.is_int:
-        return int_matmul(lw, L, R, out)
+    if device_dtype(node.dtype).is_int and Lp.dtype.is_int and Rp.dtype.is_int:
+        L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
+        return int_matmul(lw, L, lw.view(Rp, lambda r: r.reshape(B, K, N), node), out)
+    split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target.matmul["rows"])
+    if split is None:
+        L = lw.view(Lp, lambda r: r.reshape(B, M, 1, K), node)
+        R = lw.view(Rp, lambda r: r.reshape(B, 1, K, N), node)
+    else:
+        L, R = split
     matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
+
+
+# A contraction split into segments may take this many more K tiles than merged before a copy is cheaper.
+SPLIT_TILES = 1.25
+
+
+def _split_contraction(L: Ref, R: Ref, B: int, M: int, N: int, kdims: list[int], rows: int
+                       ) -> tuple[Ref, Ref] | None:
+    """``L`` as ``[B, M, Ko, Ki]`` and ``R`` as ``[B, Ko, Ki, N]``: the contracting dimensions merged
+    into one where their strides allow (``Ko = 1``), else into the fewest outer segments whose inner
+    part merges. A weight gradient contracts over (batch, rows, columns) of activations laid out
+    ``[batch, channels, rows, columns]``: batch and position do not merge, and copying the operand
+    into a merged layout was an element-by-element DMA of the whole activation. Segments whose
+    partial K tiles would add more than ``SPLIT_TILES`` times the merged count are not worth it
+    (None: the caller copies). ``rows``: the rows of a K tile."""
+    K = math.prod(kdims)
+    for s in range(len(kdims)):
+        ko, ki = math.prod(kdims[:s]), math.prod(kdims[s:])
+        if ko * -(-ki // rows) > SPLIT_TILES * -(-K // rows):
+            return None
+        try:
+            Ls, Rs = L.reshape(B, M, ko, ki), R.reshape(B, ko, ki, N)
+            Ls.ap, Rs.ap  # noqa: B018 - resolved: raises where the strides do not merge
+        except AccessError:
+            continue
+        return Ls, Rs
+    return None
 
 
 def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = "fp32",
            mt: dt.DType | None = None) -> None:
-    """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, K]``, R ``[B, K, N]``, out ``[B, M, N]``;
-    the operands are multiplied in ``mt`` (default: their common TensorE type), cast on chip."""
+    """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, Ko, Ki]``, R ``[B, Ko, Ki, N]``, out
+    ``[B, M, N]``, contracting over ``Ko`` segments of ``Ki`` (K tiles never cross a segment); the
+    operands are multiplied in ``mt`` (default: their common TensorE type), cast on chip."""
     g = lw.graph
-    B, M, K = L.shape
-    N = R.shape[2]
+    B, M, Ko, Ki = L.shape
+    N = R.shape[3]
     t = lw.target
     mt = mt or operand_type(L.dtype, R.dtype, lw)
-    plan = matmul_plan(M, K, N, mt.name, t)
+    plan = matmul_plan(M, Ko * Ki, N, mt.name, t)
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
     evac = 0
-    groups = k_groups(K, plan)
+    groups = [(ko, *grp) for ko in range(Ko) for grp in k_groups(Ki, plan)]
+    last = Ko * plan.k_tiles(Ki) - 1
     for b in range(B):
         for m0 in range(0, M, plan.m_tile):
             mn = min(plan.m_tile, M - m0)
 
-            def stationary(k0: int, kn: int, n: int, b: int = b, m0: int = m0, mn: int = mn) -> list[Ref]:
-                return _load_ktiles(lw, L[b, m0:m0 + mn, k0:k0 + n * kn].T, kn, mt, transpose_dma)
+            def stationary(ko: int, k0: int, kn: int, n: int, b: int = b, m0: int = m0, mn: int = mn) -> list[Ref]:
+                return _load_ktiles(lw, L[b, m0:m0 + mn, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma)
 
             resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
             for n0 in range(0, N, plan.n_tile):
                 nn = min(plan.n_tile, N - n0)
                 acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
                 j = 0
-                for k0, kn, n in groups:
-                    sts = resident[j:j + n] if resident is not None else stationary(k0, kn, n)
-                    mvs = _load_ktiles(lw, R[b, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma)
+                for ko, k0, kn, n in groups:
+                    sts = resident[j:j + n] if resident is not None else stationary(ko, k0, kn, n)
+                    mvs = _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma)
                     for st, mv in zip(sts, mvs):
-                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == plan.k_tiles(K) - 1,
+                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
                               **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                         j += 1
                 res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()

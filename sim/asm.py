@@ -44,14 +44,13 @@ MAX_INT_DIGITS = 18  # every size, offset and count fits; Python refuses int() o
 RESERVED = frozenset({"true", "false", "none", "inf", "nan", "sem", "T"} | set(TENSOR_KINDS))
 
 _TOKEN = re.compile(r"""
-    [+-]?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)   # number
-  | [+-]?(?:inf|nan)\b                                                              # inf, nan
-  | [A-Za-z_][A-Za-z0-9_]*                                                         # name
-  | >=
-  | [\[\](),:=.]
-  | \S                                                                             # anything else
+    (?P<num>[+-]?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)  # number
+            |[+-]?(?:inf|nan)\b)                                                      # inf, nan
+  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<ge>>=)
+  | (?P<punct>[\[\](),:=.])
+  | (?P<bad>\S)                                                                       # anything else
 """, re.X)
-_NUM_START = frozenset("0123456789+-.")
 _tok = tuple.__new__
 
 
@@ -69,21 +68,11 @@ class _Line:
     def __init__(self, text: str, line: int, source: str) -> None:
         self.line = line
         self.source = source
-        self.toks: list[Tok] = []
-        for m in _TOKEN.finditer(text):
-            t = m.group()
-            c = t[0]
-            if c.isalpha() or c == "_":
-                kind = "num" if t in ("inf", "nan") else "name"
-            elif c in _NUM_START and (len(t) > 1 or c.isdigit()):
-                kind = "num"
-            elif t == ">=":
-                kind = "ge"
-            elif t in "[](),:=.":
-                kind = "punct"
-            else:
-                raise error("NCC_EASM001", f"unexpected character {t!r}", Loc(source, line, m.start() + 1))
-            self.toks.append(_tok(Tok, (kind, t, m.start() + 1)))
+        # the regex names each token's kind (one pass in C; the lines of compiled programs are long)
+        self.toks: list[Tok] = [_tok(Tok, (m.lastgroup, m.group(), m.start() + 1)) for m in _TOKEN.finditer(text)]
+        for t in self.toks:
+            if t.kind == "bad":
+                raise error("NCC_EASM001", f"unexpected character {t.text!r}", Loc(source, line, t.col))
         self.i = 0
         self.end_col = len(text) + 1
 

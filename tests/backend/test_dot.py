@@ -152,3 +152,26 @@ def test_a_long_contraction_loads_its_k_tiles_in_runs(target: str) -> None:
         assert ops.count("transpose") == 24 and ops.count("tensor_copy") == runs
     else:
         assert len(loads) == runs + 24
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_contraction_over_batch_and_positions_runs_in_segments(target: str) -> None:
+    """A weight gradient's dot: ``x[b, c, h, w]`` and ``dy[b, o, h, w]`` contracted over (b, h, w).
+    Batch and positions do not merge into one stride, so the contraction runs as two segments of
+    3,136 positions (25 K tiles each, the last of 64 rows) accumulating into one PSUM group, reading
+    both activations where they lie: no copy into a merged layout (that copy was an element-by-element
+    DMA of the whole activation); same values."""
+    text = """HloModule wg
+
+ENTRY main {
+  x = f32[2,8,56,56] parameter(0)
+  dy = f32[2,24,56,56] parameter(1)
+  ROOT d = f32[8,24] dot(x, dy), lhs_contracting_dims={0,2,3}, rhs_contracting_dims={0,2,3}
+}
+"""
+    m = module_of(text)
+    assert_device_matches(m, target=target)
+    c = compile_graph(m, sim.load_target(target))
+    assert not [n for n, t in c.program.tensors.items() if t.kind == "scratch"]
+    ops = [i.opcode for i in c.program.instrs]
+    assert ops.count("matmul") == 2 * 25
