@@ -34,6 +34,9 @@ class Case:
     fill: bool = False  # literals elided in the dump
     slow: bool = False
     not_finished: str = ""  # why the case does not run yet (a skip that says so)
+    # scalar parameters given their meaning instead of a random draw, by name: a model whose hardtanh
+    # bound is a parameter collapses to constants with a random one, and its gradients are rounding noise
+    scalars: tuple[tuple[str, float], ...] = ()
 
     @property
     def id(self) -> str:
@@ -48,11 +51,13 @@ CASES = [
     Case("hlo/mean_axis_1x4096x1024_bf16.hlo"),
     Case("hlo/mha_block_1x12x128x64_bf16.hlo"),
     Case("hlo/mobilenet_v2.hlo", slow=True,
-         not_finished="mobilenet_v2's training step at batch 96 is 1.27 million instructions: it lowers "
-                      "(6 min, 10 GB) and schedules (2.5 min), but the NEFF's race check is quadratic on "
-                      "it (every SBUF footprint is compared with every earlier one at its bytes: half the "
-                      "program in 13 min, then 25k instructions in 10) and the whole is far beyond the "
-                      "suite's 15 minutes"),
+         scalars=(("p12.42", 6.0), ("p317.2351", 49.0), ("p314.2029", 96.0), ("p315.2045", 0.8)),
+         not_finished="mobilenet_v2's training step at batch 96 compiles (1.14 million instructions, 12 min "
+                      "and 17 GB for one target on a 2-vCPU machine) and simulates (11 GB, 5 min): far beyond "
+                      "the suite's 15 minutes. Measured once by hand (docs/compiling.md): forward outputs agree "
+                      "to 2e-6 normwise, gradients to about 1e-2, since a few relu6 masks flip at rounding "
+                      "boundaries and some gradients are exactly zero in exact arithmetic: an element-wise "
+                      "comparison of a training step's gradients is not a test of the compiler"),
     Case("hlo/resnet50_keras_jax_f32.hlo", slow=True),
     Case("hlo/sum_axis_1x4096x1024_bf16.hlo"),
     Case("hlo/topk_logits_k10_1x50000_bf16.hlo"),
@@ -92,6 +97,11 @@ def _reference(case: Case) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...
     """The seeded inputs and the interpreter's outputs (shared by both targets' tests)."""
     m = _module(case)
     inputs = random_inputs(m, 0)
+    given = dict(case.scalars)
+    for k, p in enumerate(m.entry.params):
+        if p.name in given:
+            inputs[f"in{k}"] = np.asarray(given.pop(p.name), dtype=inputs[f"in{k}"].dtype)
+    assert not given, f"no scalar parameters named {sorted(given)}"
     return inputs, tuple(reference_run(m, inputs))
 
 

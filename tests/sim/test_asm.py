@@ -67,6 +67,8 @@ BAD = [
     # (program body after the header, code, line of the error)
     ("sbuf t: f32[128, 4]\nsem s\ndve frobnicate t\n", "NCC_EASM002", 5),
     ("sbuf t: f32[128, 4]\nxyz memset t\n", "NCC_EASM002", 4),
+    ("sbuf t: f32[128, 4]\ndve memset t, value=1 ; 2\n", "NCC_EASM001", 4),  # a character no token begins with
+    ("sbuf t: f32[128, 4]\ndve memset t, value=+\n", "NCC_EASM001", 4),  # a sign without its number
     ("sbuf t: f32[129, 4]\ndve memset t\n", "NCC_EASM005", 3),
     ("sbuf t: f32[64, 4] partition=100\ndve memset t\n", "NCC_EASM005", 3),
     ("sbuf t: f32[128, 50000]\ndve memset t\n", "NCC_EASM005", 3),
