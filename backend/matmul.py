@@ -6,7 +6,7 @@ each merged; contracting dimensions that do not merge as outer segments of ones 
 and the result is ``[B, M, N]``, XLA's order. For every batch, the plan (:func:`nxsat.extract.plan.matmul_plan`) tiles M
 by the array's columns, N by one PSUM bank and K by its rows: each K tile of L is loaded transposed
 (K on partitions) as the stationary operand, each K tile of R as the moving one (consecutive K tiles
-in runs, one DMA each: ``MatmulPlan.k_group``), and the K tiles accumulate in one PSUM bank
+in runs, one DMA each: ``MatmulPlan.runs``), and the K tiles accumulate in one PSUM bank
 (``start``/``stop``). ScalarE or VectorE (in turn) evacuates the bank,
 converting to the result type, and one DMA stores the tile. Integer operands are multiplied as fp32
 (exact below 2^24, as the device computes dots).
@@ -19,9 +19,10 @@ import math
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import MatmulPlan, matmul_plan
+from nxsat.extract.plan import matmul_plan, segments_pay
 from nxsat.ir import Node
 from nxsat.sim.program import AccessError
+from nxsat.sim.target import Target
 
 TENSOR_TYPES = ("bf16", "f16", "f8e4m3fn", "f8e5m2", "f32")
 
@@ -59,7 +60,7 @@ def dot(lw: Lowering, node: Node) -> None:
     if device_dtype(node.dtype).is_int and Lp.dtype.is_int and Rp.dtype.is_int:
         L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
         return int_matmul(lw, L, lw.view(Rp, lambda r: r.reshape(B, K, N), node), out)
-    split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target.matmul["rows"])
+    split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target)
     if split is None:
         L = lw.view(Lp, lambda r: r.reshape(B, M, 1, K), node)
         R = lw.view(Rp, lambda r: r.reshape(B, 1, K, N), node)
@@ -68,23 +69,16 @@ def dot(lw: Lowering, node: Node) -> None:
     matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
 
 
-# A contraction split into segments may take this many more K tiles than merged before a copy is cheaper.
-SPLIT_TILES = 1.25
-
-
-def _split_contraction(L: Ref, R: Ref, B: int, M: int, N: int, kdims: list[int], rows: int
+def _split_contraction(L: Ref, R: Ref, B: int, M: int, N: int, kdims: list[int], target: Target
                        ) -> tuple[Ref, Ref] | None:
     """``L`` as ``[B, M, Ko, Ki]`` and ``R`` as ``[B, Ko, Ki, N]``: the contracting dimensions merged
     into one where their strides allow (``Ko = 1``), else into the fewest outer segments whose inner
-    part merges. A weight gradient contracts over (batch, rows, columns) of activations laid out
-    ``[batch, channels, rows, columns]``: batch and position do not merge, and copying the operand
-    into a merged layout was an element-by-element DMA of the whole activation. Segments whose
-    partial K tiles would add more than ``SPLIT_TILES`` times the merged count are not worth it
-    (None: the caller copies). ``rows``: the rows of a K tile."""
-    K = math.prod(kdims)
+    part merges, while :func:`nxsat.extract.plan.segments_pay` (None: the caller copies). A weight
+    gradient contracts over (batch, rows, columns) of activations laid out ``[batch, channels, rows,
+    columns]``: batch and position do not merge."""
     for s in range(len(kdims)):
         ko, ki = math.prod(kdims[:s]), math.prod(kdims[s:])
-        if ko * -(-ki // rows) > SPLIT_TILES * -(-K // rows):
+        if not segments_pay(ko, ki, target):
             return None
         try:
             Ls, Rs = L.reshape(B, M, ko, ki), R.reshape(B, ko, ki, N)
@@ -109,7 +103,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
     evac = 0
-    groups = [(ko, *grp) for ko in range(Ko) for grp in k_groups(Ki, plan)]
+    groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki)]
     last = Ko * plan.k_tiles(Ki) - 1
     for b in range(B):
         for m0 in range(0, M, plan.m_tile):
@@ -137,14 +131,6 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                     g.add("dve", "tensor_copy", res, acc)
                 evac += 1
                 g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
-
-
-def k_groups(K: int, plan: MatmulPlan) -> list[tuple[int, int, int]]:
-    """The contraction as ``(k0, rows, tiles)``: runs of up to ``plan.k_group`` whole K tiles loaded
-    together, and a last partial tile alone."""
-    kt, whole = plan.k_tile, K // plan.k_tile
-    out = [(i * kt, kt, min(plan.k_group, whole - i)) for i in range(0, whole, plan.k_group)]
-    return out + ([(whole * kt, K - whole * kt, 1)] if K % kt else [])
 
 
 # Rows of L per tile and contraction elements per pass of the exact integer product.

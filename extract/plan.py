@@ -32,9 +32,12 @@ class MatmulPlan:
     def k_tiles(self, K: int) -> int:
         return -(-K // self.k_tile)
 
-    def instructions(self, M: int, K: int, N: int) -> int:
-        """Matmul instructions the plan emits for one batch."""
-        return -(-M // self.m_tile) * -(-K // self.k_tile) * -(-N // self.n_tile)
+    def runs(self, K: int) -> list[tuple[int, int, int]]:
+        """The contraction as ``(k0, rows, tiles)``: runs of up to ``k_group`` whole K tiles loaded
+        together, and a last partial tile alone."""
+        kt, whole = self.k_tile, K // self.k_tile
+        out = [(i * kt, kt, min(self.k_group, whole - i)) for i in range(0, whole, self.k_group)]
+        return out + ([(whole * kt, K - whole * kt, 1)] if K % kt else [])
 
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
@@ -42,6 +45,8 @@ STATIONARY_SBUF_SHARE = 1 / 8
 # Bytes per partition a grouped operand load moves at least: the size from which a DMA runs at full
 # rate (docs: ~1.3 us from trigger to transfer, >= 4 KiB per partition saturates).
 LOAD_BYTES = 4096
+# A contraction split into segments may take this many more K tiles than merged before a copy is cheaper.
+SPLIT_TILES = 1.25
 
 
 def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPlan:
@@ -51,10 +56,20 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     mm = target.matmul
     n_bank = target.psum_bank_bytes // 4
     m, k, n = min(M, mm["cols"]), min(K, mm["rows"]), min(N, mm["max_moving"], n_bank)
-    stationary = -(-K // k) * m * dt.by_name(dtype).itemsize  # bytes per partition
+    size = dt.by_name(dtype).itemsize
+    stationary = -(-K // k) * m * size  # bytes per partition
     resident = stationary <= STATIONARY_SBUF_SHARE * target.sbuf_bytes
-    group = max(1, min(-(-K // k), LOAD_BYTES // (n * dt.by_name(dtype).itemsize)))
+    group = max(1, min(-(-K // k), LOAD_BYTES // (n * size)))
     return MatmulPlan(m, k, n, resident, group)
+
+
+def segments_pay(ko: int, ki: int, target: Target) -> bool:
+    """A contraction run as ``ko`` segments of ``ki`` (K tiles never crossing one) rather than copied
+    into one merged run: worth it while the segments' partial tiles add at most ``SPLIT_TILES`` times
+    the merged K tile count (a copy of an operand whose dimensions do not merge is an
+    element-by-element DMA of all of it)."""
+    rows = target.matmul["rows"]
+    return ko * -(-ki // rows) <= SPLIT_TILES * -(-(ko * ki) // rows)
 
 
 @dataclass(frozen=True)

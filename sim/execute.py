@@ -113,7 +113,7 @@ def shard(prog: Program, t: Tensor, value: np.ndarray, rank: int) -> np.ndarray:
 def scratch_lives(lk: Linked) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
     """The scratch tensors each step of the run order creates (zeros, at their first access) and frees
     (after their last), and the most bytes they hold at once. A compiled training step keeps every
-    intermediate in a scratch tensor of its own: mobilenet_v2's add up to 26 GiB, far more than are
+    intermediate in a scratch tensor of its own: mobilenet_v2's add up to 24 GiB, far more than are
     live at any one time."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}

@@ -114,11 +114,18 @@ def link(prog: Program, target: Target, races: bool = True) -> Linked:
     order, single = _replay(prog, by_stream, streams)
     lk = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, templates=linker.count)
     if races:
-        lk.vc = _clocks_fast(lk) if single else _clocks(prog, streams, by_stream, sid, pos, order)
-        _dataflow(lk)
+        check_races(lk, single)
     _accumulation(lk)
     _coverage(lk)
     return lk
+
+
+def check_races(lk: Linked, single: bool = False) -> None:
+    """What ``races=True`` adds: the happens-before clocks (``single``: every semaphore has a single
+    signalling stream, the fast path), then read-before-write and races."""
+    lk.vc = _clocks_fast(lk) if single else _clocks(lk.program, lk.streams, lk.by_stream, lk.sid, lk.pos,
+                                                      lk.order)
+    _dataflow(lk)
 
 
 # --- header and placement ----------------------------------------------------------------------
