@@ -37,10 +37,10 @@ class Compiled:
 def device_forms(module: Module) -> Module:
     """The same values with operators rewritten into the forms the backend tiles best: convolutions
     that are weight gradients (more window taps than outputs) as one contraction per output position
-    (:func:`nxsat.backend.conv.weight_gradients`)."""
-    from nxsat.backend.conv import is_weight_gradient, weight_gradients
+    (:func:`nxsat.backend.conv.weight_gradients`; a depthwise layer's stays, for the planes path)."""
+    from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
 
-    if not any(is_weight_gradient(n) for n in module.entry.post_order()):
+    if not any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         return module  # nothing to rewrite: the same module (the driver then dumps nothing)
     return weight_gradients(module)
 

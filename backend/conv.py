@@ -52,7 +52,18 @@ from nxsat.backend.matmul import operand_type
 from nxsat.backend.tiles import Operand, Tiles
 from nxsat.builder import Builder, infer_type
 from nxsat.diagnostics import error
-from nxsat.extract.plan import ConvGeometry, ConvPlan, WindowClass, WindowPlan, conv_plan, window_classes, window_plan
+from nxsat.extract.plan import (
+    ConvGeometry,
+    ConvPlan,
+    DepthwisePlan,
+    WindowClass,
+    WindowPlan,
+    conv_plan,
+    depthwise_gradient_tiling,
+    depthwise_plan,
+    window_classes,
+    window_plan,
+)
 from nxsat.ir import Computation, Module, Node, TensorType, TupleType
 from nxsat.passes import Rewriter, rewrite_module
 from nxsat.sim.program import AccessError
@@ -141,6 +152,9 @@ def convolution(lw: Lowering, node: Node) -> None:
     window: tuple[WindowDim, ...] = tuple(node.attrs["window"])
     fgc = int(node.attrs.get("feature_group_count", 1) or 1)
     bgc = int(node.attrs.get("batch_group_count", 1) or 1)
+    if plane_weight_gradient(node):
+        _plane_weight_gradient(lw, node)
+        return
     X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
     W = lw.ref(rhs).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
     Y = lw.result(node).permute(d.output_batch, d.output_feature, *d.output_spatial)
@@ -155,6 +169,9 @@ def convolution(lw: Lowering, node: Node) -> None:
         channels_last_in=bool(window) and _stride_one(lw, X, 1) and X.dtype.is_float and X.dtype.itemsize in (2, 4),
         channels_last_out=bool(window) and _stride_one(lw, Y, 1) and out_t.is_float and out_t.itemsize in (2, 4))
     plan = conv_plan(geo, lw.target)
+    dw = depthwise_plan(geo, plan, lw.target)
+    if dw is not None and dw.pays and _depthwise(lw, X, W, Y, window, dw, out_t):
+        return
     matmuls = plan.matmuls(geo)
     if matmuls > MAX_MATMULS:
         taps = math.prod(w.size for w in window)
@@ -172,6 +189,143 @@ def convolution(lw: Lowering, node: Node) -> None:
                     min(plan.pack, fgc - g0)) for g0 in range(0, fgc, plan.pack)]
     for job in jobs:
         _job(cv, job)
+
+
+# --- depthwise on the vector engines ---------------------------------------------------------------
+
+def _depthwise(lw: Lowering, X: Ref, W: Ref, Y: Ref, window: tuple[WindowDim, ...], dw: DepthwisePlan,
+               out_t: dt.DType) -> bool:
+    """A depthwise convolution by :class:`~nxsat.extract.plan.DepthwisePlan`. False, with nothing
+    emitted, when the input's or the result's rows are not contiguous (a channels-last layout, whose
+    planes would move element by element): the implicit GEMM then runs instead."""
+    if not (_stride_one(lw, X, len(X.shape) - 1) or X.shape[-1] == 1) or \
+            not (_stride_one(lw, Y, len(Y.shape) - 1) or Y.shape[-1] == 1):
+        return False
+    tl = dw.tiling
+    N, C = X.shape[0], X.shape[1]
+    k = 0
+    for c0, cn in tl.chunks(C):
+        J = tl.stack(cn, N)
+        wt = _channel_weights(lw, W[:, 0], c0, cn, J)
+        for n0 in range(0, N, J * tl.batch):
+            jn = min(J, (N - n0) // tl.batch)
+            for q0 in range(0, Y.shape[2], tl.block):
+                planes = _Planes(c0, cn, n0, jn, tl.batch)
+                _depthwise_tile(lw, X, Y, wt[:jn * cn], window, planes, (q0, min(tl.block, Y.shape[2] - q0)), out_t,
+                                "dve" if k % 2 == 0 else "pool")
+                k += 1
+    return True
+
+
+@dataclass(frozen=True)
+class _Planes:
+    """One tile's planes: channels ``[c0, c0 + cn)`` of ``jn`` groups of ``m`` batch elements from ``n0``;
+    partition ``j * cn + c`` holds channel ``c0 + c`` of batch elements ``n0 + j * m ..``."""
+
+    c0: int
+    cn: int
+    n0: int
+    jn: int
+    m: int
+
+    @property
+    def partitions(self) -> int:
+        return self.jn * self.cn
+
+    def groups(self) -> Iterator[tuple[slice, slice, slice]]:
+        """Per group: its partitions, and the batch and channel slices of the tensor it holds."""
+        for j in range(self.jn):
+            n = self.n0 + j * self.m
+            yield slice(j * self.cn, (j + 1) * self.cn), slice(n, n + self.m), slice(self.c0, self.c0 + self.cn)
+
+    def load(self, lw: Lowering, tile: Ref, src: Ref, spatial: tuple[slice, ...]) -> None:
+        """``tile[partitions, m, ...] = src[batch, channels, spatial...]`` (channels onto the partitions)."""
+        for part, n, c in self.groups():
+            v = src[(n, c, *spatial)]
+            lw.graph.add("dma", "dma", tile[part], v.permute(1, 0, *range(2, len(v.shape))))
+
+    def store(self, lw: Lowering, dst: Ref, tile: Ref, spatial: tuple[slice, ...]) -> None:
+        for part, n, c in self.groups():
+            v = dst[(n, c, *spatial)]
+            lw.graph.add("dma", "dma", v.permute(1, 0, *range(2, len(v.shape))), tile[part])
+
+
+def _channel_weights(lw: Lowering, Wk: Ref, c0: int, cn: int, J: int) -> Ref:
+    """``[J * cn, taps]`` fp32: partition ``j * cn + c`` holds the kernel of channel ``c0 + c`` (``Wk``:
+    ``[C, K...]``), one DMA per group."""
+    g = lw.graph
+    ksize = Wk.shape[1:]
+    raw = g.tile((J * cn, *ksize), onchip_dtype(Wk.dtype), "sbuf", "dww").ref()
+    for j in range(J):
+        g.add("dma", "dma", raw[j * cn:(j + 1) * cn], Wk[c0:c0 + cn])
+    if raw.dtype is not dt.F32:
+        f32 = g.tile((J * cn, *ksize), dt.F32, "sbuf", "dwwf").ref()
+        g.add("dve", "tensor_copy", f32, raw)
+        raw = f32
+    return raw.reshape(J * cn, math.prod(ksize))
+
+
+def _depthwise_tile(lw: Lowering, X: Ref, Y: Ref, wt: Ref, window: tuple[WindowDim, ...], planes: _Planes,
+                    rows: tuple[int, int], out_t: dt.DType, engine: str) -> None:
+    """One tile: ``planes``, output rows ``[q0, q0 + qn)`` of the outermost spatial dimension (all of
+    the others). Only the input the block reads is loaded; each tap adds where it meets the input
+    (padding contributes nothing, as in the implicit GEMM), and a tap that meets it everywhere starts
+    the sum, so no memset is needed."""
+    g = lw.graph
+    q0, qn = rows
+    S, Q = X.shape[2:], Y.shape[2:]
+    first = (q0, *(0 for _ in Q[1:]))
+    count = (qn, *Q[1:])
+    lo, hi = [], []
+    for d, w in enumerate(window):
+        lo.append(max(0, first[d] * w.stride - w.pad_lo))
+        hi.append(min(S[d], (first[d] + count[d] - 1) * w.stride + (w.size - 1) * w.rhs_dilation - w.pad_lo + 1))
+    taps = []  # (weight column, per dimension (first output, last output + 1, input index of the first))
+    for t in product(*(range(w.size) for w in window)):
+        box = []
+        for d, w in enumerate(window):
+            off = t[d] * w.rhs_dilation - w.pad_lo  # the input index of output 0
+            qa = max(first[d], -(off // w.stride))
+            qb = min(first[d] + count[d], (S[d] - 1 - off) // w.stride + 1)
+            if qa >= qb:
+                break
+            box.append((qa, qb, qa * w.stride + off))
+        else:
+            kidx = [w.size - 1 - i if w.reversal else i for w, i in zip(window, t)]
+            taps.append((int(np.ravel_multi_index(kidx, [w.size for w in window])), box))
+    P, m = planes.partitions, planes.m
+    acc = g.tile((P, m, *count), dt.F32, "sbuf", "dwacc").ref()
+    if taps:
+        xt = g.tile((P, m, *(h - a for a, h in zip(lo, hi))), onchip_dtype(X.dtype), "sbuf", "dwin").ref()
+        planes.load(lw, xt, X, tuple(slice(a, h) for a, h in zip(lo, hi)))
+
+    def inputs(box: list) -> Ref:
+        return xt[(slice(None), slice(None), *(slice(i - lo[d], i - lo[d] + (qb - qa - 1) * w.stride + 1, w.stride)
+                                               for d, ((qa, qb, i), w) in enumerate(zip(box, window))))]
+
+    whole = next((tp for tp in taps if all((qa, qb) == (first[d], first[d] + count[d])
+                                           for d, (qa, qb, _) in enumerate(tp[1]))), None)
+    if whole is not None:
+        g.add("act", "activation", acc, inputs(whole[1]), scale=wt[:, whole[0]:whole[0] + 1])
+    else:
+        g.add(engine, "memset", acc, value=0.0)
+    prods: list[Ref] = []  # two product tiles a tile, in turn: two allocations however many taps
+    for col, box in taps:
+        if whole is not None and col == whole[0]:
+            continue
+        if len(prods) < 2:
+            prods.append(g.tile((P, m, *count), dt.F32, "sbuf", "dwprod").ref())
+        prod_t = prods[0][(slice(None), slice(None), *(slice(0, qb - qa) for qa, qb, _ in box))]
+        prods.reverse()
+        g.add("act", "activation", prod_t, inputs(box), scale=wt[:, col:col + 1])
+        part = acc[(slice(None), slice(None),
+                    *(slice(qa - first[d], qb - first[d]) for d, (qa, qb, _) in enumerate(box)))]
+        g.add(engine, "tensor_tensor", part, part, prod_t, op="add")
+    res = acc
+    if out_t is not dt.F32:
+        res = g.tile((P, m, *count), out_t, "sbuf", "dwout").ref()
+        g.add("act", "activation", res, acc)
+    planes.store(lw, Y, res, (slice(q0, q0 + qn),))
 
 
 def _tiles(n: int, size: int) -> list[tuple[int, int]]:
@@ -322,14 +476,42 @@ def _compute(cv: Conv, w: Work) -> None:
         g.add("pool" if cv.out_t.is_int else "dve", "memset", res, value=0)
         _store(cv, w.job, w.combo, w.chunk, w.ot, res)
         return
-    acc = g.tile(out_shape, dt.F32, "psum", "cvacc").ref()
-    for k, ((ct, gid, group, taps), st) in enumerate(zip(w.steps, w.stationary)):
-        tile, boxes = w.inputs[(ct, gid)]
-        mv = _moving(cv, tile, boxes, w.combo, w.chunk, group, taps, st.shape[0])
-        g.add("pe", "matmul", acc, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
+    pieces = _pieces(cv, w.chunk)
+    if len(pieces) == 1:
+        acc = g.tile(out_shape, dt.F32, "psum", "cvacc").ref()
+        banks = [acc]
+    else:  # one bank a piece, each piece at its bank's start
+        acc = g.tile((on, len(pieces), cv.lw.target.psum_bank_bytes // 4), dt.F32, "psum", "cvacc").ref()
+        banks = [acc[:, b, :math.prod(n for _, n in pc)].reshape(on, *(n for _, n in pc))
+                 for b, pc in enumerate(pieces)]
+    for bank, piece in zip(banks, pieces):
+        for k, ((ct, gid, group, taps), st) in enumerate(zip(w.steps, w.stationary)):
+            tile, boxes = w.inputs[(ct, gid)]
+            mv = _moving(cv, tile, boxes, w.combo, piece, group, taps, st.shape[0], w.chunk)
+            g.add("pe", "matmul", bank, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
     res = g.tile(out_shape, cv.out_t, "sbuf", "cvres").ref()
-    _evacuate(cv, res, acc)
+    if len(pieces) == 1:
+        _evacuate(cv, res, acc)
+    else:
+        # the full pieces in one pass over their banks, a shorter last piece on its own
+        size = [math.prod(n for _, n in pc) for pc in pieces]
+        flat = res.reshape(on, sum(size))
+        full = sum(1 for n in size if n == size[0])
+        _evacuate(cv, flat[:, :full * size[0]].reshape(on, full, size[0]), acc[:, :full, :size[0]])
+        if full < len(pieces):
+            _evacuate(cv, flat[:, full * size[0]:], acc[:, full, :size[-1]])
     _store(cv, w.job, w.combo, w.chunk, w.ot, res)
+
+
+def _pieces(cv: Conv, chunk: Chunk) -> list[Chunk]:
+    """The chunk cut into its PSUM banks' pieces (:attr:`ConvPlan.piece`; a last chunk may have fewer)."""
+    plan = cv.plan
+    if not plan.bank_len:
+        return [chunk]
+    k = plan.bank_dim
+    step = plan.bank_len
+    a, n = chunk[k]
+    return [tuple((a + b, min(step, n - b)) if i == k else c for i, c in enumerate(chunk)) for b in range(0, n, step)]
 
 
 def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
@@ -591,15 +773,18 @@ def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nbl
 
 
 def _moving(cv: Conv, tile: Ref, boxes: list, combo: Combo, chunk: Chunk, group: Group, taps: TapCombo,
-            k: int) -> Ref:
-    """The moving operand of one matmul: the tile's view that the tap combination reads."""
+            k: int, base: Chunk) -> Ref:
+    """The moving operand of one matmul: the tile's view that the tap combination reads for the outputs
+    ``chunk`` (a piece of ``base``, the chunk the tile was loaded for)."""
     plan = cv.plan
     folding = plan.fold > 1
-    key: list = [slice(0, k), slice(None)]
+    (na, nb) = chunk[0]
+    key: list = [slice(0, k), slice(na - base[0][0], na - base[0][0] + nb)]
     for d, cls in enumerate(combo):
         ja, jn = chunk[d + 1]
-        if folding and d == plan.fold_dim:
-            key.append(slice(0, jn))
+        if folding and d == plan.fold_dim:  # the tile holds the chunk's outputs one for one
+            off = ja - base[d + 1][0]
+            key.append(slice(off, off + jn))
             continue
         bx = boxes[d]
         tp = taps[d]
@@ -1331,8 +1516,147 @@ def is_weight_gradient(node: Node) -> bool:
             and math.prod(w.size for w in window) > math.prod(out))
 
 
-def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> Node | None:
+def plane_weight_gradient(node: Node) -> bool:
+    """A depthwise layer's weight gradient that the backend lowers on the vector engines
+    (:func:`_plane_weight_gradient`) rather than as :func:`weight_gradients` rewrites it: batch groups of
+    one element, one output feature per group, float types, no window reversal, both operands' rows
+    contiguous (their last dimension is the last spatial one) and a kernel row that fits a tile."""
     if not is_weight_gradient(node):
+        return False
+    G = int(node.attrs.get("batch_group_count", 1) or 1)
+    d: ConvDims = node.attrs["dims"]
+    window: tuple[WindowDim, ...] = tuple(node.attrs["window"])
+    x, k = node.operands
+    return (G > 1 and x.shape[d.input_batch] == G and k.shape[d.kernel_output_feature] == G
+            and node.shape[d.output_feature] == G and node.dtype.is_float and x.dtype.is_float and k.dtype.is_float
+            and not any(w.reversal for w in window)
+            and d.input_spatial[-1] == len(x.shape) - 1 and d.kernel_spatial[-1] == len(k.shape) - 1
+            and depthwise_gradient_tiling(x.shape[d.input_feature], G, tuple(x.shape[i] for i in d.input_spatial),
+                                          tuple(k.shape[i] for i in d.kernel_spatial), window, 128) is not None)
+
+
+def _plane_weight_gradient(lw: Lowering, node: Node) -> None:
+    """``Y[0, g, q] = sum over f, t of X[g, f, q * stride + t * dilation - pad] * K[g, f, t]``: a depthwise
+    layer's weight gradient (``g`` its channels, ``f`` the training batch), tiled by
+    :func:`~nxsat.extract.plan.depthwise_gradient_tiling`. Per tile and output position, one product of
+    the input's shifted window with the kernel rows (VectorE and GpSimd by tile) and one ScalarE pass
+    summing it along the free axes into that position's column; the tiles of a channel chunk add up on
+    VectorE, and where several batch groups share the partitions one selection matmul (a 0/1 matrix
+    from ``iota``) sums them on TensorE, exactly in fp32. Replaces a multiply and a reduce of the whole
+    image per output position, which wrote every product to HBM (mobilenet_v2: 60 thousand instructions
+    for its first depthwise layer's gradient)."""
+    g = lw.graph
+    d: ConvDims = node.attrs["dims"]
+    window: tuple[WindowDim, ...] = tuple(node.attrs["window"])
+    lhs, rhs = node.operands
+    # channels first, then the batch: [G, F, S...] and [G, F, K...]
+    X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
+    K = lw.ref(rhs).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+    Y = lw.result(node).permute(d.output_batch, d.output_feature, *d.output_spatial)  # [1, G, Q...]
+    G, F = X.shape[0], X.shape[1]
+    S, KS, Q = X.shape[2:], K.shape[2:], Y.shape[2:]
+    positions = list(product(*(range(n) for n in Q)))
+    T = len(positions)
+    tl = depthwise_gradient_tiling(F, G, S, KS, window, lw.target.partitions)
+    assert tl is not None
+    out_t = onchip_dtype(device_dtype(node.dtype))
+    Xc, Kc = X.permute(1, 0, *range(2, len(S) + 2)), K.permute(1, 0, *range(2, len(KS) + 2))  # batch first
+    k = 0
+    for c0, cn in tl.chunks(G):
+        J = tl.stack(cn, F)
+        acc: Ref | None = None
+        for n0 in range(0, F, J * tl.batch):
+            planes = _Planes(c0, cn, n0, min(J, (F - n0) // tl.batch), tl.batch)
+            engine = "dve" if k % 2 == 0 else "pool"
+            k += 1
+            for t0 in range(0, KS[0], tl.block):
+                part = _gradient_block(lw, Xc, Kc, window, planes, (t0, min(tl.block, KS[0] - t0)), positions,
+                                       engine)
+                if acc is None:
+                    acc = part
+                else:
+                    view = acc[:planes.partitions]
+                    g.add(engine, "tensor_tensor", view, view, part, op="add")
+        assert acc is not None
+        res = g.tile((cn, T), out_t, "sbuf", "dwgres").ref()
+        if J == 1:
+            g.add("act", "activation", res, acc)
+        else:
+            ps = g.tile((cn, T), dt.F32, "psum", "dwgps").ref()
+            g.add("pe", "matmul", ps, _selection(lw, J, cn), acc, start=True, stop=True)
+            g.add("act", "activation", res, ps)
+        g.add("dma", "dma", Y[0, c0:c0 + cn], res.reshape(cn, *Q))
+
+
+def _gradient_block(lw: Lowering, Xc: Ref, Kc: Ref, window: tuple[WindowDim, ...], planes: _Planes,
+                    rows: tuple[int, int], positions: list[tuple[int, ...]], engine: str) -> Ref:
+    """``[partitions, T]`` fp32: per partition and output position, the sum over its planes and the kernel
+    rows ``rows`` (all of the inner dimensions) of the kernel times the input window it meets."""
+    g = lw.graph
+    t0, tn = rows
+    S, KS = Xc.shape[2:], Kc.shape[2:]
+    kfirst, kcount = (t0, *(0 for _ in KS[1:])), (tn, *KS[1:])
+    spans = []  # per position, per dimension: (first t, last t + 1, input index of the first)
+    for q in positions:
+        box: list | None = []
+        for dd, (w, qi) in enumerate(zip(window, q)):
+            base = qi * w.stride - w.pad_lo
+            ta = max(kfirst[dd], -(base // w.rhs_dilation))
+            tb = min(kfirst[dd] + kcount[dd], (S[dd] - 1 - base) // w.rhs_dilation + 1)
+            if ta >= tb:
+                box = None
+                break
+            box.append((ta, tb, base + ta * w.rhs_dilation))
+        spans.append(box)
+    P, m = planes.partitions, planes.m
+    part = g.tile((P, len(positions)), dt.F32, "sbuf", "dwgpart").ref()
+    if any(b is None for b in spans):
+        g.add(engine, "memset", part, value=0.0)  # positions this block never reaches sum to zero
+    live = [b for b in spans if b is not None]
+    if not live:
+        return part
+    lo = [min(b[dd][2] for b in live) for dd in range(len(S))]
+    hi = [max(b[dd][2] + (b[dd][1] - b[dd][0] - 1) * w.rhs_dilation + 1 for b in live)
+          for dd, w in enumerate(window)]
+    xt = g.tile((P, m, *(h - a for a, h in zip(lo, hi))), onchip_dtype(Xc.dtype), "sbuf", "dwgx").ref()
+    planes.load(lw, xt, Xc, tuple(slice(a, h) for a, h in zip(lo, hi)))
+    kt = g.tile((P, m, *kcount), onchip_dtype(Kc.dtype), "sbuf", "dwgk").ref()
+    planes.load(lw, kt, Kc, (slice(t0, t0 + tn),))
+    prods: list[Ref] = []  # two product tiles a block, in turn: one allocation each, however many positions
+    for j, box in enumerate(spans):
+        if box is None:
+            continue
+        xv = xt[(slice(None), slice(None),
+                 *(slice(i - lo[dd], i - lo[dd] + (tb - ta - 1) * w.rhs_dilation + 1, w.rhs_dilation)
+                   for dd, ((ta, tb, i), w) in enumerate(zip(box, window))))]
+        kv = kt[(slice(None), slice(None), *(slice(ta - kfirst[dd], tb - kfirst[dd])
+                                             for dd, (ta, tb, _) in enumerate(box)))]
+        if len(prods) < 2:
+            prods.append(g.tile((P, m, *kcount), dt.F32, "sbuf", "dwgprod").ref())
+        prod_t = prods[0][(slice(None), slice(None), *(slice(0, tb - ta) for ta, tb, _ in box))]
+        prods.reverse()
+        g.add(engine, "tensor_tensor", prod_t, xv, kv, op="mul")
+        g.add("act", "activation", prod_t, prod_t, accum=part[:, j:j + 1])
+    return part
+
+
+def _selection(lw: Lowering, J: int, cn: int) -> Ref:
+    """``[J * cn, cn]`` fp32, 1 where partition ``p`` holds channel ``c`` (``p mod cn == c``): from one
+    ``iota`` of ``p - c``, an equality per group."""
+    g = lw.graph
+    u = g.tile((J * cn, cn), dt.F32, "sbuf", "dwgiota").ref()
+    g.add("pool", "iota", u, base=0, channel_multiplier=1, steps=(-1,))
+    sel = g.tile((J * cn, cn), dt.F32, "sbuf", "dwgsel").ref()
+    g.add("dve", "tensor_scalar", sel, u, op0="eq", scalar0=0.0)
+    for j in range(1, J):
+        hit = g.tile((J * cn, cn), dt.F32, "sbuf", "dwghit").ref()
+        g.add("dve", "tensor_scalar", hit, u, op0="eq", scalar0=float(j * cn))
+        g.add("dve", "tensor_tensor", sel, sel, hit, op="add")
+    return sel
+
+
+def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> Node | None:
+    if not is_weight_gradient(node) or plane_weight_gradient(node):
         return None
     d: ConvDims = attrs["dims"]
     window: tuple[WindowDim, ...] = tuple(attrs["window"])

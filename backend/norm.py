@@ -36,7 +36,9 @@ from nxsat.backend.reduce import block_sizes, blocks, copy_new, merge_groups, pa
 from nxsat.backend.tiles import Tiles
 from nxsat.ir import Node
 
-CHUNK_BYTES = 4096  # bytes per partition of one tile
+# bytes per partition of one tile: half the instructions of 4 KiB; with 16 KiB, mobilenet_v2's SBUF
+# fragmented until no tile could be placed (NCC_EOOM001 in scheduling)
+CHUNK_BYTES = 8192
 KEEP_BYTES = 32 * 1024  # a feature block's data up to this many bytes per partition stays on chip between passes
 BN_MAX = 512  # elements one bn_stats reads per partition
 GROUPS = 64  # bn_stats groups one bn_aggr merges

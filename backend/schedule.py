@@ -379,10 +379,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 park(idx, blocked, h is ready_loads)
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
-            need = max((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "sbuf")
-                        for i in (*ready_loads, *ready_other, *waiting)), default=0)
+            need, at = max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "sbuf"), i)
+                            for i in (*ready_loads, *ready_other, *waiting)), default=(0, -1))
+            where = f" (at {insts[at].origin})" if at >= 0 and insts[at].origin else ""
             raise error("NCC_EOOM001", f"the working set does not fit on chip: {sbuf.in_use} of {sbuf.size} SBUF "
-                        f"bytes per partition are live and {need} more are needed",
+                        f"bytes per partition are live and {need} more are needed{where}",
                         hint="the model's tiles are too large for this target")
         scheduled[pick.index] = True
         order.append(pick)

@@ -202,8 +202,11 @@ class ConvPlan:
       dimension ``fold_dim`` stacked on the partitions (``fold`` blocks of ``c_tile`` partitions, each
       holding the input shifted by one tap), so a convolution with few channels still fills the array;
     - ``o_tile`` output channels are the stationary's columns and the result's partitions;
-    - ``chunk`` is the block of outputs ``(batch, spatial...)`` one PSUM bank accumulates (at most
-      ``n_max`` = 512 fp32), over every (channel tile, tap) pair;
+    - ``chunk`` is the block of outputs ``(batch, spatial...)`` one input tile serves and one
+      evacuation and one store take out, over every (channel tile, tap) pair: with ``bank_len``, pieces
+      of ``bank_len`` along dimension ``bank_dim``, each one PSUM bank of at most ``n_max`` = 512 fp32
+      and one matmul per step (up to :data:`PSUM_BANKS` of them; NCHW layouts, channels-last ones keep
+      one bank a chunk); without, one bank;
     - ``tap_block`` taps per spatial dimension share one input tile (all of them unless the tile would
       be too large);
     - ``chunk_outer``: loop over output chunks outside the output-channel tiles (inputs loaded once,
@@ -225,6 +228,15 @@ class ConvPlan:
     cache_weights: bool
     transpose_in: str
     transpose_out: str
+    bank_dim: int = 0
+    bank_len: int = 0
+
+    @property
+    def piece(self) -> tuple[int, ...]:
+        """The outputs one matmul (one PSUM bank) accumulates."""
+        if not self.bank_len:
+            return self.chunk
+        return tuple(self.bank_len if k == self.bank_dim else c for k, c in enumerate(self.chunk))
 
     def matmuls(self, geo: ConvGeometry) -> int:
         """Matmul instructions the plan emits (taps that only meet padding are skipped)."""
@@ -243,8 +255,8 @@ class ConvPlan:
                 counts[d + 1] = cls.count
                 n = len(cls.taps)
                 taps *= -(-n // self.fold) if d == self.fold_dim else n
-            chunks = math.prod(-(-n // c) for n, c in zip(counts, self.chunk))
-            total += chunks * taps
+            pieces = math.prod(-(-n // c) for n, c in zip(counts, self.piece))
+            total += pieces * taps
         return jobs * c_tiles * o_tiles * total
 
 
@@ -256,6 +268,7 @@ def _product(ranges: list) -> list[tuple[int, ...]]:
 
 
 TILE_BUDGET = 32 * 1024  # bytes per partition of one input tile (room to double-buffer)
+PSUM_BANKS = 4  # PSUM banks one block of outputs fills: one input tile, evacuation and store serve them all
 WEIGHT_BUDGET = 48 * 1024  # bytes per partition of the weights kept on chip for one output-channel tile
 
 
@@ -318,8 +331,8 @@ def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
         if f > 1:
             fold_dim, fold = best, f
     extents = (geo.batch, *(max((c.count for c in cl), default=1) for cl in classes))
-    chunk = list(chunk_of(extents, n_max))
-    tap_block = [fold if d == fold_dim and fold > 1 else max(1, ntaps[d]) for d in range(nsp)]
+    chunk: list[int] = []
+    tap_block: list[int] = []
 
     def tile_bytes() -> int:
         elems = chunk[0]
@@ -333,16 +346,33 @@ def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
                 elems *= _span(cls, chunk[d + 1], tap_block[d])
         return elems * geo.itemsize
 
-    while tile_bytes() > TILE_BUDGET:
-        # shrink the outermost chunk dimension larger than 1, then the taps per tile
-        k = next((k for k in range(len(chunk)) if chunk[k] > 1), None)
-        if k is not None:
-            chunk[k] = max(1, chunk[k] // 2)
-            continue
-        d = next((d for d in range(nsp) if tap_block[d] > 1 and not (d == fold_dim and fold > 1)), None)
-        if d is None:
-            break
-        tap_block[d] = max(1, tap_block[d] // 2)
+    def fit(limit: int) -> None:
+        chunk[:] = chunk_of(extents, limit)
+        tap_block[:] = [fold if d == fold_dim and fold > 1 else max(1, ntaps[d]) for d in range(nsp)]
+        while tile_bytes() > TILE_BUDGET:
+            # shrink the outermost chunk dimension larger than 1, then the taps per tile
+            k = next((k for k in range(len(chunk)) if chunk[k] > 1), None)
+            if k is not None:
+                chunk[k] = max(1, chunk[k] // 2)
+                continue
+            d = next((d for d in range(nsp) if tap_block[d] > 1 and not (d == fold_dim and fold > 1)), None)
+            if d is None:
+                break
+            tap_block[d] = max(1, tap_block[d] // 2)
+
+    fit(n_max)
+    bank_dim, bank_len = 0, 0
+    cut = next((k for k in range(len(chunk)) if chunk[k] < extents[k]), None)
+    if not (geo.channels_last_in or geo.channels_last_out) and cut is not None and all(
+            c == 1 for c in chunk[:cut]):
+        # several banks a chunk, cut along the dimension the bank's chunk cuts: as many as the input tile allows
+        one = list(chunk)
+        for p in range(PSUM_BANKS, 1, -1):
+            chunk[cut] = min(extents[cut], one[cut] * p)
+            if chunk[cut] > one[cut] and tile_bytes() <= TILE_BUDGET:
+                bank_dim, bank_len = cut, one[cut]
+                break
+            chunk[:] = one
     chunk_t = tuple(chunk)
     o_tiles = -(-(geo.out_channels * pack) // o_tile)
     c_tiles = -(-c_all // c_tile)
@@ -373,7 +403,131 @@ def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
         t_in = "dma_transpose" if v3 else "pe"
     t_out = "pe" if geo.channels_last_out and geo.out_channels * pack > 1 else "dma"
     return ConvPlan(pack, c_tile, fold_dim, fold, o_tile, chunk_t, tuple(tap_block), chunk_outer, cache_weights,
-                    t_in, t_out)
+                    t_in, t_out, bank_dim, bank_len)
+
+
+DEPTHWISE_TILE = 16 * 1024  # bytes per partition of one fp32 accumulator (and of each of its two product tiles)
+
+
+@dataclass(frozen=True)
+class PlaneTiling:
+    """Depthwise work on the vector engines, where each channel's planes are independent: the channels in
+    chunks, and on the partitions ``stack(cn)`` groups of one chunk's ``cn`` channels (partition
+    ``j * cn + c`` holds channel ``c0 + c`` of ``batch`` consecutive batch elements, the ``j``-th group of
+    them), so every lane works however few the channels; per partition, ``batch`` planes of ``block``
+    rows of the outermost spatial dimension (all of the others) in the free axes. Every partition of a
+    chunk always holds the same channel: its weights load once, and sums over the batch add up tile by
+    tile."""
+
+    chunk: int
+    batch: int
+    block: int
+    partitions: int
+
+    def chunks(self, channels: int) -> list[tuple[int, int]]:
+        return [(c0, min(self.chunk, channels - c0)) for c0 in range(0, channels, self.chunk)]
+
+    def stack(self, cn: int, batch: int) -> int:
+        return max(1, min(self.partitions // cn, batch // self.batch))
+
+    def tiles(self, channels: int, batch: int, rows: int) -> int:
+        per = -(-rows // self.block)
+        return sum(-(-batch // (self.stack(cn, batch) * self.batch)) * per for _, cn in self.chunks(channels))
+
+
+def plane_tiling(batch: int, channels: int, rows: int, row_bytes: int, partitions: int) -> PlaneTiling | None:
+    """The fewest tiles: whole planes and as many batch elements a partition as fit :data:`DEPTHWISE_TILE`
+    (a divisor of the batch, so every group is full), else one plane in balanced blocks of rows; the
+    channel chunk that leaves the fewest tiles (96 channels: three chunks of 32, stacked four deep).
+    ``row_bytes``: bytes per partition of one row of one plane (the largest tile's). None when one row
+    is already too large."""
+    most = DEPTHWISE_TILE // row_bytes
+    if most < 1:
+        return None
+    if most >= rows:
+        m = max(k for k in range(1, batch + 1) if batch % k == 0 and k * rows <= most)
+        block = rows
+    else:
+        m = 1
+        block = -(-rows // -(-rows // most))  # balanced: 56 + 56 rows, not 54 + 54 + 4
+    best: PlaneTiling | None = None
+    for k in range(-(-channels // partitions), min(channels, 64) + 1):
+        t = PlaneTiling(-(-channels // k), m, block, partitions)
+        if best is None or t.tiles(channels, batch, rows) < best.tiles(channels, batch, rows):
+            best = t
+    return best
+
+
+@dataclass(frozen=True)
+class DepthwisePlan:
+    """A depthwise convolution (one input and one output channel per group) on the vector engines
+    instead of TensorE, tiled by ``tiling``. Per tile each tap is one ScalarE activation (the input
+    window times its channel's weight, a per-partition scale) and one add into an fp32 accumulator, the
+    adds alternating between VectorE and GpSimd by tile. ``vector_ns`` and ``tensor_ns`` are the
+    busiest engine's time each way: the plan pays when the first is smaller."""
+
+    tiling: PlaneTiling
+    vector_ns: float
+    tensor_ns: float
+
+    @property
+    def pays(self) -> bool:
+        return self.vector_ns < self.tensor_ns
+
+
+# what the instructions of a depthwise tile look like to the cost formulas (sim/isa.py's cost_vars):
+# fp32 products and sums in SBUF, inputs read through strided windows
+_VECTOR_VARS = {"P": 128, "psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
+
+
+def _cycles(target: Target, opcode: str, engine: str, **values: float) -> float:
+    f = target.cost(opcode, engine)
+    assert f is not None, f"{target.name} has no cost for {opcode}"
+    return float(f({**target.constants, **_VECTOR_VARS, **values}))
+
+
+def depthwise_plan(geo: ConvGeometry, plan: ConvPlan, target: Target) -> DepthwisePlan | None:
+    """The vector-engine plan of a depthwise convolution (None for any other convolution), priced
+    against TensorE's matmuls under the target's cost formulas (``plan``: the implicit GEMM it replaces).
+    TensorE packs depthwise channels block-diagonally, so it uses as many rows of its array as there
+    are channels (at most 128) and, for fp32, runs at a quarter rate; the vector engines use every lane
+    (:class:`PlaneTiling`). Windows with base dilation (transposed convolutions) stay on TensorE."""
+    if not (geo.groups > 1 and geo.in_channels == 1 and geo.out_channels == 1 and geo.batch_groups == 1):
+        return None
+    if not geo.out_spatial or any(w.lhs_dilation != 1 for w in geo.window) or geo.dtype not in ("f32", "bf16", "f16"):
+        return None
+    inner_out = math.prod(geo.out_spatial[1:])
+    inner_in = math.prod(geo.in_spatial[1:]) * geo.window[0].stride
+    tiling = plane_tiling(geo.batch, geo.groups, geo.out_spatial[0], 4 * max(inner_out, inner_in), target.partitions)
+    if tiling is None:
+        return None
+    act_ns = add_ns = 0.0
+    taps = math.prod(w.size for w in geo.window)
+    k = 0
+    for _, cn in tiling.chunks(geo.groups):
+        per = tiling.tiles(cn, geo.batch, geo.out_spatial[0])
+        for _ in range(per):
+            elems = tiling.batch * tiling.block * inner_out
+            act_ns += target.engines["act"].ns(_cycles(target, "activation", "act", N=elems)) * taps
+            e = "dve" if k % 2 == 0 else "pool"
+            add_ns += target.engines[e].ns(_cycles(target, "tensor_tensor", e, N=elems)) * (taps - 1) / 2
+            k += 1
+    cols = math.prod(plan.piece)
+    factor = target.matmul_dtype_factor(geo.dtype) or 1.0
+    tensor = target.engines["pe"].ns(plan.matmuls(geo) * _cycles(
+        target, "matmul", "pe", M=plan.o_tile, N=cols, K=plan.c_tile, P=plan.c_tile, dtype_factor=factor))
+    return DepthwisePlan(tiling, max(act_ns, add_ns), tensor)
+
+
+def depthwise_gradient_tiling(batch: int, channels: int, in_spatial: tuple[int, ...], kernel_spatial: tuple[int, ...],
+                              window: tuple, partitions: int) -> PlaneTiling | None:
+    """The tiles of a depthwise layer's weight gradient on the vector engines (:class:`PlaneTiling`
+    over the kernel's rows: the kernel rows, their products and the input rows they read within half
+    of :data:`DEPTHWISE_TILE` bytes of fp32 per partition each, since input, kernel and two products
+    are live at once, and the next tile's loads beside them)."""
+    inner_k = math.prod(kernel_spatial[1:])
+    inner_x = math.prod(in_spatial[1:]) * window[0].rhs_dilation
+    return plane_tiling(batch, channels, kernel_spatial[0], 8 * max(inner_k, inner_x), partitions)
 
 
 # --- windows (reduce-window, select-and-scatter) -------------------------------------------------

@@ -113,6 +113,11 @@ CONVS = {
     # weight gradient: batch groups over a channels-last input
     "weight_grad": conv_hlo("6,8,8,4", "6,6,6,6", "3,3,2,6", "window={size=6x6}, dim_labels=f01b_i01o->01bf, "
                             "batch_group_count=2"),
+    # four PSUM banks a chunk with a shorter last piece (rows 24 + 24 + 22), and pieces along the batch
+    "banks_ragged": conv_hlo("1,8,70,20", "16,8,3,3", "1,16,70,20", "window={size=3x3 pad=1_1x1_1}, "
+                             "dim_labels=bf01_oi01->bf01"),
+    "banks_batch": conv_hlo("12,8,7,7", "16,8,3,3", "12,16,7,7", "window={size=3x3 pad=1_1x1_1}, "
+                            "dim_labels=bf01_oi01->bf01"),
     # integers: s32 sums exact below 2^24
     "s32_nhwc": conv_hlo("1,7,7,20", "3,3,20,9", "1,5,5,9", "window={size=3x3}, dim_labels=b01f_01io->b01f", "s32"),
 }
@@ -164,10 +169,17 @@ def _geo(**kw) -> plans.ConvGeometry:  # noqa: ANN003
 def test_conv_plan_decisions() -> None:
     t1, t2 = sim.load_target("trn1"), sim.load_target("trn2")
     p = plans.conv_plan(_geo(), t1)
-    # 64 channels: two taps of a row on the partitions; 8 rows of 56 outputs per PSUM bank
+    # 64 channels: two taps of a row on the partitions; 8 rows of 56 outputs per PSUM bank, four banks
+    # (32 rows) per input tile, evacuation and store
     assert (p.pack, p.c_tile, p.fold, p.o_tile) == (1, 64, 2, 64)
-    assert p.chunk == (1, 8, 56) and p.transpose_in == "dma"
+    assert p.chunk == (1, 32, 56) and p.piece == (1, 8, 56) and p.transpose_in == "dma"
     assert p.matmuls(_geo()) == 7 * 2 * 3
+    rag = plans.conv_plan(_geo(in_channels=8, out_channels=16, in_spatial=(70, 20), out_spatial=(70, 20)), t1)
+    assert (rag.chunk, rag.bank_dim, rag.bank_len) == ((1, 70, 20), 1, 24)
+    bat = plans.conv_plan(_geo(batch=12, in_channels=8, out_channels=16, in_spatial=(7, 7), out_spatial=(7, 7)), t1)
+    assert (bat.chunk, bat.piece) == ((12, 7, 7), (6, 7, 7))
+    # channels-last results keep one bank a chunk
+    assert not plans.conv_plan(_geo(channels_last_out=True), t1).bank_len
     stem = _geo(in_channels=3, in_spatial=(230, 230), out_spatial=(112, 112),
                 window=(WindowDim(7, 2),) * 2, channels_last_in=True, channels_last_out=True)
     ps = plans.conv_plan(stem, t1)
@@ -184,6 +196,92 @@ def test_conv_plan_decisions() -> None:
                 window=(WindowDim(116, 1),) * 2)
     pw = plans.conv_plan(wide, t1)
     assert pw.tap_block[0] < 116 and pw.fold == 1
+
+
+# --- depthwise on the vector engines ---------------------------------------------------------------
+
+DEPTHWISE = {
+    # (hlo, tile budget or None, activations expected)
+    # a budget of two planes a partition: chunks of 48 channels stacked two deep (96 partitions), then
+    # a last tile of one group (48 partitions); 2 tiles x 9 taps
+    "stacked": (conv_hlo("6,48,20,20", "48,1,3,3", "6,48,20,20", "window={size=3x3 pad=1_1x1_1}, "
+                         "dim_labels=bf01_oi01->bf01, feature_group_count=48"), 3200, 18),
+    # strided, asymmetric padding, window dilation and reversal, the kernel in 01io order
+    "strided_dilated": (conv_hlo("2,40,17,23", "3,3,1,40", "2,40,8,10", "window={size=3x3 stride=2x2 pad=1_0x0_1 "
+                                 "rhs_dilate=1x2 rhs_reversal=1x1}, dim_labels=bf01_01io->bf01, "
+                                 "feature_group_count=40"), None, 9),
+    # 1-d, and no tap meets the input at every output (the sum starts from a memset)
+    "no_whole_tap": (conv_hlo("3,50,4", "50,1,3", "3,50,6", "window={size=3 pad=2_2}, dim_labels=bf0_oi0->bf0, "
+                              "feature_group_count=50"), None, 3),
+    # bf16 operands and result: weights and sums widened to fp32, the result rounded once (one more pass)
+    "bf16": (conv_hlo("4,64,12,12", "64,1,3,3", "4,64,12,12", "window={size=3x3 pad=1_1x1_1}, "
+                      "dim_labels=bf01_oi01->bf01, feature_group_count=64", "bf16"), None, 10),
+    # one plane in blocks of 3 rows (a tiny budget), each loading only the input rows it reads: 2 batch
+    # elements x 5 blocks, 9 taps each
+    "row_blocks": (conv_hlo("2,70,15,20", "70,1,3,3", "2,70,15,20", "window={size=3x3 pad=1_1x1_1}, "
+                            "dim_labels=bf01_oi01->bf01, feature_group_count=70"), 256, 90),
+    # channels innermost: rows are not contiguous, TensorE takes it
+    "channels_last": (conv_hlo("2,9,9,40", "3,3,1,40", "2,9,9,40", "window={size=3x3 pad=1_1x1_1}, "
+                               "dim_labels=b01f_01io->b01f, feature_group_count=40"), None, None),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", list(DEPTHWISE))
+def test_depthwise_on_the_vector_engines(name: str, target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forced onto the vector engines whatever the cost: the values, the tiles (one ScalarE product per
+    tap and tile), and no matmul left (except where the layout sends the convolution back to TensorE)."""
+    text, budget, acts = DEPTHWISE[name]
+    monkeypatch.setattr(plans.DepthwisePlan, "pays", property(lambda self: True))
+    if budget:
+        monkeypatch.setattr(plans, "DEPTHWISE_TILE", budget)
+    m = module_of(text)
+    model = assert_device_matches(m, small_ints(m), target)
+    ops = [(i.stream, i.opcode) for i in model.program.instrs]
+    assert (("pe", "matmul") in ops) == (acts is None)
+    if acts is not None:
+        assert ops.count(("act", "activation")) == acts
+    if name == "stacked":  # the adds alternate between VectorE and GpSimd by tile
+        assert ops.count(("dve", "tensor_tensor")) == 8 and ops.count(("pool", "tensor_tensor")) == 8
+
+
+def test_plane_tiling() -> None:
+    # mobilenet_v2's first depthwise layer: 32 channels stacked 4 deep, one plane in four blocks of 28 rows
+    t = plans.plane_tiling(96, 32, 112, 4 * 112, 128)
+    assert (t.chunk, t.stack(32, 96), t.batch, t.block) == (32, 4, 1, 28) and t.tiles(32, 96, 112) == 96
+    # its last (960 channels of 7x7): 48 images a partition, chunks of 64 channels stacked two deep
+    t = plans.plane_tiling(96, 960, 7, 4 * 7, 128)
+    assert (t.chunk, t.stack(64, 96), t.batch, t.block) == (64, 2, 48, 7) and t.tiles(960, 96, 7) == 15
+    # 96 channels: three chunks of 32 stacked four deep use every lane
+    t = plans.plane_tiling(96, 96, 56, 4 * 56, 128)
+    assert t.chunk == 32 and t.stack(32, 96) == 4
+    assert plans.plane_tiling(1, 8, 4, plans.DEPTHWISE_TILE + 1, 128) is None  # one row too large
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_depthwise_vector_path_with_rounding(target: str) -> None:
+    """Random floats (sums that round): mobilenet_v2's first depthwise layer in miniature, by cost."""
+    m = module_of(conv_hlo("8,32,24,24", "32,1,3,3", "8,32,24,24", "window={size=3x3 pad=1_1x1_1}, "
+                           "dim_labels=bf01_oi01->bf01, feature_group_count=32"))
+    model = assert_device_matches(m, random_inputs(m), target)
+    assert not any(i.opcode == "matmul" for i in model.program.instrs)
+
+
+def test_depthwise_plan_decisions() -> None:
+    t1 = sim.load_target("trn1")
+    # mobilenet_v2's first depthwise layer (fp32, 32 channels): TensorE would use 32 rows at a quarter rate
+    mb = _geo(batch=96, in_channels=1, out_channels=1, groups=32, in_spatial=(112, 112), out_spatial=(112, 112))
+    d = plans.depthwise_plan(mb, plans.conv_plan(mb, t1), t1)
+    assert d is not None and d.pays and d.tiling.block == 28 and d.tensor_ns > 4 * d.vector_ns
+    # the corpus's bf16 depthwise layer (256 channels, batch 1): 128 channels to a matmul, TensorE wins
+    bf = _geo(in_channels=1, out_channels=1, groups=256, dtype="bf16", itemsize=2)
+    assert not plans.depthwise_plan(bf, plans.conv_plan(bf, t1), t1).pays
+    # not depthwise: a plain convolution, a channel multiplier, a transposed convolution
+    assert plans.depthwise_plan(_geo(), plans.conv_plan(_geo(), t1), t1) is None
+    mult = _geo(in_channels=1, out_channels=2, groups=32)
+    assert plans.depthwise_plan(mult, plans.conv_plan(mult, t1), t1) is None
+    tr = _geo(in_channels=1, out_channels=1, groups=32, window=(WindowDim(3, 1, 1, 1, lhs_dilation=2),) * 2)
+    assert plans.depthwise_plan(tr, plans.conv_plan(tr, t1), t1) is None
 
 
 def test_window_classes() -> None:
@@ -288,8 +386,9 @@ WEIGHT_GRADS = {
     "1x1": ("6,40,12,12", "6,24,12,12", "1,1,40,24", "window={size=12x12}, dim_labels=fb01_io01->01bf"),
     "3x3_stride2": ("5,3,16,16", "5,8,8,8", "3,3,3,8",
                     "window={size=8x8 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf"),
-    "depthwise": ("4,144,10,10", "4,144,10,10", "3,3,1,144",
-                  "window={size=10x10 pad=1_1x1_1}, dim_labels=fb01_io01->01bf, batch_group_count=144"),
+    # (a reversed window: the planes path below does not take it)
+    "depthwise_reversed": ("4,144,10,10", "4,144,10,10", "3,3,1,144", "window={size=10x10 pad=1_1x1_1 "
+                           "rhs_reversal=1x0}, dim_labels=fb01_io01->01bf, batch_group_count=144"),
     "grouped": ("4,12,9,9", "4,12,9,9", "3,3,2,12",
                 "window={size=9x9 pad=1_1x1_1}, dim_labels=fb01_io01->01bf, batch_group_count=6"),
     "reversed": ("3,4,7,7", "3,5,5,5", "3,3,4,5", "window={size=5x5 rhs_reversal=1x0}, dim_labels=fb01_io01->01bf"),
@@ -308,6 +407,47 @@ def test_weight_gradients_are_contractions_per_output_position(case: str, target
     ops = {n.op for n in rewritten.entry.post_order()}
     assert "convolution" not in ops and ("dot" in ops or "reduce" in ops)
     assert_device_matches(m, None, target)
+
+
+PLANE_GRADS = {
+    # mobilenet_v2's depthwise gradients in miniature: the features (the training batch) outermost, 144
+    # groups, so a tile's planes wrap around the groups and the groups take two chunks (128 + 16)
+    "features_outer": ("4,144,10,10", "4,144,10,10", "3,3,1,144", "window={size=10x10 pad=1_1x1_1}, "
+                       "dim_labels=fb01_io01->01bf, batch_group_count=144"),
+    # a stride-2 layer's: window dilation 2, padding on one side
+    "stride2": ("6,40,12,12", "6,40,6,6", "3,3,1,40", "window={size=6x6 pad=1_0x1_0 rhs_dilate=2x2}, "
+                "dim_labels=fb01_io01->01bf, batch_group_count=40"),
+    # the groups outermost (an interval of planes per group), 1-d
+    "groups_outer": ("50,3,40", "50,3,40", "1,50,3", "window={size=40 pad=1_1}, dim_labels=bf0_oi0->bf0, "
+                     "batch_group_count=50"),
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("blocks", [False, True])
+@pytest.mark.parametrize("case", sorted(PLANE_GRADS))
+def test_depthwise_weight_gradients_on_planes(case: str, blocks: bool, target: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A depthwise layer's weight gradient stays a convolution (no multiply and reduce per position) and
+    runs on the planes; with a tiny tile budget the kernel rows come one or a few at a time, some blocks
+    reaching only some output positions."""
+    if blocks:
+        monkeypatch.setattr(plans, "DEPTHWISE_TILE", 192)  # 1-2 kernel rows of 2-d cases, 24 of the 1-d one
+    m = module_of(conv_hlo(*PLANE_GRADS[case]))
+    (conv,) = [n for n in m.entry.post_order() if n.op == "convolution"]
+    assert conv_module.plane_weight_gradient(conv) and conv_module.is_weight_gradient(conv)
+    assert device_forms(m) is m
+    model = assert_device_matches(m, small_ints(m), target)
+    ops = [(i.stream, i.opcode) for i in model.program.instrs]
+    d = conv.attrs["dims"]
+    x, k = conv.operands
+    G, F = x.shape[d.input_batch], x.shape[d.input_feature]
+    tl = plans.depthwise_gradient_tiling(F, G, tuple(x.shape[i] for i in d.input_spatial),
+                                         tuple(k.shape[i] for i in d.kernel_spatial), tuple(conv.attrs["window"]), 128)
+    positions = math.prod(conv.shape[i] for i in d.output_spatial)
+    assert ops.count(("act", "activation")) >= positions  # a sum per position and tile at least
+    # batch groups stacked on the partitions are summed by a selection matmul
+    assert (("pe", "matmul") in ops) == any(tl.stack(cn, F) > 1 for _, cn in tl.chunks(G))
 
 
 def test_the_driver_rewrites_weight_gradients_in_a_stage_of_their_own(tmp_path: Path) -> None:
