@@ -314,7 +314,7 @@ def _depthwise_tile(lw: Lowering, X: Ref, Y: Ref, wt: Ref, window: tuple[WindowD
         if whole is not None and col == whole[0]:
             continue
         if len(prods) < 2:
-            prods.append(g.tile((P, m, *count), dt.F32, "sbuf", "dwprod").ref())
+            prods.insert(0, g.tile((P, m, *count), dt.F32, "sbuf", "dwprod").ref())
         prod_t = prods[0][(slice(None), slice(None), *(slice(0, qb - qa) for qa, qb, _ in box))]
         prods.reverse()
         g.add("act", "activation", prod_t, inputs(box), scale=wt[:, col:col + 1])
@@ -1632,7 +1632,7 @@ def _gradient_block(lw: Lowering, Xc: Ref, Kc: Ref, window: tuple[WindowDim, ...
         kv = kt[(slice(None), slice(None), *(slice(ta - kfirst[dd], tb - kfirst[dd])
                                              for dd, (ta, tb, _) in enumerate(box)))]
         if len(prods) < 2:
-            prods.append(g.tile((P, m, *kcount), dt.F32, "sbuf", "dwgprod").ref())
+            prods.insert(0, g.tile((P, m, *kcount), dt.F32, "sbuf", "dwgprod").ref())
         prod_t = prods[0][(slice(None), slice(None), *(slice(0, tb - ta) for ta, tb, _ in box))]
         prods.reverse()
         g.add(engine, "tensor_tensor", prod_t, xv, kv, op="mul")
