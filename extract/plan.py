@@ -451,7 +451,8 @@ def plane_tiling(batch: int, channels: int, rows: int, row_bytes: int, partition
         m = 1
         block = -(-rows // -(-rows // most))  # balanced: 56 + 56 rows, not 54 + 54 + 4
     best: PlaneTiling | None = None
-    for k in range(-(-channels // partitions), min(channels, 64) + 1):
+    fewest = -(-channels // partitions)
+    for k in range(fewest, max(fewest, min(channels, 64)) + 1):
         t = PlaneTiling(-(-channels // k), m, block, partitions)
         if best is None or t.tiles(channels, batch, rows) < best.tiles(channels, batch, rows):
             best = t
@@ -501,22 +502,18 @@ def depthwise_plan(geo: ConvGeometry, plan: ConvPlan, target: Target) -> Depthwi
     tiling = plane_tiling(geo.batch, geo.groups, geo.out_spatial[0], 4 * max(inner_out, inner_in), target.partitions)
     if tiling is None:
         return None
-    act_ns = add_ns = 0.0
+    busy = {"act": 0.0, "dve": 0.0, "pool": 0.0}  # ns per engine: the products, and each tile's adds on one
     taps = math.prod(w.size for w in geo.window)
-    k = 0
-    for _, cn in tiling.chunks(geo.groups):
-        per = tiling.tiles(cn, geo.batch, geo.out_spatial[0])
-        for _ in range(per):
-            elems = tiling.batch * tiling.block * inner_out
-            act_ns += target.engines["act"].ns(_cycles(target, "activation", "act", N=elems)) * taps
-            e = "dve" if k % 2 == 0 else "pool"
-            add_ns += target.engines[e].ns(_cycles(target, "tensor_tensor", e, N=elems)) * (taps - 1) / 2
-            k += 1
+    elems = tiling.batch * tiling.block * inner_out
+    for k in range(tiling.tiles(geo.groups, geo.batch, geo.out_spatial[0])):
+        busy["act"] += target.engines["act"].ns(_cycles(target, "activation", "act", N=elems)) * taps
+        e = "dve" if k % 2 == 0 else "pool"
+        busy[e] += target.engines[e].ns(_cycles(target, "tensor_tensor", e, N=elems)) * (taps - 1)
     cols = math.prod(plan.piece)
     factor = target.matmul_dtype_factor(geo.dtype) or 1.0
     tensor = target.engines["pe"].ns(plan.matmuls(geo) * _cycles(
         target, "matmul", "pe", M=plan.o_tile, N=cols, K=plan.c_tile, P=plan.c_tile, dtype_factor=factor))
-    return DepthwisePlan(tiling, max(act_ns, add_ns), tensor)
+    return DepthwisePlan(tiling, max(busy.values()), tensor)
 
 
 def depthwise_gradient_tiling(batch: int, channels: int, in_spatial: tuple[int, ...], kernel_spatial: tuple[int, ...],
