@@ -53,14 +53,18 @@ from nxsat.backend.tiles import Operand, Tiles
 from nxsat.builder import Builder, infer_type
 from nxsat.diagnostics import error
 from nxsat.extract.plan import (
+    ADD_ENGINES,
     ConvGeometry,
     ConvPlan,
     DepthwisePlan,
+    PlaneTiling,
     WindowClass,
     WindowPlan,
     conv_plan,
+    depthwise_gradient_fits,
     depthwise_gradient_tiling,
     depthwise_plan,
+    valid_range,
     window_classes,
     window_plan,
 )
@@ -167,10 +171,12 @@ def convolution(lw: Lowering, node: Node) -> None:
         in_spatial=tuple(X.shape[2:]), out_spatial=tuple(Y.shape[2:]), window=window, dtype=mt.name,
         itemsize=mt.itemsize,
         channels_last_in=bool(window) and _stride_one(lw, X, 1) and X.dtype.is_float and X.dtype.itemsize in (2, 4),
-        channels_last_out=bool(window) and _stride_one(lw, Y, 1) and out_t.is_float and out_t.itemsize in (2, 4))
+        channels_last_out=bool(window) and _stride_one(lw, Y, 1) and out_t.is_float and out_t.itemsize in (2, 4),
+        rows_contiguous=all(r.shape[-1] == 1 or _stride_one(lw, r, len(r.shape) - 1) for r in (X, Y)))
     plan = conv_plan(geo, lw.target)
     dw = depthwise_plan(geo, plan, lw.target)
-    if dw is not None and dw.pays and _depthwise(lw, X, W, Y, window, dw, out_t):
+    if dw is not None and dw.pays:
+        _depthwise(lw, X, W, Y, window, dw, out_t)
         return
     matmuls = plan.matmuls(geo)
     if matmuls > MAX_MATMULS:
@@ -194,27 +200,19 @@ def convolution(lw: Lowering, node: Node) -> None:
 # --- depthwise on the vector engines ---------------------------------------------------------------
 
 def _depthwise(lw: Lowering, X: Ref, W: Ref, Y: Ref, window: tuple[WindowDim, ...], dw: DepthwisePlan,
-               out_t: dt.DType) -> bool:
-    """A depthwise convolution by :class:`~nxsat.extract.plan.DepthwisePlan`. False, with nothing
-    emitted, when the input's or the result's rows are not contiguous (a channels-last layout, whose
-    planes would move element by element): the implicit GEMM then runs instead."""
-    if not (_stride_one(lw, X, len(X.shape) - 1) or X.shape[-1] == 1) or \
-            not (_stride_one(lw, Y, len(Y.shape) - 1) or Y.shape[-1] == 1):
-        return False
+               out_t: dt.DType) -> None:
+    """A depthwise convolution by :class:`~nxsat.extract.plan.DepthwisePlan`."""
     tl = dw.tiling
     N, C = X.shape[0], X.shape[1]
     k = 0
     for c0, cn in tl.chunks(C):
-        J = tl.stack(cn, N)
-        wt = _channel_weights(lw, W[:, 0], c0, cn, J)
-        for n0 in range(0, N, J * tl.batch):
-            jn = min(J, (N - n0) // tl.batch)
+        stacks = _stacks(tl, c0, cn, N)
+        wt = _channel_weights(lw, W[:, 0], c0, cn, stacks[0].jn)
+        for planes in stacks:
             for q0 in range(0, Y.shape[2], tl.block):
-                planes = _Planes(c0, cn, n0, jn, tl.batch)
-                _depthwise_tile(lw, X, Y, wt[:jn * cn], window, planes, (q0, min(tl.block, Y.shape[2] - q0)), out_t,
-                                "dve" if k % 2 == 0 else "pool")
+                _depthwise_tile(lw, X, Y, wt[:planes.partitions], window, planes,
+                                (q0, min(tl.block, Y.shape[2] - q0)), out_t, ADD_ENGINES[k % 2])
                 k += 1
-    return True
 
 
 @dataclass(frozen=True)
@@ -248,6 +246,28 @@ class _Planes:
         for part, n, c in self.groups():
             v = dst[(n, c, *spatial)]
             lw.graph.add("dma", "dma", v.permute(1, 0, *range(2, len(v.shape))), tile[part])
+
+
+def _stacks(tl: PlaneTiling, c0: int, cn: int, batch: int) -> list[_Planes]:
+    """A channel chunk's tiles over the batch: ``tl.stack`` groups deep, the last maybe fewer."""
+    J = tl.stack(cn, batch)
+    return [_Planes(c0, cn, n0, min(J, (batch - n0) // tl.batch), tl.batch) for n0 in range(0, batch, J * tl.batch)]
+
+
+class _Pair:
+    """Two tiles of one shape used in turn (each made when first needed): the next use of one waits only
+    for the use before last, and a tile of many uses costs two allocations, not one each."""
+
+    def __init__(self, lw: Lowering, shape: tuple[int, ...], name: str) -> None:
+        self.lw, self.shape, self.name = lw, shape, name
+        self.tiles: list[Ref] = []
+
+    def next(self) -> Ref:
+        if len(self.tiles) < 2:
+            self.tiles.insert(0, self.lw.graph.tile(self.shape, dt.F32, "sbuf", self.name).ref())
+        t = self.tiles[0]
+        self.tiles.reverse()
+        return t
 
 
 def _channel_weights(lw: Lowering, Wk: Ref, c0: int, cn: int, J: int) -> Ref:
@@ -285,8 +305,7 @@ def _depthwise_tile(lw: Lowering, X: Ref, Y: Ref, wt: Ref, window: tuple[WindowD
         box = []
         for d, w in enumerate(window):
             off = t[d] * w.rhs_dilation - w.pad_lo  # the input index of output 0
-            qa = max(first[d], -(off // w.stride))
-            qb = min(first[d] + count[d], (S[d] - 1 - off) // w.stride + 1)
+            qa, qb = valid_range(off, w.stride, S[d], first[d], first[d] + count[d])
             if qa >= qb:
                 break
             box.append((qa, qb, qa * w.stride + off))
@@ -309,14 +328,11 @@ def _depthwise_tile(lw: Lowering, X: Ref, Y: Ref, wt: Ref, window: tuple[WindowD
         g.add("act", "activation", acc, inputs(whole[1]), scale=wt[:, whole[0]:whole[0] + 1])
     else:
         g.add(engine, "memset", acc, value=0.0)
-    prods: list[Ref] = []  # two product tiles a tile, in turn: two allocations however many taps
+    prods = _Pair(lw, (P, m, *count), "dwprod")
     for col, box in taps:
         if whole is not None and col == whole[0]:
             continue
-        if len(prods) < 2:
-            prods.insert(0, g.tile((P, m, *count), dt.F32, "sbuf", "dwprod").ref())
-        prod_t = prods[0][(slice(None), slice(None), *(slice(0, qb - qa) for qa, qb, _ in box))]
-        prods.reverse()
+        prod_t = prods.next()[(slice(None), slice(None), *(slice(0, qb - qa) for qa, qb, _ in box))]
         g.add("act", "activation", prod_t, inputs(box), scale=wt[:, col:col + 1])
         part = acc[(slice(None), slice(None),
                     *(slice(qa - first[d], qb - first[d]) for d, (qa, qb, _) in enumerate(box)))]
@@ -1531,8 +1547,8 @@ def plane_weight_gradient(node: Node) -> bool:
             and node.shape[d.output_feature] == G and node.dtype.is_float and x.dtype.is_float and k.dtype.is_float
             and not any(w.reversal for w in window)
             and d.input_spatial[-1] == len(x.shape) - 1 and d.kernel_spatial[-1] == len(k.shape) - 1
-            and depthwise_gradient_tiling(x.shape[d.input_feature], G, tuple(x.shape[i] for i in d.input_spatial),
-                                          tuple(k.shape[i] for i in d.kernel_spatial), window, 128) is not None)
+            and depthwise_gradient_fits(tuple(x.shape[i] for i in d.input_spatial),
+                                        tuple(k.shape[i] for i in d.kernel_spatial), window))
 
 
 def _plane_weight_gradient(lw: Lowering, node: Node) -> None:
@@ -1563,11 +1579,11 @@ def _plane_weight_gradient(lw: Lowering, node: Node) -> None:
     Xc, Kc = X.permute(1, 0, *range(2, len(S) + 2)), K.permute(1, 0, *range(2, len(KS) + 2))  # batch first
     k = 0
     for c0, cn in tl.chunks(G):
-        J = tl.stack(cn, F)
+        stacks = _stacks(tl, c0, cn, F)
+        J = stacks[0].jn
         acc: Ref | None = None
-        for n0 in range(0, F, J * tl.batch):
-            planes = _Planes(c0, cn, n0, min(J, (F - n0) // tl.batch), tl.batch)
-            engine = "dve" if k % 2 == 0 else "pool"
+        for planes in stacks:
+            engine = ADD_ENGINES[k % 2]
             k += 1
             for t0 in range(0, KS[0], tl.block):
                 part = _gradient_block(lw, Xc, Kc, window, planes, (t0, min(tl.block, KS[0] - t0)), positions,
@@ -1601,8 +1617,7 @@ def _gradient_block(lw: Lowering, Xc: Ref, Kc: Ref, window: tuple[WindowDim, ...
         box: list | None = []
         for dd, (w, qi) in enumerate(zip(window, q)):
             base = qi * w.stride - w.pad_lo
-            ta = max(kfirst[dd], -(base // w.rhs_dilation))
-            tb = min(kfirst[dd] + kcount[dd], (S[dd] - 1 - base) // w.rhs_dilation + 1)
+            ta, tb = valid_range(base, w.rhs_dilation, S[dd], kfirst[dd], kfirst[dd] + kcount[dd])
             if ta >= tb:
                 box = None
                 break
@@ -1622,7 +1637,7 @@ def _gradient_block(lw: Lowering, Xc: Ref, Kc: Ref, window: tuple[WindowDim, ...
     planes.load(lw, xt, Xc, tuple(slice(a, h) for a, h in zip(lo, hi)))
     kt = g.tile((P, m, *kcount), onchip_dtype(Kc.dtype), "sbuf", "dwgk").ref()
     planes.load(lw, kt, Kc, (slice(t0, t0 + tn),))
-    prods: list[Ref] = []  # two product tiles a block, in turn: one allocation each, however many positions
+    prods = _Pair(lw, (P, m, *kcount), "dwgprod")
     for j, box in enumerate(spans):
         if box is None:
             continue
@@ -1631,10 +1646,7 @@ def _gradient_block(lw: Lowering, Xc: Ref, Kc: Ref, window: tuple[WindowDim, ...
                    for dd, ((ta, tb, i), w) in enumerate(zip(box, window))))]
         kv = kt[(slice(None), slice(None), *(slice(ta - kfirst[dd], tb - kfirst[dd])
                                              for dd, (ta, tb, _) in enumerate(box)))]
-        if len(prods) < 2:
-            prods.insert(0, g.tile((P, m, *kcount), dt.F32, "sbuf", "dwgprod").ref())
-        prod_t = prods[0][(slice(None), slice(None), *(slice(0, tb - ta) for ta, tb, _ in box))]
-        prods.reverse()
+        prod_t = prods.next()[(slice(None), slice(None), *(slice(0, tb - ta) for ta, tb, _ in box))]
         g.add(engine, "tensor_tensor", prod_t, xv, kv, op="mul")
         g.add("act", "activation", prod_t, prod_t, accum=part[:, j:j + 1])
     return part
@@ -1687,8 +1699,7 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         xs, ws, rev = [], [], []
         for k, (w, qi, s) in enumerate(zip(window, q, spatial)):
             base = qi * w.stride - w.pad_lo
-            t0 = max(0, -(base // w.rhs_dilation))
-            t1 = min(w.size, (s - 1 - base) // w.rhs_dilation + 1) if s - 1 - base >= 0 else 0
+            t0, t1 = valid_range(base, w.rhs_dilation, s, 0, w.size)
             if t1 <= t0:
                 return op("broadcast", [zero], shape=(b, o), dimensions=())
             start = base + t0 * w.rhs_dilation

@@ -107,13 +107,18 @@ def shard_plan(weight_bytes: int, other_bytes: int, result_bytes: int, flops: in
     gather = 0.0
     if gathered and r > 1:
         col = target.collectives
-        cost = target.cost("all_gather", "cc", ())
-        assert cost is not None, f"{target.name} prices no all_gather"
         wire = (r - 1) * result_bytes / r
-        gather = cost({**target.constants, "N": 0, "P": 0, "R": r, "steps": r - 1, "wire_bytes": wire,
-                       "fixed_ns": col["fixed_ns"], "hop_ns": col["hop_ns"],
-                       "link_gbps": col["link_gbps_per_rank"]}) / target.engines["cc"].clock_ghz
+        gather = op_ns(target, "all_gather", "cc", N=0, P=0, R=r, steps=r - 1, wire_bytes=wire,
+                       fixed_ns=col["fixed_ns"], hop_ns=col["hop_ns"], link_gbps=col["link_gbps_per_rank"])
     return ShardPlan(r, saved, gather)
+
+
+def op_ns(target: Target, opcode: str, engine: str, **values: float) -> float:
+    """Nanoseconds one instruction takes on ``engine`` under the target's cost formula (``values``: the
+    formula's variables, as sim/isa.py's ``cost_vars`` gives them)."""
+    f = target.cost(opcode, engine)
+    assert f is not None, f"{target.name} prices no {opcode} on {engine}"
+    return target.engines[engine].ns(float(f({**target.constants, **values})))
 
 
 # --- convolution -----------------------------------------------------------------------------------
@@ -136,10 +141,16 @@ class WindowClass:
     taps: tuple[tuple[int, int], ...]
 
     def valid(self, i0: int, n_in: int, ja: int, jb: int) -> tuple[int, int]:
-        """The range of ``j`` in ``[ja, jb)`` whose input index ``i0 + j * istep`` lies in ``[0, n_in)``."""
-        lo = max(ja, -(i0 // self.istep) if i0 < 0 else 0)
-        hi = min(jb, (n_in - 1 - i0) // self.istep + 1) if i0 <= n_in - 1 else ja
-        return lo, max(lo, hi)
+        return valid_range(i0, self.istep, n_in, ja, jb)
+
+
+def valid_range(i0: int, step: int, n_in: int, ja: int, jb: int) -> tuple[int, int]:
+    """The range of ``j`` in ``[ja, jb)`` (``ja >= 0``) whose input index ``i0 + j * step`` lies in
+    ``[0, n_in)``: where a tap meets the input (window arithmetic's one question, asked of outputs
+    for a tap, or of taps for an output)."""
+    lo = max(ja, -(i0 // step) if i0 < 0 else 0)
+    hi = min(jb, (n_in - 1 - i0) // step + 1) if i0 <= n_in - 1 else ja
+    return lo, max(lo, hi)
 
 
 def window_classes(n_in: int, size: int, stride: int, pad_lo: int, lhs_dilation: int, rhs_dilation: int,
@@ -186,6 +197,7 @@ class ConvGeometry:
     itemsize: int
     channels_last_in: bool = False  # the input's channels are its innermost (contiguous) dimension
     channels_last_out: bool = False
+    rows_contiguous: bool = True  # the input's and the result's last spatial dimensions are contiguous
 
     def classes(self) -> list[list[WindowClass]]:
         return [window_classes(n, w.size, w.stride, w.pad_lo, w.lhs_dilation, w.rhs_dilation, q)
@@ -478,13 +490,8 @@ class DepthwisePlan:
 
 # what the instructions of a depthwise tile look like to the cost formulas (sim/isa.py's cost_vars):
 # fp32 products and sums in SBUF, inputs read through strided windows
-_VECTOR_VARS = {"P": 128, "psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
-
-
-def _cycles(target: Target, opcode: str, engine: str, **values: float) -> float:
-    f = target.cost(opcode, engine)
-    assert f is not None, f"{target.name} has no cost for {opcode}"
-    return float(f({**target.constants, **_VECTOR_VARS, **values}))
+_VECTOR_VARS = {"psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
+ADD_ENGINES = ("dve", "pool")  # a depthwise tile's adds run on one of these, in turn by tile
 
 
 def depthwise_plan(geo: ConvGeometry, plan: ConvPlan, target: Target) -> DepthwisePlan | None:
@@ -492,39 +499,53 @@ def depthwise_plan(geo: ConvGeometry, plan: ConvPlan, target: Target) -> Depthwi
     against TensorE's matmuls under the target's cost formulas (``plan``: the implicit GEMM it replaces).
     TensorE packs depthwise channels block-diagonally, so it uses as many rows of its array as there
     are channels (at most 128) and, for fp32, runs at a quarter rate; the vector engines use every lane
-    (:class:`PlaneTiling`). Windows with base dilation (transposed convolutions) stay on TensorE."""
+    (:class:`PlaneTiling`). Windows with base dilation (transposed convolutions), and layouts whose
+    rows are not contiguous, stay on TensorE."""
     if not (geo.groups > 1 and geo.in_channels == 1 and geo.out_channels == 1 and geo.batch_groups == 1):
         return None
     if not geo.out_spatial or any(w.lhs_dilation != 1 for w in geo.window) or geo.dtype not in ("f32", "bf16", "f16"):
         return None
+    if not geo.rows_contiguous:
+        return None  # planes would move element by element (a channels-last layout)
     inner_out = math.prod(geo.out_spatial[1:])
     inner_in = math.prod(geo.in_spatial[1:]) * geo.window[0].stride
     tiling = plane_tiling(geo.batch, geo.groups, geo.out_spatial[0], 4 * max(inner_out, inner_in), target.partitions)
     if tiling is None:
         return None
-    busy = {"act": 0.0, "dve": 0.0, "pool": 0.0}  # ns per engine: the products, and each tile's adds on one
     taps = math.prod(w.size for w in geo.window)
     elems = tiling.batch * tiling.block * inner_out
-    for k in range(tiling.tiles(geo.groups, geo.batch, geo.out_spatial[0])):
-        busy["act"] += target.engines["act"].ns(_cycles(target, "activation", "act", N=elems)) * taps
-        e = "dve" if k % 2 == 0 else "pool"
-        busy[e] += target.engines[e].ns(_cycles(target, "tensor_tensor", e, N=elems)) * (taps - 1)
-    cols = math.prod(plan.piece)
+    tiles = tiling.tiles(geo.groups, geo.batch, geo.out_spatial[0])
+    P = target.partitions
+    busy = [tiles * taps * op_ns(target, "activation", "act", N=elems, P=P, **_VECTOR_VARS)]  # the products
+    for k, e in enumerate(ADD_ENGINES):  # each tile's adds on one engine
+        busy.append(len(range(k, tiles, 2)) * (taps - 1) * op_ns(target, "tensor_tensor", e, N=elems, P=P,
+                                                                 **_VECTOR_VARS))
     factor = target.matmul_dtype_factor(geo.dtype) or 1.0
-    tensor = target.engines["pe"].ns(plan.matmuls(geo) * _cycles(
-        target, "matmul", "pe", M=plan.o_tile, N=cols, K=plan.c_tile, P=plan.c_tile, dtype_factor=factor))
-    return DepthwisePlan(tiling, max(busy.values()), tensor)
+    tensor = plan.matmuls(geo) * op_ns(target, "matmul", "pe", M=plan.o_tile, N=math.prod(plan.piece),
+                                       K=plan.c_tile, P=plan.c_tile, dtype_factor=factor)
+    return DepthwisePlan(tiling, max(busy), tensor)
+
+
+def _gradient_row_bytes(in_spatial: tuple[int, ...], kernel_spatial: tuple[int, ...], window: tuple) -> int:
+    """Bytes per partition a kernel row of a depthwise gradient tile costs: its products, and the input
+    rows it reads, at twice fp32's size (input, kernel and two products are live at once, and the
+    next tile's loads beside them: each within half of :data:`DEPTHWISE_TILE`)."""
+    inner_k = math.prod(kernel_spatial[1:])
+    inner_x = math.prod(in_spatial[1:]) * window[0].rhs_dilation
+    return 8 * max(inner_k, inner_x)
+
+
+def depthwise_gradient_fits(in_spatial: tuple[int, ...], kernel_spatial: tuple[int, ...], window: tuple) -> bool:
+    """Does one kernel row fit a tile (:func:`depthwise_gradient_tiling` is not None)?"""
+    return _gradient_row_bytes(in_spatial, kernel_spatial, window) <= DEPTHWISE_TILE
 
 
 def depthwise_gradient_tiling(batch: int, channels: int, in_spatial: tuple[int, ...], kernel_spatial: tuple[int, ...],
                               window: tuple, partitions: int) -> PlaneTiling | None:
-    """The tiles of a depthwise layer's weight gradient on the vector engines (:class:`PlaneTiling`
-    over the kernel's rows: the kernel rows, their products and the input rows they read within half
-    of :data:`DEPTHWISE_TILE` bytes of fp32 per partition each, since input, kernel and two products
-    are live at once, and the next tile's loads beside them)."""
-    inner_k = math.prod(kernel_spatial[1:])
-    inner_x = math.prod(in_spatial[1:]) * window[0].rhs_dilation
-    return plane_tiling(batch, channels, kernel_spatial[0], 8 * max(inner_k, inner_x), partitions)
+    """The tiles of a depthwise layer's weight gradient on the vector engines: :class:`PlaneTiling`
+    over the kernel's rows."""
+    return plane_tiling(batch, channels, kernel_spatial[0], _gradient_row_bytes(in_spatial, kernel_spatial, window),
+                        partitions)
 
 
 # --- windows (reduce-window, select-and-scatter) -------------------------------------------------

@@ -280,8 +280,8 @@ def test_depthwise_plan_decisions() -> None:
     one = _geo(in_channels=1, out_channels=1, groups=32, in_spatial=(8, 8), out_spatial=(8, 8))
     d1 = plans.depthwise_plan(one, plans.conv_plan(one, t1), t1)
     assert d1.tiling.tiles(32, 1, 8) == 1
-    add = t1.engines["dve"].ns(plans._cycles(t1, "tensor_tensor", "dve", N=64))
-    act = t1.engines["act"].ns(plans._cycles(t1, "activation", "act", N=64))
+    add = plans.op_ns(t1, "tensor_tensor", "dve", N=64, P=128, **plans._VECTOR_VARS)
+    act = plans.op_ns(t1, "activation", "act", N=64, P=128, **plans._VECTOR_VARS)
     assert d1.vector_ns == pytest.approx(max(8 * add, 9 * act))
     # not depthwise: a plain convolution, a channel multiplier, a transposed convolution
     assert plans.depthwise_plan(_geo(), plans.conv_plan(_geo(), t1), t1) is None
