@@ -45,7 +45,7 @@ from itertools import product
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.attrs import ConvDims, DotDims, SliceDim, WindowDim
+from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.matmul import operand_type
@@ -64,6 +64,7 @@ from nxsat.extract.plan import (
     depthwise_gradient_fits,
     depthwise_gradient_tiling,
     depthwise_plan,
+    gradient_stacking_pays,
     valid_range,
     window_classes,
     window_plan,
@@ -1712,8 +1713,11 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         if rev:
             wq = op("reverse", [wq], dimensions=tuple(rev))
         taps = tuple(range(2, 2 + nsp))
-        if G == 1:
-            return op("dot", [xq, wq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
+        if G == 1:  # the operand with fewer rows stationary: fewer matmuls for the same transposes
+            if n_ <= o:
+                return op("dot", [xq, wq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
+            r = op("dot", [wq, xq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
+            return op("transpose", [r], dimensions=(1, 0))
         tq = xq.shape[2:]
         if b == 1 and og == 1:  # one channel per group: a product summed on VectorE
             prod = op("multiply", [xq, wq])
@@ -1734,7 +1738,40 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         parts = [op("reshape", [p], shape=(b, o, 1, *out_sp[k + 1:])) for p in parts]
         return parts[0] if len(parts) == 1 else op("concatenate", parts, dimension=2)
 
-    canon = assemble(())  # [b, O, Q...]
+    def stacked() -> Node:
+        """All positions as one dot: the input padded once so that every position's window is whole,
+        the windows concatenated along a new leading axis (an im2col of the kernel positions), one
+        contraction against the unsliced gradient. Returns the [b, O, Q...] result."""
+        pads, lows = [], []
+        for w, n_out, s in zip(window, out_sp, spatial):
+            first = -w.pad_lo
+            last = (n_out - 1) * w.stride - w.pad_lo + (w.size - 1) * w.rhs_dilation
+            pads.append(PadDim(max(0, -first), max(0, last - (s - 1))))
+            lows.append(max(0, -first))
+        Xp = X if not any(p.lo or p.hi for p in pads) else op(
+            "pad", [X, zero], padding=(PadDim(), PadDim(), *pads))
+        windows = []
+        for q in np.ndindex(*out_sp):
+            key = [SliceDim(0, n_), SliceDim(0, c)]
+            for w, qi, lo in zip(window, q, lows):
+                start = qi * w.stride - w.pad_lo + lo
+                key.append(SliceDim(start, start + (w.size - 1) * w.rhs_dilation + 1, w.rhs_dilation))
+            xq = op("slice", [Xp], slice=tuple(key))
+            windows.append(op("reshape", [xq], shape=(1, *xq.shape)))
+        xcat = op("concatenate", windows, dimension=0)  # [P, b, C, T...]
+        rev = tuple(2 + k for k, w in enumerate(window) if w.reversal)
+        wq = op("reverse", [W], dimensions=rev) if rev else W
+        taps = tuple(range(2, 2 + nsp))
+        r = op("dot", [xcat, wq], dims=DotDims((2, *(t + 1 for t in taps)), (1, *taps)), dtype=out_t)  # [P, b, O]
+        r = op("reshape", [r], shape=(*out_sp, b, o))
+        return op("transpose", [r], dimensions=(nsp, nsp + 1, *range(nsp)))
+
+    positions = math.prod(out_sp)
+    if G == 1 and gradient_stacking_pays(positions, n_, o, c * math.prod(w.size for w in window),
+                                         math.prod(X.shape)):
+        canon = stacked()
+    else:
+        canon = assemble(())  # [b, O, Q...]
     perm = [0] * (2 + nsp)
     perm[d.output_batch], perm[d.output_feature] = 0, 1
     for j, i in enumerate(d.output_spatial):

@@ -105,7 +105,12 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
     evac = 0
     groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki)]
     last = Ko * plan.k_tiles(Ki) - 1
+    joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
     for b in range(B):
+        if joint:
+            _matmul_joint(lw, L[b], R[b], out[b], groups, mt, out_t, b % 2 == 0,
+                          {"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {})
+            continue
         for m0 in range(0, M, plan.m_tile):
             mn = min(plan.m_tile, M - m0)
 
@@ -131,6 +136,43 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                     g.add("dve", "tensor_copy", res, acc)
                 evac += 1
                 g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
+
+
+def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> bool:
+    """Both ``[K, X]`` operands lie K-contiguous and go through TensorE transposes (a weight gradient:
+    activations and output gradients both laid out with positions innermost)."""
+    return all(_k_contiguous(r) and _pe_transposable(r, mt, transpose_dma) and onchip_dtype(r.dtype) is
+               onchip_dtype(Lk.dtype) for r in (Lk, Rk))
+
+
+def _matmul_joint(lw: Lowering, L: Ref, R: Ref, out: Ref, groups: list[tuple[int, int, int, int]],
+                  mt: dt.DType, out_t: dt.DType, on_act: bool, attrs: dict[str, str]) -> None:
+    """``out = L @ R`` (:attr:`~nxsat.extract.plan.MatmulPlan.joint`: R one N tile, L a few M tiles)
+    when both operands lie K-contiguous: each K block of both is transposed by TensorE with their rows
+    stacked (L's above R's, 128 rows per transpose), and every M tile's matmul takes its stationary and
+    moving operands from column ranges of that one tile, accumulating in its own PSUM bank. A
+    [144, K] @ [K, 24] weight gradient takes two transposes per K block instead of four."""
+    g = lw.graph
+    M, N = L.shape[0], R.shape[2]
+    mtile = lw.target.matmul["cols"]
+    m_tiles = [(m0, min(mtile, M - m0)) for m0 in range(0, M, mtile)]
+    accs = [g.tile((mn, N), dt.F32, "psum", "acc").ref() for _, mn in m_tiles]
+    last = sum(n for *_, n in groups) - 1
+    j = 0
+    for ko, k0, kn, n in groups:
+        tile = _load_pe_transposed(lw, [L[:, ko, k0:k0 + n * kn], R[ko, k0:k0 + n * kn, :].T], kn, n, mt)
+        for i in range(n):
+            for acc, (m0, mn) in zip(accs, m_tiles):
+                g.add("pe", "matmul", acc, tile[:, i, m0:m0 + mn], tile[:, i, M:M + N], start=j == 0,
+                      stop=j == last, **attrs)
+            j += 1
+    for k, (acc, (m0, mn)) in enumerate(zip(accs, m_tiles)):
+        res = g.tile((mn, N), out_t, "sbuf", "mm").ref()
+        if on_act == (k % 2 == 0):
+            g.add("act", "activation", res, acc)
+        else:
+            g.add("dve", "tensor_copy", res, acc)
+        g.add("dma", "dma", out[m0:m0 + mn, :], res)
 
 
 # Rows of L per tile and contraction elements per pass of the exact integer product.
@@ -280,22 +322,29 @@ PE_TRANSPOSABLE = (dt.F32, dt.BF16, dt.F16)
 PE_MIN = 16  # a smaller transposed tile is cheaper as an element-wise DMA than as load, transpose, copy
 
 
-def _load_pe_transposed(lw: Lowering, src: Ref, kn: int, n: int, dtype: dt.DType) -> Ref:
+def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dtype: dt.DType) -> Ref:
     """The ``[kn, n, X]`` tile of ``n`` K tiles of an ``[X, n * kn]`` view (K contiguous in HBM) on a
     target without DMA transposes (NeuronCore-v2): rows of 128 loaded as they lie (long contiguous
     DMAs), each K block transposed on TensorE into a PSUM bank (fp32 on v2; as many blocks as the bank
     holds) and the bank copied into the tile in the multiply type, as the NKI kernels transpose
     operands, instead of a DMA that moves one element per descriptor. Finite values are exact; a NaN
-    or infinity spreads along its 128-row block (the transpose is an identity matmul on v2)."""
+    or infinity spreads along its 128-row block (the transpose is an identity matmul on v2). A list
+    of views (of one type) is stacked row-wise and transposed together, 128 rows at a time."""
     g = lw.graph
-    X = src.shape[0]
+    srcs = src if isinstance(src, list) else [src]
+    X = sum(s.shape[0] for s in srcs)
     rows = lw.target.matmul["rows"]
     bank = lw.target.psum_bank_bytes // 4
     tile = g.tile((kn, n, X), dtype, "sbuf", "mmop").ref()
     for x0 in range(0, X, rows):
         xn = min(rows, X - x0)
-        nat = g.tile((xn, n * kn), onchip_dtype(src.dtype), "sbuf", "mmnat").ref()
-        g.add("dma", "dma", nat, src[x0:x0 + xn, :])
+        nat = g.tile((xn, n * kn), onchip_dtype(srcs[0].dtype), "sbuf", "mmnat").ref()
+        at = 0
+        for s in srcs:  # the rows of each view that fall in this block
+            lo, hi = max(at, x0), min(at + s.shape[0], x0 + xn)
+            if lo < hi:
+                g.add("dma", "dma", nat[lo - x0:hi - x0, :], s[lo - at:hi - at, :])
+            at += s.shape[0]
         per = max(1, bank // xn)  # transposed blocks one bank holds
         for i0 in range(0, n, per):
             cnt = min(per, n - i0)

@@ -28,6 +28,9 @@ class MatmulPlan:
     n_tile: int
     resident: bool = True
     k_group: int = 1
+    # one N tile and at most JOINT_M_TILES M tiles: K-contiguous operands are transposed with their rows
+    # stacked (fewer TensorE transposes), each M tile accumulating in its own PSUM bank
+    joint: bool = False
 
     def k_tiles(self, K: int) -> int:
         return -(-K // self.k_tile)
@@ -42,6 +45,8 @@ class MatmulPlan:
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
 STATIONARY_SBUF_SHARE = 1 / 8
+# PSUM banks the M tiles of a joint matmul may hold at once (of eight; transposes use the others).
+JOINT_M_TILES = 4
 # Bytes per partition a grouped operand load moves at least: the size from which a DMA runs at full
 # rate (docs: ~1.3 us from trigger to transfer, >= 4 KiB per partition saturates).
 LOAD_BYTES = 4096
@@ -60,7 +65,7 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     stationary = -(-K // k) * m * size  # bytes per partition
     resident = stationary <= STATIONARY_SBUF_SHARE * target.sbuf_bytes
     group = max(1, min(-(-K // k), LOAD_BYTES // (n * size)))
-    return MatmulPlan(m, k, n, resident, group)
+    return MatmulPlan(m, k, n, resident, group, joint=N <= n and -(-M // m) <= JOINT_M_TILES)
 
 
 def segments_pay(ko: int, ki: int, target: Target) -> bool:
@@ -546,6 +551,17 @@ def depthwise_gradient_tiling(batch: int, channels: int, in_spatial: tuple[int, 
     over the kernel's rows."""
     return plane_tiling(batch, channels, kernel_spatial[0], _gradient_row_bytes(in_spatial, kernel_spatial, window),
                         partitions)
+
+
+def gradient_stacking_pays(positions: int, rows: int, grad_rows: int, k: int, input_elems: int) -> bool:
+    """Is a weight gradient cheaper as one dot over its kernel positions' windows stacked (an im2col:
+    the input padded once, ``positions`` windows of ``rows x k`` copied side by side, the output
+    gradient's ``grad_rows x k`` read once) than as one dot per position (the output gradient read,
+    and on NeuronCore-v2 transposed, once per position)? Priced in HBM elements moved, which for
+    these contractions (K in the millions, a few dozen rows) also counts their TensorE transposes."""
+    per_position = positions * (rows * k + grad_rows * k)
+    stacked = 3 * input_elems + 3 * positions * rows * k + grad_rows * k  # pad, copy in and read, gradient once
+    return positions > 1 and stacked < per_position
 
 
 # --- windows (reduce-window, select-and-scatter) -------------------------------------------------

@@ -96,6 +96,21 @@ def test_a_weight_stored_n_by_k_is_transposed_on_tensore_on_trn1() -> None:
     assert sum(1 for i in insts if i.opcode == "matmul") == 2
 
 
+@pytest.mark.parametrize("m,n,transposes,matmuls", [(40, 24, 3, 3), (144, 24, 6, 6), (24, 144, 6, 3)])
+def test_k_contiguous_operands_are_transposed_together_on_trn1(m: int, n: int, transposes: int, matmuls: int
+                                                                ) -> None:
+    """Weight gradients' shapes: [M, K] and [N, K], both K-contiguous (K = 300: 128 + 128 + 44). Each K
+    block of both is transposed by TensorE with their rows stacked, 128 at a time (MatmulPlan.joint):
+    40 + 24 rows in one transpose where each operand alone took one; 144 + 24 rows in two where the two
+    M tiles took two each. Same values."""
+    text = _dot(f"f32[{m},300]", f"f32[{n},300]", f"f32[{m},{n}]", "lhs_contracting_dims={1}, rhs_contracting_dims={1}")
+    mod = module_of(text)
+    assert_device_matches(mod, target="trn1")
+    insts = compile_graph(mod, sim.load_target("trn1")).program.instrs
+    assert sum(1 for i in insts if i.opcode == "transpose") == transposes
+    assert sum(1 for i in insts if i.opcode == "matmul") == matmuls
+
+
 def test_operand_casts_are_done_on_chip() -> None:
     """The bf16 casts --auto-cast puts on a dot's operands are conversions of the loaded tiles: no
     bf16 tensor in HBM, and the same rounding (the test above compares the values)."""
