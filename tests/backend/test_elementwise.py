@@ -590,3 +590,35 @@ def test_layout_keeps_a_value_per_row_as_a_column() -> None:
     repeated = ((32, 6), (6, 1), (128, 0))
     assert plan_layout((32, 6, 128), [rowwise, repeated], 128).free == (128,)  # two tiles of 128 rows
     assert plan_layout((32, 6, 128), [rowwise, rowwise], 128).cols > 128  # otherwise: one tile, wider
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple((n, math.prod(shape[d + 1:])) for d, n in enumerate(shape))
+
+
+@pytest.mark.parametrize("shape,cols", [((32, 128, 1024), 2048), ((96, 16, 112, 112), 2048),
+                                        ((1, 112, 112, 64), 1024), ((31, 128, 1024), 1024)])
+def test_large_clusters_take_wide_tiles(shape: tuple[int, ...], cols: int) -> None:
+    """A cluster that still makes 16 tiles of 2048 columns takes them (half the instructions of 1024);
+    a smaller one keeps 1024-column tiles, so enough tiles remain to overlap loads, compute and stores."""
+    from nxsat.backend.elementwise import plan_layout
+
+    lay = plan_layout(shape, [_contiguous(shape)], 128)
+    assert lay.cols_max == cols
+    assert lay.cols <= cols or lay.chunk
+
+
+def test_a_wide_tiled_cluster_matches_the_interpreter() -> None:
+    text = """HloModule wide
+ENTRY main {
+  a = f32[32,128,1024] parameter(0)
+  b = f32[32,128,1024] parameter(1)
+  s = f32[32,128,1024] multiply(a, b)
+  ROOT r = f32[32,128,1024] add(s, a)
+}
+"""
+    m = module_of(text)
+    insts = compile_graph(m, load_target("trn1")).program.instrs
+    # 4M elements in 2048-column tiles over 128 partitions: 16 tiles, two loads, two ops and a store each
+    assert sum(1 for i in insts if i.opcode == "dma") == 16 * 3
+    assert_device_matches(m, target="trn1")
