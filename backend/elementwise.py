@@ -11,7 +11,8 @@ A cluster's shape is tiled without copying an operand (:func:`plan_layout`): its
 into runs that every operand's access pattern walks as one dimension, and seen as ``[*outer, rows,
 *free]`` (one run split in two where that makes fewer tiles), each tile ``<= 128`` rows on the partitions
 and the free dimensions flat (up to :data:`MAX_COLS` elements per partition, :data:`WIDE_COLS` in a
-cluster large enough to keep many tiles of that width, a longer single run in column chunks), loaded and stored by one DMA through the operands' own access patterns. A value
+cluster large enough to keep many tiles of that width, a longer single run in column chunks), loaded
+and stored by one DMA through the operands' own access patterns. A value
 repeated over the whole shape (a scalar parameter broadcast) is loaded once per cluster into a column,
 one repeated along the row once per tile; both are read as stride-0 views of that column. Each
 operator becomes one or a few instructions on those tiles (the table below): activation functions on
