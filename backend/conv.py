@@ -1694,6 +1694,7 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
     nsp = len(window)
     add = _add_body(out_t)
     zero = op("constant", [], value=np.zeros((), out_t.np), type=TensorType(out_t, ()))
+    taps = tuple(range(2, 2 + nsp))  # the spatial dimensions of X and W (and of their slices)
 
     def position(q: tuple[int, ...]) -> Node:
         """The [b, O] result at output position ``q``."""
@@ -1712,7 +1713,6 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         wq = op("slice", [W], slice=(SliceDim(0, o), SliceDim(0, c), *ws))
         if rev:
             wq = op("reverse", [wq], dimensions=tuple(rev))
-        taps = tuple(range(2, 2 + nsp))
         if G == 1:  # the operand with fewer rows stationary: fewer matmuls for the same transposes
             if n_ <= o:
                 return op("dot", [xq, wq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
@@ -1742,26 +1742,22 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         """All positions as one dot: the input padded once so that every position's window is whole,
         the windows concatenated along a new leading axis (an im2col of the kernel positions), one
         contraction against the unsliced gradient. Returns the [b, O, Q...] result."""
-        pads, lows = [], []
-        for w, n_out, s in zip(window, out_sp, spatial):
-            first = -w.pad_lo
-            last = (n_out - 1) * w.stride - w.pad_lo + (w.size - 1) * w.rhs_dilation
-            pads.append(PadDim(max(0, -first), max(0, last - (s - 1))))
-            lows.append(max(0, -first))
+        pads = [PadDim(max(0, w.pad_lo), max(0, (n_out - 1) * w.stride - w.pad_lo + (w.size - 1) * w.rhs_dilation
+                                              - (s - 1)))
+                for w, n_out, s in zip(window, out_sp, spatial)]  # the first window starts at -pad_lo
         Xp = X if not any(p.lo or p.hi for p in pads) else op(
             "pad", [X, zero], padding=(PadDim(), PadDim(), *pads))
         windows = []
         for q in np.ndindex(*out_sp):
             key = [SliceDim(0, n_), SliceDim(0, c)]
-            for w, qi, lo in zip(window, q, lows):
-                start = qi * w.stride - w.pad_lo + lo
+            for w, qi, p in zip(window, q, pads):
+                start = qi * w.stride - w.pad_lo + p.lo
                 key.append(SliceDim(start, start + (w.size - 1) * w.rhs_dilation + 1, w.rhs_dilation))
             xq = op("slice", [Xp], slice=tuple(key))
             windows.append(op("reshape", [xq], shape=(1, *xq.shape)))
         xcat = op("concatenate", windows, dimension=0)  # [P, b, C, T...]
         rev = tuple(2 + k for k, w in enumerate(window) if w.reversal)
         wq = op("reverse", [W], dimensions=rev) if rev else W
-        taps = tuple(range(2, 2 + nsp))
         r = op("dot", [xcat, wq], dims=DotDims((2, *(t + 1 for t in taps)), (1, *taps)), dtype=out_t)  # [P, b, O]
         r = op("reshape", [r], shape=(*out_sp, b, o))
         return op("transpose", [r], dimensions=(nsp, nsp + 1, *range(nsp)))

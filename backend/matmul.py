@@ -129,20 +129,26 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                         g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
                               **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                         j += 1
-                res = g.tile((mn, nn), out_t, "sbuf", "mm").ref()
-                if evac % 2 == 0:
-                    g.add("act", "activation", res, acc)
-                else:
-                    g.add("dve", "tensor_copy", res, acc)
+                _store(lw, out[b, m0:m0 + mn, n0:n0 + nn], acc, out_t, evac % 2 == 0)
                 evac += 1
-                g.add("dma", "dma", out[b, m0:m0 + mn, n0:n0 + nn], res)
+
+
+def _store(lw: Lowering, dst: Ref, acc: Ref, out_t: dt.DType, on_act: bool) -> None:
+    """A PSUM accumulator evacuated into SBUF in the result type (by ScalarE or VectorE, callers
+    alternating them) and stored by one DMA."""
+    res = lw.graph.tile(acc.shape, out_t, "sbuf", "mm").ref()
+    if on_act:
+        lw.graph.add("act", "activation", res, acc)
+    else:
+        lw.graph.add("dve", "tensor_copy", res, acc)
+    lw.graph.add("dma", "dma", dst, res)
 
 
 def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> bool:
     """Both ``[K, X]`` operands lie K-contiguous and go through TensorE transposes (a weight gradient:
     activations and output gradients both laid out with positions innermost)."""
-    return all(_k_contiguous(r) and _pe_transposable(r, mt, transpose_dma) and onchip_dtype(r.dtype) is
-               onchip_dtype(Lk.dtype) for r in (Lk, Rk))
+    return onchip_dtype(Lk.dtype) is onchip_dtype(Rk.dtype) and all(
+        _k_contiguous(r) and _pe_transposable(r, mt, transpose_dma) for r in (Lk, Rk))
 
 
 def _matmul_joint(lw: Lowering, L: Ref, R: Ref, out: Ref, groups: list[tuple[int, int, int, int]],
@@ -167,12 +173,7 @@ def _matmul_joint(lw: Lowering, L: Ref, R: Ref, out: Ref, groups: list[tuple[int
                       stop=j == last, **attrs)
             j += 1
     for k, (acc, (m0, mn)) in enumerate(zip(accs, m_tiles)):
-        res = g.tile((mn, N), out_t, "sbuf", "mm").ref()
-        if on_act == (k % 2 == 0):
-            g.add("act", "activation", res, acc)
-        else:
-            g.add("dve", "tensor_copy", res, acc)
-        g.add("dma", "dma", out[m0:m0 + mn, :], res)
+        _store(lw, out[m0:m0 + mn, :], acc, out_t, on_act == (k % 2 == 0))
 
 
 # Rows of L per tile and contraction elements per pass of the exact integer product.
