@@ -18,10 +18,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.diagnostics import Loc, error
+from nxsat.diagnostics import Loc, NxsatError, error
 from nxsat.ir import DIM_LIMIT, SHAPE_LIMITS_HINT, shape_limit_problem
 from nxsat.sim import numerics as nm
-from nxsat.sim.isa import OPS, Attr
+from nxsat.sim.isa import OPS, Attr, Op
 from nxsat.sim.program import (
     ISA_VERSION,
     TENSOR_KINDS,
@@ -167,15 +167,18 @@ def parse(text: str, source: str = "<program>") -> Program:
     """Parse a device program's text. Names are resolved here; shapes and semantics in verify.
 
     Programs repeat their loop bodies: the part of an instruction line before its waits and signals
-    is parsed once and shared; the waits and signals are read by one regular expression. Anything
-    unusual takes the general path, which also gives every error its column."""
+    is parsed once and shared; the waits and signals are read by one regular expression. A new
+    instruction is read by its comma-separated parts, each parsed once per program (compiled
+    programs reuse an access far more often than a whole line). Anything unusual takes the general
+    path, which also gives every error its column."""
     lines = text.splitlines()
     if len(lines) > MAX_LINES:
         raise error("NCC_EVRF007", f"{source}: {len(lines)} lines; at most {MAX_LINES} are accepted")
     prog = Program(source=source)
     seen_isa = False
     origin: str | None = None
-    heads: dict[str, tuple[str, str, tuple[Access, ...], dict[str, Any]]] = {}
+    heads: dict[str, _Head] = {}
+    parts: dict[tuple[str, str], tuple[str | None, Any]] = {}
     sems = prog.semaphores
     append = prog.instrs.append
     for n, raw in enumerate(lines, 1):
@@ -183,18 +186,21 @@ def parse(text: str, source: str = "<program>") -> Program:
             raise error("NCC_EASM001", f"line longer than {MAX_LINE} characters", Loc(source, n))
         body = raw.split("#", 1)[0] if "#" in raw else raw
         # Fast path: an instruction line seen before, up to its waits and signals.
+        # A new one is read part by part (operands and attributes are shared far more than lines are).
         cut = _tail_start(body) if seen_isa else -1
         if cut > 0:
-            head = heads.get(body[:cut])
+            key = body[:cut]
+            head = heads.get(key) or _head(key, prog, heads, parts)
             if head is not None:
                 tail = _fast_tail(body, cut, sems, head[2] != () or head[3] != {})
                 if tail is not None:
                     append(Instr(head[0], head[1], head[2], head[3], tail[0], tail[1], n, origin))
                     continue
-        elif seen_isa and body in heads:
-            head = heads[body]
-            append(Instr(head[0], head[1], head[2], head[3], (), (), n, origin))
-            continue
+        elif seen_isa:
+            head = heads.get(body) or _head(body, prog, heads, parts)
+            if head is not None:
+                append(Instr(head[0], head[1], head[2], head[3], (), (), n, origin))
+                continue
         stripped = body.strip()
         if not stripped:
             continue
@@ -234,6 +240,79 @@ def parse(text: str, source: str = "<program>") -> Program:
     if not seen_isa:
         raise error("NCC_EASM001", "empty device program (no '.isa' line)", Loc(source, 1))
     return prog
+
+
+_Head = tuple[str, str, tuple[Access, ...], dict[str, Any]]
+_INSTR_HEAD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s+([A-Za-z_][A-Za-z0-9_]*)(?:\s+(\S.*?))?\s*")
+_ATOM = r"(?:[^,\[\]()]+|\[[^\[\]()]*\]|\([^\[\]()]*\))+"  # brackets do not nest in an operand
+_ARGS = re.compile(rf"{_ATOM}(?:,{_ATOM})*")
+_ARG = re.compile(_ATOM)
+_ATTR = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=(?![=>])\s*(.*)", re.S)
+
+
+def _head(text: str, prog: Program, heads: dict[str, _Head], parts: dict[tuple[str, str], tuple[str | None, Any]]
+          ) -> _Head | None:
+    """An instruction's stream, opcode, operands and attributes from its comma-separated parts, each
+    looked up in ``parts`` (keyed by the opcode and the part's text) or parsed alone and added there;
+    None for anything the general path must read (and explain, with its column, if it is wrong)."""
+    m = _INSTR_HEAD.fullmatch(text)
+    if m is None:
+        return None
+    stream, opcode, args = m.groups()
+    op = OPS.get(opcode)
+    if op is None or not stream_kind(stream) or args is not None and _ARGS.fullmatch(args) is None:
+        return None
+    operands: list[Access] = []
+    given: dict[str, Any] = {}
+    for raw in _ARG.findall(args) if args is not None else ():
+        part = raw.strip()
+        entry = parts.get((opcode, part))
+        if entry is None:
+            entry = _part(part, op, prog)
+            if entry is None:
+                return None
+            parts[(opcode, part)] = entry
+        key, value = entry
+        if key is None:
+            if given:
+                return None
+            operands.append(value)
+        elif key in given:
+            return None
+        else:
+            given[key] = value
+    if len(operands) != len(op.operands):
+        return None
+    attrs: dict[str, Any] = {}
+    for a in op.attrs:
+        if a.name in given:
+            attrs[a.name] = given[a.name]
+        elif a.default is None and a.kind not in ("in", "out"):
+            return None
+        else:
+            attrs[a.name] = a.default
+    head = heads[text] = (stream, opcode, tuple(operands), attrs)
+    return head
+
+
+def _part(part: str, op: Op, prog: Program) -> tuple[str | None, Any] | None:
+    """One operand (key None) or attribute (its name) of an instruction of ``op``, or None."""
+    m = _ATTR.fullmatch(part)
+    try:
+        if m is None:
+            ln = _Line(part, 0, prog.source)
+            value = _access(ln, prog)
+            ln.end()
+            return None, value
+        spec = next((a for a in op.attrs if a.name == m.group(1)), None)
+        if spec is None:
+            return None
+        ln = _Line(m.group(2), 0, prog.source)
+        value = _attr_value(ln, spec, prog)
+        ln.end()
+        return spec.name, value
+    except NxsatError:
+        return None
 
 
 def _fast_tail(body: str, at: int, sems: dict[str, int], need_comma: bool
@@ -659,7 +738,17 @@ def _fmt_index(index: tuple[Idx, ...], shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-def _fmt_attr(a: Attr, v: Any, prog: Program) -> str:
+def _access_text(a: Access, prog: Program, texts: dict[Access, str] | None) -> str:
+    s = texts.get(a) if texts is not None else None
+    if s is None:
+        t = prog.tensors[a.tensor]
+        s = fmt_access(a, t.shape, t)
+        if texts is not None:
+            texts[a] = s
+    return s
+
+
+def _fmt_attr(a: Attr, v: Any, prog: Program, texts: dict[Access, str] | None = None) -> str:
     if a.kind == "bool":
         return "true" if v else "false"
     if a.kind == "float" or (isinstance(v, float) and a.kind in ("number", "scalar")):
@@ -667,8 +756,7 @@ def _fmt_attr(a: Attr, v: Any, prog: Program) -> str:
     if a.kind == "ints":
         return "(" + ", ".join(map(str, v)) + ")"
     if isinstance(v, Access):
-        t = prog.tensors[v.tensor]
-        return fmt_access(v, t.shape, t)
+        return _access_text(v, prog, texts)
     if isinstance(v, float):
         return fmt_float(v)
     return str(v)
@@ -704,10 +792,9 @@ def format_program(prog: Program, bank_bytes: int = 2048) -> str:
         out.append(f"sem     {s}")
     out.append("")
     # A program repeats its loop bodies: the text of each distinct (stream, opcode, operands,
-    # attributes) is made once, and waits and signals appended.
-    # A program repeats its loop bodies: the text of each distinct (stream, opcode, operands,
-    # attributes) is made once, and waits and signals appended.
+    # attributes) is made once, and waits and signals appended; so is each distinct access's.
     memo: dict[tuple, str] = {}
+    texts: dict[Access, str] = {}
     akeys: dict[int, tuple] = {}
     origin: str | None = None
     append = out.append
@@ -725,7 +812,7 @@ def format_program(prog: Program, bank_bytes: int = 2048) -> str:
         except TypeError:
             key, head = None, None
         if head is None:
-            args = _instr_args(ins, prog)
+            args = _instr_args(ins, prog, texts)
             head = f"{ins.stream:<5} {ins.opcode:<14} {args}"
             if key is not None:
                 memo[key] = head
@@ -752,17 +839,17 @@ def _same_value(v: Any, default: Any) -> bool:
     return bool(v == default) and type(v) is type(default)
 
 
-def _instr_args(ins: Instr, prog: Program) -> str:
-    """Operands and attributes of one instruction in canonical text."""
+def _instr_args(ins: Instr, prog: Program, texts: dict[Access, str] | None = None) -> str:
+    """Operands and attributes of one instruction in canonical text (``texts``: the accesses' texts so far)."""
     op = OPS[ins.opcode]
-    args = [fmt_access(a, prog.tensors[a.tensor].shape, prog.tensors[a.tensor]) for a in ins.operands]
+    args = [_access_text(a, prog, texts) for a in ins.operands]
     for a in op.attrs:
         v = ins.attrs.get(a.name, a.default)
         if isinstance(v, float) and a.kind in ("float", "scalar", "number") or a.kind == "float":
             v = float(np.float32(v))  # float immediates are fp32: compare and print as the device holds them
         if v is None or (a.default is not None and not isinstance(v, Access) and _same_value(v, a.default)):
             continue
-        args.append(f"{a.name}={_fmt_attr(a, v, prog)}")
+        args.append(f"{a.name}={_fmt_attr(a, v, prog, texts)}")
     return ", ".join(args)
 
 

@@ -412,3 +412,27 @@ def test_checks_hold_when_every_instruction_sweeps(monkeypatch: pytest.MonkeyPat
     m = build(text)
     x = np.arange(512, dtype=np.float32).reshape(128, 4)
     np.testing.assert_array_equal(m.run({"x": x})[0], x)
+
+
+def _instrs(text: str) -> list[tuple]:
+    return [(i.stream, i.opcode, i.operands, tuple(i.attrs.items()), i.waits, i.signals, i.line, i.origin)
+            for i in parse(text, "t.nxs").instrs]
+
+
+def test_instructions_read_by_parts_are_what_the_general_parser_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new instruction line is read by its comma-separated parts, each parsed once per program
+    (asm._head); the same programs read line by line through the general parser give the same
+    instructions: hand-written ones, a generated one, and the text the compiler writes."""
+    from nxsat.driver import CompileOptions, compile_model
+    from nxsat.sim import asm
+
+    compiled = sim.load(compile_model("tests/data/hlo/layer_norm_1x4096x768_bf16.hlo",
+                                      CompileOptions(auto_cast="matmult")).neff).text
+    texts = [(EXAMPLES / f"{n}.nxs").read_text() for n in ("matmul", "softmax", "layernorm", "gather")]
+    texts += [big_matmul(m_tiles=2, k_tiles=2, panels=3), compiled]
+    by_parts = [_instrs(t) for t in texts]
+    monkeypatch.setattr(asm, "_head", lambda *a: None)
+    for text, got in zip(texts, by_parts):
+        want = _instrs(text)
+        assert got == want
+    assert sum(map(len, by_parts)) > 500
