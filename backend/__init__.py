@@ -3,10 +3,7 @@ and placement), ending in a device program the simulator runs. Start at :func:`c
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +11,7 @@ import numpy as np
 from nxsat.backend.graph import Buf, Graph
 from nxsat.backend.lower import Lowering, Options
 from nxsat.backend.schedule import Scheduled, schedule
+from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import Warnings
 from nxsat.ir import Module
 from nxsat.sim.program import Program
@@ -43,20 +41,6 @@ def device_forms(module: Module) -> Module:
     if not any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         return module  # nothing to rewrite: the same module (the driver then dumps nothing)
     return weight_gradients(module)
-
-
-@contextmanager
-def no_cycle_collection() -> Iterator[None]:
-    """Python's cyclic garbage collector paused: lowering and scheduling build millions of long-lived objects
-    (instructions, accesses) and make little garbage, so the collector's passes over them were a third of
-    lowering's time (mobilenet_v2). It resumes afterwards."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:

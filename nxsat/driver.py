@@ -113,21 +113,11 @@ class _Stages:
         if self.workdir is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
 
-    def run(self, name: str, fn: Callable[[], Any], collect: bool = True) -> Any:
-        """``collect=False``: the cycle collector paused for the stage. Lowering and scheduling build
-        millions of objects that live until the NEFF stage; the collector's passes over them were a
-        tenth of lowering's time and found next to nothing (a few hundred objects on resnet50)."""
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
         assert any(s.name == name for s in STAGES), name
         self.progress.stage(name)
         t0 = time.perf_counter()
-        paused = not collect and gc.isenabled()
-        if paused:
-            gc.disable()
-        try:
-            out = fn()
-        finally:
-            if paused:
-                gc.enable()
+        out = fn()
         self.seconds[name] = round(time.perf_counter() - t0, 4)
         return out
 
@@ -194,10 +184,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if formed is not parted:
         st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
     lowering = st.run("lower", lambda: lower_graph(formed, target, Options(opts.mixed_precision_accumulation,
-                                                                          opts.saturate_infinity)), collect=False)
+                                                                          opts.saturate_infinity)))
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
-    compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags), collect=False)
+    compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags))
     program, constants = compiled.program, compiled.constants
     io = [(b.nbytes, b.shard) for b in compiled.inputs + compiled.outputs]
     # The instruction graph is done with: freed now, not after the NEFF and the simulation (mobilenet_v2's

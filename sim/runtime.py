@@ -18,6 +18,7 @@ import numpy as np
 
 from nxsat import __version__
 from nxsat import dtypes as dt
+from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import Warnings, error
 from nxsat.ir import TensorType
 from nxsat.sim import neff
@@ -92,6 +93,7 @@ def build_neff(prog: Program, target: Target, constants: Mapping[str, np.ndarray
     return build_model(prog, target, constants)[0]
 
 
+@no_cycle_collection()
 def build_model(prog: Program, target: Target, constants: Mapping[str, np.ndarray] | None = None
                 ) -> tuple[bytes, Model]:
     """:func:`build_neff`, and the model those bytes load as, without reading them back.
@@ -219,6 +221,7 @@ def _manifest_field(man: dict[str, Any], key: str, kind: type, source: str) -> A
     return v
 
 
+@no_cycle_collection()
 def load(data: bytes, source: str = "<neff>", target: str | None = None, lnc: int | None = None,
          verify: bool = False) -> Model:
     """Validate a NEFF and return the runnable model.
