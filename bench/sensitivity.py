@@ -1,0 +1,151 @@
+"""A compiled model against the reference interpreter, output by output, each measured against how far
+rounding alone moves it: the check for a training step, whose gradients no element-wise tolerance
+judges (docs/compiling.md, "Checking a training step").
+
+    python bench/sensitivity.py tests/data/hlo/mobilenet_v2.hlo \\
+        --set p12.42=6 --set p317.2351=49 --set p314.2029=96 --set p315.2045=0.8 [--target trn2]
+
+The inputs are seeded draws (seed 0, as `nxsat run --random-inputs` and the corpus test make them),
+scalars given their meaning with --set. The interpreter runs twice: on those inputs, and with the
+largest floating-point input (the images) moved up by one ulp. How far that moves an output, normwise
+and relative to the output's norm, is its *sensitivity*; how far the simulated device is from the
+first run is its *deviation*. Each output is then one of:
+  exact     the ulp does not move it (forward outputs, statistics, counters): the device must agree
+            within 2e-5 of its norm (two fp32 units; integers exactly);
+  rounding  moved by less than 10% of its norm: the device must be within 8 sensitivities (rounding
+            in another order moves it as the ulp does; mobilenet_v2 measures at most 4.7 where the
+            ulp moves an output by 1e-3 or more), or within the exact class's 2e-5 (an output the ulp
+            barely moves, such as a running statistic, still rounds in fp32);
+  noise     moved by 10% of its norm or more, a sum that cancels to about zero (a batch norm's offset
+            gradient under a 1x1 convolution): printed, not judged.
+Exit status 1 when an output fails. A trn2 simulation of mobilenet_v2 needs NXSAT_SIM_MAX_BYTES above
+its 14.1 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+EXACT_TOL = 2e-5
+ROUNDING_FACTOR = 8.0
+NOISE = 0.1
+
+
+def _norm(a: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64).ravel()))
+
+
+def _rel(d: np.ndarray, ref: np.ndarray) -> float:
+    n = _norm(ref)
+    return _norm(d) / n if n else _norm(d)
+
+
+def classify(want: np.ndarray, moved: np.ndarray, got: np.ndarray) -> tuple[str, float, float, float]:
+    """(class, sensitivity, deviation, bound) of one output, relative to its norm; it passes when the
+    deviation is within the bound (an integer output's deviation counts differing elements)."""
+    if want.dtype.kind in "iub":
+        return "exact", 0.0, float(np.count_nonzero(got != want)), 0.0
+    w, m, g = (a.astype(np.float64) for a in (want, moved, got))
+    sens, dev = _rel(m - w, w), _rel(g - w, w)
+    if sens == 0.0:
+        return "exact", sens, dev, EXACT_TOL
+    if sens < NOISE:
+        return "rounding", sens, dev, max(ROUNDING_FACTOR * sens, EXACT_TOL)
+    return "noise", sens, dev, math.inf
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="HLO or Relay model")
+    ap.add_argument("--target", default="trn1")
+    ap.add_argument("-O", type=int, default=2, choices=(1, 2, 3))
+    ap.add_argument("--auto-cast", default="none", choices=("none", "matmult", "all"))
+    ap.add_argument("--set", action="append", default=[], metavar="PARAM=VALUE",
+                    help="a scalar parameter's value instead of a random draw (by its HLO name)")
+    ap.add_argument("--fill-elided-constants", action="store_true", help="seeded values for elided literals")
+    ap.add_argument("--all", action="store_true", help="print every output, not only the worst of each class")
+    args = ap.parse_args()
+
+    from nxsat import sim
+    from nxsat.cli.model import random_inputs
+    from nxsat.driver import CompileOptions, compile_model
+    from nxsat.frontend import load
+    from nxsat.interpreter import run_module
+    from nxsat.io import match_inputs
+    from nxsat.passes import fill_elided_constants
+
+    module = load(args.model)
+    if args.fill_elided_constants:
+        module = fill_elided_constants(module, 0)
+    inputs = random_inputs(module, 0)
+    given = dict(s.split("=", 1) for s in args.set)
+    for k, p in enumerate(module.entry.params):
+        if p.name in given:
+            inputs[f"in{k}"] = np.asarray(float(given.pop(p.name)), dtype=inputs[f"in{k}"].dtype)
+    if given:
+        ap.error(f"no scalar parameters named {', '.join(sorted(given))}")
+    big = max((k for k, v in inputs.items() if v.dtype.kind == "f" or "float" in str(v.dtype)),
+              key=lambda k: inputs[k].size)
+
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    result = compile_model(args.model, CompileOptions(target=args.target, optlevel=args.O, auto_cast=args.auto_cast,
+                                                      fill_elided_constants=0 if args.fill_elided_constants else None))
+    seconds["compile"] = time.perf_counter() - t
+    t = time.perf_counter()
+    model = sim.load(result.neff)
+    seconds["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    got = model.run(dict(inputs))
+    seconds["run"] = time.perf_counter() - t
+    del model
+    t = time.perf_counter()
+    want = [np.asarray(o) for o in run_module(module, match_inputs(module, inputs))]
+    moved_inputs = dict(inputs)
+    moved_inputs[big] = np.nextafter(inputs[big], np.inf).astype(inputs[big].dtype)
+    moved = [np.asarray(o) for o in run_module(module, match_inputs(module, moved_inputs))]
+    seconds["interpreter x2"] = time.perf_counter() - t
+    if len(got) != len(want):
+        print(f"FAIL: the device gives {len(got)} outputs, the interpreter {len(want)}")
+        return 1
+
+    rows = [(k, *classify(w, m, g)) for k, (w, m, g) in enumerate(zip(want, moved, got))]
+    rep = result.report
+    print(f"{Path(args.model).name} on {args.target}, -O{args.O}, --auto-cast {args.auto_cast}: "
+          f"{rep['instructions']:,} instructions, latency {rep['latency_us']:,.1f} us against a roofline of "
+          f"{rep['roofline_us']:,.2f} us")
+    print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) +
+          f"; peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB")
+    print(f"perturbed input: {big} {list(inputs[big].shape)}, one ulp up")
+    failed = [r for r in rows if r[3] > r[4]]
+    for cls in ("exact", "rounding", "noise"):
+        mine = [r for r in rows if r[1] == cls]
+        if not mine:
+            continue
+        devs = [r[3] for r in mine]
+        line = f"{cls:<9} {len(mine):>4} outputs  deviation {min(devs):.2g} .. {max(devs):.2g}"
+        if cls != "exact":
+            line += f"  sensitivity {min(r[2] for r in mine):.2g} .. {max(r[2] for r in mine):.2g}"
+        # deviation / sensitivity where the bound is the sensitivity's (not the fp32 floor's)
+        ratios = [r[3] / r[2] for r in mine if r[2] and r[4] > EXACT_TOL]
+        if ratios:
+            line += f"  deviation/sensitivity {min(ratios):.2f} .. {max(ratios):.2f} (median {np.median(ratios):.2f})"
+        print(line)
+        worst = sorted(mine, key=lambda r: -(r[3] / r[4] if r[4] else r[3]))
+        for k, _, sens, dev, bound in mine if args.all else worst[:5]:
+            text = f"    out{k:<4} {str(want[k].dtype):<8} {str(list(want[k].shape)):<22} sensitivity {sens:<9.3g} " \
+                   f"deviation {dev:<9.3g} " + (f"bound {bound:<9.3g}" if math.isfinite(bound) else "(not judged)")
+            print((text + ("  FAIL" if dev > bound else "")).rstrip())
+    print(f"{'FAIL' if failed else 'PASS'}: {len(rows) - len(failed)} of {len(rows)} outputs within their bounds")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
