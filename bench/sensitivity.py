@@ -138,7 +138,7 @@ def main() -> int:
         if ratios:
             line += f"  deviation/sensitivity {min(ratios):.2f} .. {max(ratios):.2f} (median {np.median(ratios):.2f})"
         print(line)
-        worst = sorted(mine, key=lambda r: -(r[3] / r[4] if r[4] else r[3]))
+        worst = sorted(mine, key=lambda r: -(r[3] / r[4] if 0 < r[4] < math.inf else r[3] / r[2] if r[2] else r[3]))
         for k, _, sens, dev, bound in mine if args.all else worst[:5]:
             text = f"    out{k:<4} {str(want[k].dtype):<8} {str(list(want[k].shape)):<22} sensitivity {sens:<9.3g} " \
                    f"deviation {dev:<9.3g} " + (f"bound {bound:<9.3g}" if math.isfinite(bound) else "(not judged)")
