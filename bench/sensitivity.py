@@ -75,6 +75,7 @@ def main() -> int:
 
     from nxsat import sim
     from nxsat.cli.model import random_inputs
+    from nxsat.diagnostics import NxsatError
     from nxsat.driver import CompileOptions, compile_model
     from nxsat.frontend import load
     from nxsat.interpreter import run_module
@@ -84,13 +85,14 @@ def main() -> int:
     module = load(args.model)
     if args.fill_elided_constants:
         module = fill_elided_constants(module, 0)
-    inputs = random_inputs(module, 0)
-    given = dict(s.split("=", 1) for s in args.set)
-    for k, p in enumerate(module.entry.params):
-        if p.name in given:
-            inputs[f"in{k}"] = np.asarray(float(given.pop(p.name)), dtype=inputs[f"in{k}"].dtype)
-    if given:
-        ap.error(f"no scalar parameters named {', '.join(sorted(given))}")
+    try:
+        fixed = {k: float(v) for k, v in (s.split("=", 1) for s in args.set)}
+    except ValueError:
+        ap.error("--set takes PARAM=NUMBER")
+    try:
+        inputs = random_inputs(module, 0, fixed=fixed)
+    except NxsatError as exc:
+        ap.error(exc.format())
     big = max((k for k, v in inputs.items() if v.dtype.kind == "f" or "float" in str(v.dtype)),
               key=lambda k: inputs[k].size)
 

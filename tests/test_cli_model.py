@@ -160,3 +160,20 @@ def test_npy_inputs_and_relay_constants_on_hlo_are_refused(capsys, tmp_path):
     assert code == 1 and "NCC_EFIL001" in err and "single .npy" in err
     code, _, err = run(capsys, "inspect", MLP, "--relay-constants", str(npy))
     assert code == 2 and "NCC_EARG002" in err and "Relay models only" in err
+
+
+def test_random_inputs_give_scalars_their_meaning_by_name():
+    """A training step's scalars (a hardtanh bound, a batch size) take given values; every other input
+    is the draw it would be without them; a name the model lacks, or a non-scalar, is refused."""
+    from nxsat.cli.model import random_inputs
+    from nxsat.diagnostics import NxsatError
+    from nxsat.frontend import loads
+
+    m = loads("HloModule s\nENTRY e {\n  x = f32[4] parameter(0)\n  k = f32[] parameter(1)\n"
+              "  b = f32[4] broadcast(k), dimensions={}\n  ROOT r = f32[4] minimum(x, b)\n}\n", "s.hlo")
+    plain, fixed = random_inputs(m, 0), random_inputs(m, 0, fixed={"k": 6.0})
+    np.testing.assert_array_equal(fixed["in0"], plain["in0"])
+    assert fixed["in1"].shape == () and fixed["in1"] == np.float32(6.0) != plain["in1"]
+    for bad, words in (({"q": 1.0}, "no parameters named q"), ({"x": 1.0}, "x is not a scalar")):
+        with pytest.raises(NxsatError, match=words):
+            random_inputs(m, 0, fixed=bad)

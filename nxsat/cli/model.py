@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -64,18 +65,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 # --- interpret -------------------------------------------------------------------------------
 
-def random_inputs(module: Module, seed: int, progress: Progress | None = None) -> dict[str, np.ndarray]:
+def random_inputs(module: Module, seed: int, progress: Progress | None = None,
+                  fixed: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
     """Seeded inputs for every parameter (see :func:`nxsat.cli.common.random_array`); a billion
-    weights take seconds, so ``progress`` counts the parameters."""
+    weights take seconds, so ``progress`` counts the parameters. ``fixed`` gives scalar parameters
+    their meaning by name (a training step's hardtanh bound or batch size: a random one collapses
+    the model); the others draw what they would without it."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     params = module.entry.params
+    unknown = set(fixed or ()) - {p.name for p in params}
+    if unknown:
+        raise error("NCC_EINP001", f"the model has no parameters named {', '.join(sorted(unknown))}")
     if progress is not None:
         progress.stage("random inputs", total=len(params), unit="parameters")
     for i, p in enumerate(params):
         if not isinstance(p.type, TensorType):
             raise error("NCC_EINP001", f"parameter {p.name} is a tuple; give its values with --inputs", p.loc)
         out[f"in{i}"] = random_array(rng, p.type.shape, p.type.dtype)
+        if fixed and p.name in fixed:
+            if p.type.shape != ():
+                raise error("NCC_EINP001", f"parameter {p.name} is not a scalar; give its values with --inputs",
+                            p.loc)
+            out[f"in{i}"] = np.asarray(fixed[p.name], dtype=out[f"in{i}"].dtype)
         if progress is not None:
             progress.update(i + 1)
     return out
