@@ -164,8 +164,8 @@ def _fdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind == "f":
-        return np.power(a, b)
+    if a.dtype.kind == "f":  # in float64, rounded once: numpy's own fp32 pow changed its rounding in 2.4
+        return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
     return np.power(a, np.maximum(b, 0))
 
 
