@@ -226,12 +226,10 @@ def pipeline_program(steps: int, tiles: int | None = None, load_queues: int = 4,
 
 def pipeline_reference(m: sim.Model, inputs: dict[str, np.ndarray], steps: int, tiles: int | None = None,
                        funcs: tuple[str, ...] = ("gelu", "identity")) -> np.ndarray:
-    """What :func:`pipeline_program` computes, in numpy (fp32 products, bf16 roundings where the
-    device rounds): the last step written to each output tile."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):  # as the executor: BLAS's threads sum in another order
-        return _pipeline_reference(inputs, steps, tiles or min(16, steps), funcs)
+    """What :func:`pipeline_program` computes, in numpy (each matmul's product exact and rounded once
+    to fp32, the four added in fp32; bf16 roundings where the device rounds): the last step written
+    to each output tile."""
+    return _pipeline_reference(inputs, steps, tiles or min(16, steps), funcs)
 
 
 def _pipeline_reference(inputs: dict[str, np.ndarray], steps: int, tiles: int, funcs: tuple[str, ...]) -> np.ndarray:
@@ -244,7 +242,8 @@ def _pipeline_reference(inputs: dict[str, np.ndarray], steps: int, tiles: int, f
           "exp": np.exp, "relu": lambda v: np.maximum(v, 0)}
     for s in range(max(0, steps - tiles), steps):
         t = s % tiles
-        acc = sum(w[:, k, :].T @ x[t, :, k, :] for k in range(4))
+        f64 = np.float64
+        acc = sum((w[:, k, :].T.astype(f64) @ x[t, :, k, :].astype(f64)).astype(np.float32) for k in range(4))
         act = rounded(fn[funcs[s % len(funcs)]](acc.astype(np.float64)).astype(np.float32), "bf16")
         y[t] = rounded(act.astype(np.float32) + np.float32(0.5), "bf16")
     return y
