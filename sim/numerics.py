@@ -164,7 +164,8 @@ def _fdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    if a.dtype.kind == "f":  # in float64, rounded once: numpy's own fp32 pow changed its rounding in 2.4
+    if a.dtype.kind == "f":  # in float64, rounded once: numpy's fp32 pow is not correctly rounded on
+        # every host (7.0 ** 10 gave 282475232 on one, where fp32's nearest is 282475264)
         return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
     return np.power(a, np.maximum(b, 0))
 
