@@ -154,6 +154,44 @@ def test_psum_accumulates_exact_products_in_fp32(dtype: str, out: str, a: list[f
     same_bits(lo.astype(np.float32) + np.float32(0), cast(ref, out).astype(np.float32) + np.float32(0))
 
 
+PRODUCT = """
+.isa 1.0
+.target trn1
+input   a: f32[128, 2]
+input   b: f32[128, 3]
+output  y: f32[2, 3]
+sbuf    as: f32[128, 2]
+sbuf    bs: f32[128, 3]
+sbuf    ys: f32[2, 3]
+psum    acc: f32[2, 3]
+sem     ld
+sem     mm
+q0    dma          as, a, signal=ld
+q1    dma          bs, b, signal=ld
+pe    matmul       acc, as, bs, start=true, stop=true, wait=ld>=2, signal=mm
+act   tensor_copy  ys, acc, wait=mm>=1, signal=mm
+q2    dma          y, ys, wait=mm>=2
+"""
+
+
+def test_one_matmul_rounds_its_product_once() -> None:
+    """A matmul's product over 128 partitions is exact and rounded once to fp32, whatever the host's
+    BLAS does: 2^30, 126 ones and -2^30 sum to 126, where fp32 summation loses every one added to a
+    partial sum of 2^30 (half its ulp is 64), in any order in which the two do not meet first; and
+    128 terms of 1 + 2^-23 with one of 2^-24 round once."""
+    a = np.ones((128, 2), np.float32)
+    b = np.zeros((128, 3), np.float32)
+    b[:, 0] = 1.0
+    b[0, 0], b[127, 0] = 2.0**30, -(2.0**30)
+    b[:, 1] = np.float32(1 + 2.0**-23)
+    b[0, 1] = np.float32(2.0**-24)
+    b[:, 2] = np.arange(128, dtype=np.float32) * np.float32(0.1)
+    (y,) = build(PRODUCT).run({"a": a, "b": b})
+    want = (a.T.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    same_bits(y, want)
+    assert y[0, 0] == 126.0 and y[1, 0] == 126.0
+
+
 def test_tensor_reduce_of_bf16_accumulates_in_fp32() -> None:
     """256 copies of 1 and one 2^-8 sum to 256 + 2^-8 in fp32 (a bf16 accumulator would stop at
     256, where 1 is half an ulp); the single rounding to bf16 then gives 256."""
