@@ -12,14 +12,14 @@ and relative to the output's norm, is its *sensitivity*; how far the simulated d
 first run is its *deviation*. Each output is then one of:
   exact     the ulp does not move it (forward outputs, statistics, counters): the device must agree
             within 2e-5 of its norm (two fp32 units; integers exactly);
-  rounding  moved by less than 10% of its norm: the device must be within 8 sensitivities (rounding
-            in another order moves it as the ulp does; mobilenet_v2 measures at most 4.7 where the
-            ulp moves an output by 1e-3 or more), or within the exact class's 2e-5 (an output the ulp
-            barely moves, such as a running statistic, still rounds in fp32);
+  rounding  moved by less than 10% of its norm: the device must be within 4 sensitivities (rounding
+            in another order moves it as the ulp does; mobilenet_v2 measures at most 1.6 on trn1 and
+            trn2), or within the exact class's 2e-5 (an output the ulp barely moves, such as a
+            running statistic, still rounds in fp32);
   noise     moved by 10% of its norm or more, a sum that cancels to about zero (a batch norm's offset
             gradient under a 1x1 convolution): printed, not judged.
-Exit status 1 when an output fails. A trn2 simulation of mobilenet_v2 needs NXSAT_SIM_MAX_BYTES above
-its 14.1 GiB.
+Exit status 1 when an output fails. A trn2 simulation of mobilenet_v2 needs NXSAT_SIM_MAX_BYTES
+above its 14.1 GiB.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 EXACT_TOL = 2e-5
-ROUNDING_FACTOR = 8.0
+ROUNDING_FACTOR = 4.0
 NOISE = 0.1
 
 

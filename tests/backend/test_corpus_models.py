@@ -57,7 +57,7 @@ CASES = [
                       "interpreter takes 2.3 min: both targets come to 16.5 minutes on one worker before the NEFFs are "
                       "loaded back with --verify, beyond the suite's 15. Its gradients are checked against the "
                       "interpreter's own rounding instead of element by element, by bench/sensitivity.py "
-                      "(docs/compiling.md, 'Checking a training step'): all 314 outputs pass on trn1 and on trn2"),
+                      "(docs/compiling.md, 'Checking a training step'): all 314 outputs pass"),
     Case("hlo/resnet50_keras_jax_f32.hlo", slow=True),
     Case("hlo/sum_axis_1x4096x1024_bf16.hlo"),
     Case("hlo/topk_logits_k10_1x50000_bf16.hlo"),

@@ -31,7 +31,7 @@ def test_each_class_is_judged_by_its_own_bound() -> None:
     # unmoved by the ulp: fp32 units pass, a wrong value fails
     assert classify(w, w, w * np.float32(1 + 2**-23)) == ("exact", True)
     assert classify(w, w, w + np.float32(1e-3)) == ("exact", False)
-    # moved by rounding: within 8 sensitivities passes, 20 fails; a tiny sensitivity still allows fp32 units
+    # moved by rounding: within 4 sensitivities passes, 20 fails; a tiny sensitivity still allows fp32 units
     moved = w + np.float32(1e-4) * rng.standard_normal(1000).astype(np.float32)
     near = w + np.float32(3e-4) * rng.standard_normal(1000).astype(np.float32)
     far = w + np.float32(2e-3) * rng.standard_normal(1000).astype(np.float32)
