@@ -110,6 +110,15 @@ def shard(prog: Program, t: Tensor, value: np.ndarray, rank: int) -> np.ndarray:
     return np.split(value, prog.ranks, axis=t.shard)[rank]
 
 
+def identical_ranks(lk: Linked) -> bool:
+    """Every rank computes the same bits: no input or output is split across them and no instruction
+    combines them (one program on the same state; no instruction reads its rank). One rank is then
+    simulated for all: resnet50 and dlrm compiled for trn2, where no weight split pays, run in about
+    half the time and memory."""
+    return all(t.shard is None for t in lk.program.tensors.values()) and not any(
+        c.op.combines_ranks for c in lk.instrs)
+
+
 def scratch_lives(lk: Linked) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
     """The scratch tensors each step of the run order creates (zeros, at their first access) and frees
     (after their last), and the most bytes they hold at once. A compiled training step keeps every
@@ -150,13 +159,14 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     born, dies, scratch_peak = scratch_lives(lk)
     hbm_bytes = sum(t.nbytes for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
     onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
-    need = prog.ranks * (hbm_bytes + scratch_peak + onchip)
+    ranks = 1 if identical_ranks(lk) else prog.ranks
+    need = ranks * (hbm_bytes + scratch_peak + onchip)
     if need > max_host_bytes():
         raise error("NCC_ERUN001", f"simulating this program needs {need / 2**30:.1f} GiB of host memory; "
                     f"the limit is {max_host_bytes() / 2**30:.1f} GiB", hint="raise NXSAT_SIM_MAX_BYTES")
     saturate = {name: target.fp8_saturates(name) for name in nm.FP8_MAX}
     ctxs: list[_Ctx] = []
-    for r in range(prog.ranks):
+    for r in range(ranks):
         hbm: dict[str, np.ndarray] = {}
         for t in prog.tensors.values():
             if t.onchip:

@@ -295,6 +295,7 @@ class Op:
     operands: tuple[Operand, ...] = ()
     attrs: tuple[Attr, ...] = ()
     doc = ""
+    combines_ranks = False  # a collective: its result on one rank depends on the others'
     since: tuple[int, int] = (1, 0)  # the ISA version that introduced the instruction
 
     def attr(self, name: str) -> Attr:
@@ -1147,6 +1148,7 @@ def dma_transfer(dst: RAccess, src: RAccess, target: Any) -> Transfer:
 
 class _Collective(Op):
     engines = ("cc",)
+    combines_ranks = True
     operands = (Operand("dst", SBHBM, write=True), Operand("src", SBHBM))
 
     def run(self, x: ExecCtx, c: LInstr) -> None:

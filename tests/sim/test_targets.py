@@ -119,6 +119,35 @@ q1    dma  y, t, wait=s>=1
     assert e.value.code == "NCC_EARG001"
 
 
+def test_ranks_that_cannot_differ_are_simulated_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both physical cores of an lnc-2 program with nothing sharded and no collective compute the same
+    bits, so one is simulated for both: the run fits a memory limit that two ranks' state would not
+    (an SBUF and a PSUM each, 26 MiB); a collective makes the ranks differ."""
+    from nxsat.sim.execute import identical_ranks
+
+    text = """.isa 1.0
+.target trn2
+input   x: f32[128, 4]
+output  y: f32[128, 4]
+sbuf    t: f32[128, 4]
+sem     s
+q0    dma  t, x, signal=s
+act   activation  t, t, func=exp, wait=s>=1, signal=s
+q1    dma  y, t, wait=s>=2
+"""
+    m = build(text)
+    assert m.program.ranks == 2 and identical_ranks(m.linked)
+    t = m.target
+    monkeypatch.setenv("NXSAT_SIM_MAX_BYTES", str(int(1.5 * t.partitions * (t.sbuf_bytes + t.psum_bytes))))
+    x = np.linspace(-3, 3, 512, dtype=np.float32).reshape(128, 4)
+    np.testing.assert_array_equal(m.run({"x": x})[0], np.exp(x.astype(np.float64)).astype(np.float32))
+    sharded = build(text.replace("input   x: f32[128, 4]", "input   x: f32[128, 4]  shard=0"))
+    assert not identical_ranks(sharded.linked)
+    with pytest.raises(NxsatError) as e:
+        sharded.run({"x": np.concatenate([x, x])})
+    assert e.value.code == "NCC_ERUN001"
+
+
 def test_every_assumption_is_in_the_docs() -> None:
     doc = (DOCS / "device-model.md").read_text()
     for name in target_names():
@@ -138,6 +167,8 @@ def test_formulas_cannot_run_code() -> None:
 
 
 def test_collectives_across_ranks() -> None:
+    from nxsat.sim.execute import identical_ranks
+
     text = """.isa 1.0
 .target trn1
 .ranks 4
@@ -160,6 +191,7 @@ q2    dma             g, v, wait=b>=1
 q3    dma             r, w, wait=b>=1
 """
     m = build(text)
+    assert not identical_ranks(m.linked)
     assert [i["shape"] for i in m.manifest["inputs"]] == [[128, 64]]
     x = np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32)
     s, g, r = m.run({"x": x})
