@@ -100,8 +100,7 @@ def test_logical_core_configs() -> None:
     assert e.value.code == "NCC_EARG002"
 
 
-def test_trn2_lnc2_program_runs_on_two_physical_cores() -> None:
-    text = """.isa 1.0
+LNC2_COPY = """.isa 1.0
 .target trn2
 input   x: f32[128, 4]
 output  y: f32[128, 4]
@@ -110,6 +109,10 @@ sem     s
 q0    dma  t, x, signal=s
 q1    dma  y, t, wait=s>=1
 """
+
+
+def test_trn2_lnc2_program_runs_on_two_physical_cores() -> None:
+    text = LNC2_COPY
     m = build(text)
     assert m.program.ranks == 2 and m.target.lnc == 2
     x = np.arange(512, dtype=np.float32).reshape(128, 4)
@@ -125,16 +128,8 @@ def test_ranks_that_cannot_differ_are_simulated_once(monkeypatch: pytest.MonkeyP
     (an SBUF and a PSUM each, 26 MiB); a collective makes the ranks differ."""
     from nxsat.sim.execute import identical_ranks
 
-    text = """.isa 1.0
-.target trn2
-input   x: f32[128, 4]
-output  y: f32[128, 4]
-sbuf    t: f32[128, 4]
-sem     s
-q0    dma  t, x, signal=s
-act   activation  t, t, func=exp, wait=s>=1, signal=s
-q1    dma  y, t, wait=s>=2
-"""
+    text = LNC2_COPY.replace("q1    dma  y, t, wait=s>=1",
+                             "act   activation  t, t, func=exp, wait=s>=1, signal=s\nq1    dma  y, t, wait=s>=2")
     m = build(text)
     assert m.program.ranks == 2 and identical_ranks(m.linked)
     t = m.target
