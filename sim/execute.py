@@ -112,9 +112,9 @@ def shard(prog: Program, t: Tensor, value: np.ndarray, rank: int) -> np.ndarray:
 
 def identical_ranks(lk: Linked) -> bool:
     """Every rank computes the same bits: no input or output is split across them and no instruction
-    combines them (one program on the same state; no instruction reads its rank). One rank is then
-    simulated for all: resnet50 and dlrm compiled for trn2, where no weight split pays, run in about
-    half the time and memory."""
+    combines them (one program on the same state; no instruction reads its rank). One rank's state is
+    then held and run for all: resnet50 compiled for trn2 (no weight split pays) ran in 0.56-1.04 s
+    instead of 1.25-1.53 s."""
     return all(t.shard is None for t in lk.program.tensors.values()) and not any(
         c.op.combines_ranks for c in lk.instrs)
 

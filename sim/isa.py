@@ -379,15 +379,7 @@ class Op:
 # TensorE --------------------------------------------------------------------------------------
 
 SMALL_MATMUL = 1 << 18  # M*K*N below which numpy's per-call overhead outweighs a batching copy
-SMALL_BATCH = 1024  # small products per batched call
-
-
-def _product(s: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """One matmul's product, exact and rounded once to fp32: the fp32 products of fp32 values are
-    exact in fp64 and 128 of them sum there far below fp32's rounding, so the result is the same on
-    every host. BLAS's own fp32 product sums in its kernel's order: OpenBLAS's AVX-512 and AVX2
-    kernels gave mobilenet_v2's batch-norm gradients up to 30% apart (docs/device-model.md)."""
-    return np.matmul(s.astype(np.float64), m.astype(np.float64)).astype(np.float32)
+SMALL_BATCH = 1024  # small products per batched call (fp64 copies of 9,408 members would be 1 GB)
 
 
 class Matmul(Op):
@@ -466,9 +458,9 @@ class Matmul(Op):
     def run(self, x: ExecCtx, c: LInstr) -> None:
         """An accumulation group is computed at its ``stop=true`` matmul over the operands each member
         read when it ran (nothing may touch the group's region before then): each member's product
-        (exact, rounded once to fp32: :func:`_product`) added in fp32 in program order, the same
-        result as adding each product into PSUM as it arrives. Small products of one shape go to
-        numpy as batched matmuls."""
+        (exact, rounded once to fp32: :func:`~nxsat.sim.numerics.matmul`) added in fp32 in program
+        order, the same result as adding each product into PSUM as it arrives. Small products of one
+        shape go to numpy as batched matmuls."""
         dst, st, mv = c.ops
         k = st.partitions * self.rows(c)  # double row: (partition, row) pairs are the contraction
         # one copy each: the operands as they are now (widened in their own layout, then the fp32
@@ -489,15 +481,15 @@ class Matmul(Op):
         del x.groups[key]
         ss, ms = group
         if len(ss) == 1:
-            r = _product(ss[0], ms[0])
+            r = nm.matmul(ss[0], ms[0])
         else:
             small = ss[0].shape[0] * ss[0].shape[1] * ms[0].shape[1] < SMALL_MATMUL
             if small and len({a.shape for a in ss}) == 1 and len({b.shape for b in ms}) == 1:
-                # one call for many small ones, in batches (fp64 copies of 9,408 members are 1 GB)
-                products = [p for i in range(0, len(ss), SMALL_BATCH)
-                            for p in _product(np.stack(ss[i:i + SMALL_BATCH]), np.stack(ms[i:i + SMALL_BATCH]))]
+                batches = range(0, len(ss), SMALL_BATCH)  # one call for many small ones
+                products = [p for i in batches
+                            for p in nm.matmul(np.stack(ss[i:i + SMALL_BATCH]), np.stack(ms[i:i + SMALL_BATCH]))]
             else:
-                products = nm.parallel_map(_product, ss, ms)  # large ones over the host's cores
+                products = nm.parallel_map(nm.matmul, ss, ms)  # large ones over the host's cores
             r = products[0]
             for p in products[1:]:
                 r += p

@@ -151,6 +151,15 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 ACTIVATION_SINCE: dict[str, tuple[int, int]] = {"arctan": (1, 1)}
 
 
+def matmul(s: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """TensorE's product of fp32 operands (``[..., M, K] @ [..., K, N]``), exact and rounded once to
+    fp32: products of fp32 values are exact in fp64 and 128 of them sum there far below fp32's
+    rounding, so the result is the same on every host. numpy's fp32 matmul sums in its BLAS kernel's
+    order: OpenBLAS's AVX-512 and AVX2 kernels put mobilenet_v2's batch-norm gradients up to 30% apart
+    (docs/compiling.md, "Checking a training step")."""
+    return np.matmul(s.astype(np.float64), m.astype(np.float64)).astype(F32)
+
+
 def _cmp(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     return lambda a, b: fn(a, b).astype(a.dtype)
 

@@ -240,9 +240,9 @@ def _pipeline_reference(inputs: dict[str, np.ndarray], steps: int, tiles: int, f
     y = np.zeros((tiles, 128, 512), np.float32)
     fn = {"gelu": lambda v: 0.5 * v * (1 + special.erf(v / np.sqrt(2.0))), "identity": lambda v: v,
           "exp": np.exp, "relu": lambda v: np.maximum(v, 0)}
+    f64 = np.float64
     for s in range(max(0, steps - tiles), steps):
         t = s % tiles
-        f64 = np.float64
         acc = sum((w[:, k, :].T.astype(f64) @ x[t, :, k, :].astype(f64)).astype(np.float32) for k in range(4))
         act = rounded(fn[funcs[s % len(funcs)]](acc.astype(np.float64)).astype(np.float32), "bf16")
         y[t] = rounded(act.astype(np.float32) + np.float32(0.5), "bf16")

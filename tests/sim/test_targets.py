@@ -11,6 +11,7 @@ from nxsim_progs import build
 
 from conftest import CallCounter
 from nxsat.diagnostics import NxsatError
+from nxsat.sim.execute import identical_ranks
 from nxsat.sim.expr import Formula
 from nxsat.sim.target import load_target, target_names
 
@@ -112,13 +113,12 @@ q1    dma  y, t, wait=s>=1
 
 
 def test_trn2_lnc2_program_runs_on_two_physical_cores() -> None:
-    text = LNC2_COPY
-    m = build(text)
+    m = build(LNC2_COPY)
     assert m.program.ranks == 2 and m.target.lnc == 2
     x = np.arange(512, dtype=np.float32).reshape(128, 4)
     np.testing.assert_array_equal(m.run({"x": x})[0], x)
     with pytest.raises(NxsatError) as e:
-        build(text.replace(".target trn2", ".target trn2\n.ranks 3"))
+        build(LNC2_COPY.replace(".target trn2", ".target trn2\n.ranks 3"))
     assert e.value.code == "NCC_EARG001"
 
 
@@ -162,8 +162,6 @@ def test_formulas_cannot_run_code() -> None:
 
 
 def test_collectives_across_ranks() -> None:
-    from nxsat.sim.execute import identical_ranks
-
     text = """.isa 1.0
 .target trn1
 .ranks 4
