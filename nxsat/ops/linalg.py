@@ -152,8 +152,10 @@ def _dot(types: list[Type], attrs: dict) -> Type:
 # --- convolution -----------------------------------------------------------------------------
 
 def _conv_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
-    """Dilate and pad the input, then for each kernel offset multiply the strided input slab by
-    that kernel tap (one batched matmul over the groups) and accumulate."""
+    """Dilate and pad the input, then contract its windows with the kernel in fp64, rounding once:
+    kernel offset by kernel offset (one batched matmul over the groups each), or output position by
+    position where the window is the larger (a weight gradient's), or as a multiply-add per offset
+    for a depthwise convolution. The ways sum in different orders, in fp64: far below fp32's rounding."""
     lhs, rhs = args
     d: ConvDims = attrs["dims"]
     window = attrs["window"]
@@ -169,12 +171,33 @@ def _conv_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     out_sp = view.shape[2:2 + nsp]
     s = math.prod(out_sp)
     groups, bg, og = fgc * bgc, n // bgc, o // (fgc * bgc)
-    taps = w.reshape(groups, og, i, math.prod(wd.size for wd in window)).transpose(0, 3, 2, 1)  # G,K,I,Og
-    acc = np.zeros((groups, bg * s, og), dtype=x.dtype)
-    for t, at in enumerate(np.ndindex(*(wd.size for wd in window))):
-        slab = view[(..., *at)].reshape(bgc, bg, fgc, i, s)  # batch groups split N, feature groups split C
-        acc += np.matmul(slab.transpose(0, 2, 1, 4, 3).reshape(groups, bg * s, i), taps[:, t])
-    out = acc.reshape(groups, bg, s, og).transpose(1, 0, 3, 2).reshape((bg, o, *out_sp))
+    k = math.prod(wd.size for wd in window)
+    if bgc == 1 and i == 1 and groups > 1:
+        # Depthwise: each output feature reads one input feature. Multiply-add tap by tap in the
+        # operand's own layout (a matmul over one input feature would transpose every slab).
+        taps = w.reshape(groups, og, k)
+        acc = np.zeros((n, groups, og, *out_sp), dtype=x.dtype)
+        part = np.empty_like(acc)
+        for t, at in enumerate(np.ndindex(*(wd.size for wd in window))):
+            np.multiply(view[(..., *at)][:, :, None], taps[:, :, t].reshape(groups, og, *(1,) * nsp), out=part)
+            acc += part
+        out = acc.reshape(n, o, *out_sp)
+    elif k <= s:
+        taps = w.reshape(groups, og, i, k).transpose(0, 3, 2, 1)  # G,K,I,Og
+        acc = np.zeros((groups, bg * s, og), dtype=x.dtype)
+        for t, at in enumerate(np.ndindex(*(wd.size for wd in window))):
+            slab = view[(..., *at)].reshape(bgc, bg, fgc, i, s)  # batch groups split N, feature groups split C
+            acc += np.matmul(slab.transpose(0, 2, 1, 4, 3).reshape(groups, bg * s, i), taps[:, t])
+        out = acc.reshape(groups, bg, s, og).transpose(1, 0, 3, 2).reshape((bg, o, *out_sp))
+    else:
+        # A weight gradient's window is the whole image and its output a few taps: loop over the
+        # outputs, each one matmul contracting the input features and the window together.
+        taps = w.reshape(groups, og, i * k).transpose(0, 2, 1)  # G,I*K,Og
+        out = np.empty((groups, bg, s, og), dtype=x.dtype)
+        for q, at in enumerate(np.ndindex(*out_sp)):
+            slab = view[(slice(None), slice(None), *at)].reshape(bgc, bg, fgc, i * k)
+            out[:, :, q] = np.matmul(slab.transpose(0, 2, 1, 3).reshape(groups, bg, i * k), taps)
+        out = out.transpose(1, 0, 3, 2).reshape((bg, o, *out_sp))
     canonical = (d.output_batch, d.output_feature, *d.output_spatial)
     return to_dtype(np.transpose(out, np.argsort(canonical)), ctx.node.tensor.dtype)
 
