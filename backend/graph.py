@@ -323,6 +323,14 @@ class Graph:
         self.hbm_bytes = 0
         self.hbm_limit: int | None = None
 
+    def release(self) -> None:
+        """Break the graph's only reference cycles (an instruction refers to its buffers, a buffer to its
+        users), so that reference counting frees it when the last reference goes: the cycle collector
+        took 15 s over mobilenet_v2's graph."""
+        for b in self.bufs:
+            b.users.clear()
+        self._track.clear()
+
     def buf(self, name: str, kind: str, dtype: dt.DType, shape: Iterable[int], value: Any = None) -> Buf:
         """A new buffer; its name is made unique."""
         base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name) or "t"

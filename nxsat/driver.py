@@ -21,7 +21,6 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import Warnings, error
 from nxsat.io import atomic_write
 from nxsat.ir import Module
@@ -130,7 +130,7 @@ class _Stages:
 def compile_model(path: str, opts: CompileOptions, progress: Progress | None = None) -> CompileResult:
     """Compile the model at ``path`` for ``opts.target``: the NEFF bytes and the report."""
     from nxsat import sim
-    from nxsat.backend import Options, device_forms, graph_summary, lower_graph, schedule_graph
+    from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import apply_precision
     from nxsat.frontend import load
@@ -183,6 +183,23 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     formed = st.run("device-forms", lambda: device_forms(parted))
     if formed is not parted:
         st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
+    # Lowering to the timing replay build millions of long-lived objects and no cyclic garbage (the
+    # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
+    # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
+    with no_cycle_collection():
+        summary, constants, io, data = _backend(st, formed, target, opts, warnings)
+    info = model_info(canonical)
+    report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
+    report["sharding"] = sharding.to_json()
+    return CompileResult(data, report, warnings)
+
+
+def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
+             warnings: Warnings) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes]:
+    """Lower, schedule, build the NEFF and replay it: the timing summary, constants, I/O sizes and bytes."""
+    from nxsat import sim
+    from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
+
     lowering = st.run("lower", lambda: lower_graph(formed, target, Options(opts.mixed_precision_accumulation,
                                                                           opts.saturate_infinity)))
     warnings.extend(lowering.warnings)
@@ -191,17 +208,14 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     program, constants = compiled.program, compiled.constants
     io = [(b.nbytes, b.shard) for b in compiled.inputs + compiled.outputs]
     # The instruction graph is done with: freed now, not after the NEFF and the simulation (mobilenet_v2's
-    # is gigabytes; its instructions and buffers refer to each other, so only the collector frees them).
+    # is gigabytes).
+    lowering.graph.release()
     lowering = compiled = None
-    gc.collect()
     data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
     summary = st.run("simulate", lambda: model.profile()[0])
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
-    info = model_info(canonical)
-    report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
-    report["sharding"] = sharding.to_json()
-    return CompileResult(data, report, warnings)
+    return summary, constants, io, data
 
 
 def matmul_precision(opts: CompileOptions) -> str:

@@ -160,3 +160,16 @@ def test_a_compile_leaves_nothing_alive() -> None:
             "print(sum(isinstance(o, Inst) for o in gc.get_objects()), 'egglog' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0", "False"]
+
+
+def test_the_instruction_graph_is_freed_without_the_cycle_collector() -> None:
+    """Graph.release breaks the graph's cycles: with the collector off, reference counting alone frees
+    every instruction (mobilenet_v2's compile no longer spends 15 s in a collection)."""
+    code = ("import gc\n"
+            "from nxsat.driver import CompileOptions, compile_model\n"
+            "from nxsat.backend.graph import Buf, Inst\n"
+            "gc.disable()\n"
+            f"compile_model({str(MLP)!r}, CompileOptions())\n"
+            "print(sum(isinstance(o, (Inst, Buf)) for o in gc.get_objects()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0"]
