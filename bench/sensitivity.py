@@ -7,19 +7,11 @@ judges (docs/compiling.md, "Checking a training step").
 
 The inputs are seeded draws (seed 0, as `nxsat run --random-inputs` and the corpus test make them),
 scalars given their meaning with --set. The interpreter runs twice: on those inputs, and with the
-largest floating-point input (the images) moved up by one ulp. How far that moves an output, normwise
-and relative to the output's norm, is its *sensitivity*; how far the simulated device is from the
-first run is its *deviation*. Each output is then one of:
-  exact     the ulp does not move it (forward outputs, statistics, counters): the device must agree
-            within 2e-5 of its norm (two fp32 units; integers exactly);
-  rounding  moved by less than 10% of its norm: the device must be within 4 sensitivities (rounding
-            in another order moves it as the ulp does; mobilenet_v2 measures at most 1.6 on trn1 and
-            trn2), or within the exact class's 2e-5 (an output the ulp barely moves, such as a
-            running statistic, still rounds in fp32);
-  noise     moved by 10% of its norm or more, a sum that cancels to about zero (a batch norm's offset
-            gradient under a 1x1 convolution): printed, not judged.
-Exit status 1 when an output fails. A trn2 simulation of mobilenet_v2 needs NXSAT_SIM_MAX_BYTES
-above its 14.1 GiB.
+largest floating-point input (the images) moved up by one ulp; each output is then judged as
+nxsat/sensitivity.py describes (exact, rounding or noise). `--write-table FILE` keeps the measured
+sensitivities (tests/data/hlo/mobilenet_v2.sensitivity.json was made so, for the corpus test);
+`--table FILE` takes them from such a file and runs the interpreter once. Exit status 1 when an output
+fails. A trn2 simulation of mobilenet_v2 needs NXSAT_SIM_MAX_BYTES above its 14.1 GiB.
 """
 
 from __future__ import annotations
@@ -33,32 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-EXACT_TOL = 2e-5
-ROUNDING_FACTOR = 4.0
-NOISE = 0.1
-
-
-def _norm(a: np.ndarray) -> float:
-    return float(np.linalg.norm(a.astype(np.float64).ravel()))
-
-
-def _rel(d: np.ndarray, ref: np.ndarray) -> float:
-    n = _norm(ref)
-    return _norm(d) / n if n else _norm(d)
-
-
-def classify(want: np.ndarray, moved: np.ndarray, got: np.ndarray) -> tuple[str, float, float, float]:
-    """(class, sensitivity, deviation, bound) of one output, relative to its norm; it passes when the
-    deviation is within the bound (an integer output's deviation counts differing elements)."""
-    if want.dtype.kind in "iub":
-        return "exact", 0.0, float(np.count_nonzero(got != want)), 0.0
-    w, m, g = (a.astype(np.float64) for a in (want, moved, got))
-    sens, dev = _rel(m - w, w), _rel(g - w, w)
-    if sens == 0.0:
-        return "exact", sens, dev, EXACT_TOL
-    if sens < NOISE:
-        return "rounding", sens, dev, max(ROUNDING_FACTOR * sens, EXACT_TOL)
-    return "noise", sens, dev, math.inf
+from nxsat.sensitivity import EXACT_TOL, Table, judge
 
 
 def main() -> int:
@@ -71,7 +38,14 @@ def main() -> int:
                     help="a scalar parameter's value instead of a random draw (by its HLO name)")
     ap.add_argument("--fill-elided-constants", action="store_true", help="seeded values for elided literals")
     ap.add_argument("--all", action="store_true", help="print every output, not only the worst of each class")
+    ap.add_argument("--table", metavar="FILE", help="stored sensitivities: the interpreter runs once")
+    ap.add_argument("--write-table", metavar="FILE", help="keep the measured sensitivities in FILE")
+    ap.add_argument("--skip-device", action="store_true", help="measure the sensitivities only (with --write-table)")
     args = ap.parse_args()
+    if args.table and (args.write_table or args.skip_device):
+        ap.error("--table reads the sensitivities; --write-table and --skip-device measure them")
+    if args.skip_device and not args.write_table:
+        ap.error("--skip-device measures the sensitivities only: give --write-table")
 
     from nxsat import sim
     from nxsat.cli.model import random_inputs
@@ -97,35 +71,55 @@ def main() -> int:
               key=lambda k: inputs[k].size)
 
     seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    result = compile_model(args.model, CompileOptions(target=args.target, optlevel=args.O, auto_cast=args.auto_cast,
-                                                      fill_elided_constants=0 if args.fill_elided_constants else None))
-    seconds["compile"] = time.perf_counter() - t
-    t = time.perf_counter()
-    model = sim.load(result.neff)
-    seconds["load"] = time.perf_counter() - t
-    t = time.perf_counter()
-    got = model.run(dict(inputs))
-    seconds["run"] = time.perf_counter() - t
-    del model
+    got: list[np.ndarray] | None = None
+    rep: dict | None = None
+    if not args.skip_device:
+        t = time.perf_counter()
+        result = compile_model(args.model, CompileOptions(
+            target=args.target, optlevel=args.O, auto_cast=args.auto_cast,
+            fill_elided_constants=0 if args.fill_elided_constants else None))
+        seconds["compile"] = time.perf_counter() - t
+        rep = result.report
+        t = time.perf_counter()
+        model = sim.load(result.neff)
+        seconds["load"] = time.perf_counter() - t
+        t = time.perf_counter()
+        got = model.run(dict(inputs))
+        seconds["run"] = time.perf_counter() - t
+        del model, result
     t = time.perf_counter()
     want = [np.asarray(o) for o in run_module(module, match_inputs(module, inputs))]
-    moved_inputs = dict(inputs)
-    moved_inputs[big] = np.nextafter(inputs[big], np.inf).astype(inputs[big].dtype)
-    moved = [np.asarray(o) for o in run_module(module, match_inputs(module, moved_inputs))]
-    seconds["interpreter x2"] = time.perf_counter() - t
+    if args.table:
+        table = Table.load(args.table)
+        why = table.stale(want)
+        if why:
+            print(f"FAIL: {args.table} does not fit this model, its inputs or this interpreter: {why}")
+            return 1
+        seconds["interpreter"] = time.perf_counter() - t
+    else:
+        moved_inputs = dict(inputs)
+        moved_inputs[big] = np.nextafter(inputs[big], np.inf).astype(inputs[big].dtype)
+        moved = [np.asarray(o) for o in run_module(module, match_inputs(module, moved_inputs))]
+        seconds["interpreter x2"] = time.perf_counter() - t
+        table = Table.measure(Path(args.model).name, 0, fixed, big, want, moved)
+        if args.write_table:
+            table.save(args.write_table)
+            print(f"wrote {args.write_table}: {len(want)} outputs' sensitivities to one ulp of {big}")
+    if got is None:
+        return 0
     if len(got) != len(want):
         print(f"FAIL: the device gives {len(got)} outputs, the interpreter {len(want)}")
         return 1
 
-    rows = [(k, *classify(w, m, g)) for k, (w, m, g) in enumerate(zip(want, moved, got))]
-    rep = result.report
+    rows = [(k, cls, sens, dev, bound) for k, (w, g, sens) in enumerate(zip(want, got, table.sensitivities))
+            for cls, dev, bound in [judge(w, g, sens)]]
+    assert rep is not None
     print(f"{Path(args.model).name} on {args.target}, -O{args.O}, --auto-cast {args.auto_cast}: "
           f"{rep['instructions']:,} instructions, latency {rep['latency_us']:,.1f} us against a roofline of "
           f"{rep['roofline_us']:,.2f} us")
     print("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) +
           f"; peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB")
-    print(f"perturbed input: {big} {list(inputs[big].shape)}, one ulp up")
+    print(f"perturbed input: {table.perturbed} {list(inputs[table.perturbed].shape)}, one ulp up")
     failed = [r for r in rows if r[3] > r[4]]
     for cls in ("exact", "rounding", "noise"):
         mine = [r for r in rows if r[1] == cls]

@@ -101,6 +101,7 @@ class CompileResult:
     neff: bytes
     report: dict[str, Any]
     warnings: Warnings = field(default_factory=Warnings)
+    model: Any = None  # with keep_model: the simulator's model of those bytes (sim.Model), not read back
 
 
 class _Stages:
@@ -127,8 +128,11 @@ class _Stages:
             atomic_write(self.workdir / filename, text() if callable(text) else text)
 
 
-def compile_model(path: str, opts: CompileOptions, progress: Progress | None = None) -> CompileResult:
-    """Compile the model at ``path`` for ``opts.target``: the NEFF bytes and the report."""
+def compile_model(path: str, opts: CompileOptions, progress: Progress | None = None,
+                  keep_model: bool = False) -> CompileResult:
+    """Compile the model at ``path`` for ``opts.target``: the NEFF bytes and the report, and with
+    ``keep_model`` the simulator's model the NEFF stage built from the same program (to run it without
+    parsing the bytes again: mobilenet_v2's take 45 s)."""
     from nxsat import sim
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
@@ -187,16 +191,18 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
     # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
     with no_cycle_collection():
-        summary, constants, io, data = _backend(st, formed, target, opts, warnings)
+        summary, constants, io, data, model = _backend(st, formed, target, opts, warnings)
+        model = model if keep_model else None
     info = model_info(canonical)
     report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
     report["sharding"] = sharding.to_json()
-    return CompileResult(data, report, warnings)
+    return CompileResult(data, report, warnings, model)
 
 
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
-             warnings: Warnings) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes]:
-    """Lower, schedule, build the NEFF and replay it: the timing summary, constants, I/O sizes and bytes."""
+             warnings: Warnings) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]:
+    """Lower, schedule, build the NEFF and replay it: the timing summary, constants, I/O sizes, the bytes
+    and the simulator's model."""
     from nxsat import sim
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
 
@@ -215,7 +221,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     summary = st.run("simulate", lambda: model.profile()[0])
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
-    return summary, constants, io, data
+    return summary, constants, io, data, model
 
 
 def matmul_precision(opts: CompileOptions) -> str:
