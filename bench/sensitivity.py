@@ -11,7 +11,7 @@ largest floating-point input (the images) moved up by one ulp; each output is th
 nxsat/sensitivity.py describes (exact, rounding or noise). `--write-table FILE` keeps the measured
 sensitivities (tests/data/hlo/mobilenet_v2.sensitivity.json was made so, for the corpus test);
 `--table FILE` takes them from such a file and runs the interpreter once. Exit status 1 when an output
-fails. A trn2 simulation of mobilenet_v2 needs NXSAT_SIM_MAX_BYTES above its 14.1 GiB.
+fails.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,9 +48,11 @@ class RankState:
 class _Ctx:
     """The memory of one rank as instructions see it (implements isa.ExecCtx)."""
 
-    def __init__(self, state: RankState, rank: int, saturate: dict[str, bool], warnings: Warnings) -> None:
+    def __init__(self, state: RankState, rank: int, saturate: dict[str, bool], warnings: Warnings,
+                 shared: frozenset[str] = frozenset()) -> None:
         self.state = state
         self.rank = rank
+        self.shared = shared  # HBM tensors rank 0 writes for every rank (private_tensors): writes skipped
         self.saturate = saturate
         self.warnings = warnings
         self.groups: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
@@ -91,11 +93,15 @@ class _Ctx:
         return self.view(ra)
 
     def write(self, ra: RAccess, values: np.ndarray) -> None:
+        if ra.name in self.shared:
+            return
         v = self.view(ra, writable=True)
         cast = nm.device_cast(values, ra.dtype, self.saturate.get(ra.dtype.name, False))
         v[...] = np.asarray(cast).reshape(v.shape)
 
     def write_raw(self, ra: RAccess, values: np.ndarray) -> None:
+        if ra.name in self.shared:
+            return
         v = self.view(ra, writable=True)
         v[...] = np.asarray(values).reshape(v.shape)
 
@@ -119,11 +125,53 @@ def identical_ranks(lk: Linked) -> bool:
         c.op.combines_ranks for c in lk.instrs)
 
 
-def scratch_lives(lk: Linked) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
+def private_tensors(lk: Linked) -> set[str]:
+    """The HBM tensors whose contents may differ between ranks. Every other HBM tensor is one array that
+    all ranks share: rank 0 writes it, the others compute the same bits and skip the write. mobilenet_v2
+    on trn2 splits one weight (a 1.2 us gain) and simulating both ranks in full took 14.1 GiB.
+
+    Rank-dependent data starts in a sharded input or output and in a collective that hands each rank its
+    own part (``Op.rank_dependent``), and flows forward: an instruction that reads it writes it (a
+    collective that combines the ranks' parts into one result, all_gather or all_reduce, writes the same
+    data everywhere). On chip it is followed byte by byte in program order (a map of SBUF and PSUM: an
+    access counts by its hull of partitions and row bytes, and only a dense write of rank-independent
+    data clears what it covers); in HBM by tensor, for the whole run. An instruction with several
+    results makes its HBM results private (skipping one write of several would not be sound)."""
+    prog = lk.program
+    target = lk.target
+    private = {t.name for t in prog.tensors.values() if not t.onchip and t.shard is not None}
+    maps = {"sbuf": np.zeros((target.partitions, target.sbuf_bytes), bool),
+            "psum": np.zeros((target.partitions, target.psum_bytes), bool)}
+    any_tainted = False
+    for i in lk.order:
+        c = lk.instrs[i]
+        if c.op.rank_dependent:
+            div = True
+        elif c.op.combines_ranks:
+            div = False
+        else:
+            div = any(ra.name in private if not ra.onchip else
+                      any_tainted and bool(maps[ra.memory][ra.p0:ra.p1, ra.lo:ra.hi].any()) for ra in c.reads)
+        hbm = [ra.name for ra in c.writes if not ra.onchip]
+        if div or (hbm and len(c.writes) > 1):
+            private.update(hbm)
+        for ra in c.writes:
+            if not ra.onchip:
+                continue
+            if div:
+                maps[ra.memory][ra.p0:ra.p1, ra.lo:ra.hi] = True
+                any_tainted = True
+            elif any_tainted and ra.dense:
+                maps[ra.memory][ra.p0:ra.p1, ra.lo:ra.hi] = False
+    return private
+
+
+def scratch_lives(lk: Linked, weight: Callable[[Tensor], int] = lambda t: 1
+                  ) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
     """The scratch tensors each step of the run order creates (zeros, at their first access) and frees
-    (after their last), and the most bytes they hold at once. A compiled training step keeps every
-    intermediate in a scratch tensor of its own: mobilenet_v2's add up to 24 GiB, far more than are
-    live at any one time."""
+    (after their last), and the most bytes they hold at once (each counted ``weight`` times). A compiled
+    training step keeps every intermediate in a scratch tensor of its own: mobilenet_v2's add up to
+    24 GiB, far more than are live at any one time."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for step, i in enumerate(lk.order):
@@ -140,8 +188,8 @@ def scratch_lives(lk: Linked) -> tuple[dict[int, list[Tensor]], dict[int, list[T
         t = tensors[name]
         born[first[name]].append(t)
         dies[last[name]].append(t)
-        change[first[name]] += t.nbytes
-        change[last[name] + 1] -= t.nbytes
+        change[first[name]] += t.nbytes * weight(t)
+        change[last[name] + 1] -= t.nbytes * weight(t)
     live = peak = 0
     for step in sorted(change):
         live += change[step]
@@ -156,11 +204,13 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     prog = lk.program
     target = lk.target
     warnings = warnings if warnings is not None else Warnings()
-    born, dies, scratch_peak = scratch_lives(lk)
-    hbm_bytes = sum(t.nbytes for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
-    onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
     ranks = 1 if identical_ranks(lk) else prog.ranks
-    need = ranks * (hbm_bytes + scratch_peak + onchip)
+    private = private_tensors(lk) if ranks > 1 else set()
+    copies = {name: ranks if name in private else 1 for name in prog.tensors}
+    born, dies, scratch_peak = scratch_lives(lk, lambda t: copies[t.name])
+    hbm_bytes = sum(t.nbytes * copies[t.name] for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
+    onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
+    need = hbm_bytes + scratch_peak + ranks * onchip
     if need > max_host_bytes():
         raise error("NCC_ERUN001", f"simulating this program needs {need / 2**30:.1f} GiB of host memory; "
                     f"the limit is {max_host_bytes() / 2**30:.1f} GiB", hint="raise NXSAT_SIM_MAX_BYTES")
@@ -169,17 +219,20 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     for r in range(ranks):
         hbm: dict[str, np.ndarray] = {}
         for t in prog.tensors.values():
-            if t.onchip:
+            if t.onchip or t.kind == "scratch":
                 continue
-            if t.kind == "input":
+            if r and t.name not in private:
+                hbm[t.name] = ctxs[0].state.hbm[t.name]
+            elif t.kind == "input":
                 hbm[t.name] = np.ascontiguousarray(shard(prog, t, inputs[t.name], r)).copy()
             elif t.kind == "const":
                 hbm[t.name] = np.ascontiguousarray(consts[t.name]).copy()
-            elif t.kind != "scratch":
+            else:
                 hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
         state = RankState(hbm, np.zeros((target.partitions, target.sbuf_bytes), np.uint8),
                           np.zeros((target.partitions, target.psum_bytes), np.uint8))
-        ctxs.append(_Ctx(state, r, saturate, warnings))
+        ctxs.append(_Ctx(state, r, saturate, warnings, frozenset() if r == 0 else
+                         frozenset(t.name for t in prog.tensors.values() if not t.onchip and t.name not in private)))
     # One BLAS thread: a program's matmuls are small (a member multiplies at most 128x128 by 128x512),
     # threads gain little on them, and while another process holds a core OpenBLAS's spinning threads
     # made a run 22x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
@@ -187,8 +240,9 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
         for step, i in enumerate(lk.order):
             for t in born.get(step, ()):
+                shared = None if t.name in private else np.zeros(t.shape, dtype=t.dtype.np)
                 for x in ctxs:
-                    x.state.hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
+                    x.state.hbm[t.name] = shared if shared is not None else np.zeros(t.shape, dtype=t.dtype.np)
             c = lk.instrs[i]
             c.op.run_all(ctxs, c)
             for t in dies.get(step, ()):

@@ -296,6 +296,7 @@ class Op:
     attrs: tuple[Attr, ...] = ()
     doc = ""
     combines_ranks = False  # a collective: its result on one rank depends on the others'
+    rank_dependent = False  # its result differs from rank to rank whatever it reads (reduce_scatter)
     since: tuple[int, int] = (1, 0)  # the ISA version that introduced the instruction
 
     def attr(self, name: str) -> Attr:
@@ -1202,6 +1203,7 @@ class AllGather(_Collective):
 
 class ReduceScatter(_Collective):
     name = "reduce_scatter"
+    rank_dependent = True
     attrs = (Attr("op", "enum", "add", tuple(nm.COLLECTIVE_REDUCE)), Attr("axis", "int", 0))
     doc = "dst = rank r's part (along axis) of op over ranks of src"
 

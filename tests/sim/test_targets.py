@@ -143,6 +143,44 @@ def test_ranks_that_cannot_differ_are_simulated_once(monkeypatch: pytest.MonkeyP
     assert e.value.code == "NCC_ERUN001"
 
 
+def test_ranks_share_the_hbm_tensors_that_cannot_differ() -> None:
+    """Rank-dependent data flows from a sharded input through what reads it; a tile it passed through
+    and that is then overwritten whole carries rank-independent data again. Only the tensors it reaches
+    are held once per rank, and the run gives every rank's results as before."""
+    from nxsat.sim.execute import private_tensors
+
+    text = """.isa 1.0
+.target trn2
+input   x: f32[128, 4]  shard=0
+input   z: f32[128, 4]
+output  q: f32[128, 4]  shard=0
+output  y: f32[128, 4]
+output  e: f32[128, 4]
+sbuf    t: f32[128, 4]
+sbuf    u: f32[128, 2]
+sem     s
+q0    dma  t, x, signal=s
+q1    dma  q, t, wait=s>=1, signal=s
+q0    dma  t, z, wait=s>=2, signal=s
+act   activation  t, t, func=exp, wait=s>=3, signal=s
+q1    dma  y, t, wait=s>=4, signal=s
+q0    dma  u, x[:, 0:2], wait=s>=5, signal=s
+q0    dma  t[:, 0:2], u, wait=s>=6, signal=s
+q1    dma  e, t, wait=s>=7
+"""
+    m = build(text)
+    assert private_tensors(m.linked) == {"x", "q", "e"}  # e: half of t comes from x again
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 4)).astype(np.float32)
+    z = rng.standard_normal((128, 4)).astype(np.float32)
+    q, y, e = m.run({"x": x, "z": z})
+    np.testing.assert_array_equal(q, x)
+    np.testing.assert_array_equal(y, np.exp(z.astype(np.float64)).astype(np.float32))
+    want_e = np.exp(z.astype(np.float64)).astype(np.float32)
+    want_e[:, 0:2] = x[:128, 0:2]  # rank 0's (the host reads rank 0's copy of an unsharded output)
+    np.testing.assert_array_equal(e, want_e)
+
+
 def test_every_assumption_is_in_the_docs() -> None:
     doc = (DOCS / "device-model.md").read_text()
     for name in target_names():
@@ -185,6 +223,9 @@ q3    dma             r, w, wait=b>=1
 """
     m = build(text)
     assert not identical_ranks(m.linked)
+    from nxsat.sim.execute import private_tensors
+
+    assert private_tensors(m.linked) == {"x", "r"}  # all_reduce and all_gather give every rank the same
     assert [i["shape"] for i in m.manifest["inputs"]] == [[128, 64]]
     x = np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32)
     s, g, r = m.run({"x": x})
