@@ -78,6 +78,7 @@ ENTRY e {{
 def same_values(m, inputs):
     c = canonicalize(m)
     a, b = run_module(m, inputs), run_module(c, inputs)
+    assert len(a) == len(b) == len(m.outputs)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     return c

@@ -114,7 +114,21 @@ def _chosen_acyclic(v: View, best: list[int]) -> bool:
     return True
 
 
+def _extractable(v: View) -> list[bool]:
+    """Which classes have a finite term at all: a node whose children all have one (a fixpoint)."""
+    ok = [False] * len(v.class_nodes)
+    changed = True
+    while changed:
+        changed = False
+        for c, nodes in enumerate(v.class_nodes):
+            if not ok[c] and any(all(ok[k] for k in v.nodes[i].children) for i in nodes):
+                ok[c] = changed = True
+    return ok
+
+
 def test_greedy_choice_is_always_acyclic_on_random_egraphs():
+    """Every class that has a finite term gets a node (a choice of nothing is not acyclic by default),
+    every other class none, and following the choices never comes back to a class."""
     import random
 
     for seed in range(300):
@@ -127,4 +141,6 @@ def test_greedy_choice_is_always_acyclic_on_random_egraphs():
             spec[c].append(("Add", tuple(r.randrange(n_cls) for _ in range(r.choice((0, 1, 2, 2)))), (k,)))
         v = _view(spec)
         best = choose(v, frozenset(r.sample(range(len(v.nodes)), len(v.nodes) // 2)))
+        assert [b >= 0 for b in best] == _extractable(v), seed
+        assert all(b < 0 or v.node_class[b] == c for c, b in enumerate(best)), seed
         assert _chosen_acyclic(v, best), seed
