@@ -39,7 +39,8 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 MAX_MACRO_DEPTH = 64
 
 # Rule options: keyword -> takes a value?
-_OPTIONS = {":name": True, ":tag": True, ":doc": True, ":when": True, ":bound": True, ":explosive": False}
+_OPTIONS = {":name": True, ":tag": True, ":doc": True, ":when": True, ":bound": True, ":explosive": False,
+            ":reassociates": False}
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class Rule:
     explosive: bool = False  # may grow the e-graph without end (associativity, commutativity)
     source: str = ""
     rhs_nodes: int = 1  # most e-nodes one match can add (constructor calls on the right / in the actions)
+    # regroups a floating-point sum or product: equal over the reals, but huge values may overflow in one
+    # grouping and not the other, so the checker's trial at the types' extremes leaves it out
+    reassociates: bool = False
 
     @property
     def ruleset(self) -> str:
@@ -272,7 +276,7 @@ def _compile_rule(form: SList, set_name: str, macros: dict) -> Rule:
         facts = a.items
         command = SList((sym("rule"), a, b, *tail), form.loc)
     return Rule(name, set_name, tag_x.text, doc_x.text.strip(), kind, form.loc, str(command), lhs, facts,
-                bound, ":explosive" in opts, str(form), max(1, _constructor_calls(b)))
+                bound, ":explosive" in opts, str(form), max(1, _constructor_calls(b)), ":reassociates" in opts)
 
 
 def _constructor_calls(x: SExp) -> int:

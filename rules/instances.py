@@ -100,15 +100,28 @@ def _leaf(env: _Env, t: TensorType) -> Node:
 
 # Trial 1 and later sprinkle these among the values (a fifth of the elements): a rule that is only
 # right for ordinary numbers (x * 0 = 0 breaks on NaN and inf, x - x = 0 on inf, a narrowing integer
-# conversion on the extremes) meets them. Floats get no large finite values: exact rules are exact
-# over the reals, and reassociating sums of huge values may overflow differently.
+# conversion on the extremes) meets them. Trial 2 (RANGE_TRIAL) adds each float type's extremes: its
+# largest finite values, huge ones, its smallest normal and subnormal values (bf16 -> f16 -> bf16 = x
+# passed without them: 1e5 is inf in f16). Rules that regroup sums or products (:reassociates) skip it.
 FLOAT_SPECIALS = (np.nan, np.inf, -np.inf, 0.0, -0.0)
 SPECIAL_FRACTION = 0.2
+RANGE_TRIAL = 2
+
+
+def float_extremes(d: dt.DType) -> np.ndarray:
+    """A float type's edges: +-largest finite, huge values below it, +-smallest normal and subnormal."""
+    import ml_dtypes
+
+    info = ml_dtypes.finfo(d.np)
+    top, tiny, sub = float(info.max), float(info.smallest_normal), float(info.smallest_subnormal)
+    edges = [top, top / 2, top ** 0.75, top ** 0.5, tiny, tiny * 3, sub, sub * 5]
+    return np.array(edges + [-e for e in edges], np.float64)
 
 
 def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0) -> np.ndarray:
     """Random values of type ``t``: small numbers for trial (``salt``) 0, wider ones and special
-    values (NaN, infinities, signed zeros, the integer type's extremes) for later trials."""
+    values (NaN, infinities, signed zeros, the integer type's extremes) for trial 1, and the float
+    type's extremes for trial 2 on."""
     d = t.dtype
     if d.is_pred:
         return rng.random(t.shape) < 0.5
@@ -119,8 +132,8 @@ def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0) -> np.n
         extremes = np.array([info.min, info.max, info.min + 1, info.max - 1], d.np)
         return np.where(special, extremes[rng.integers(len(extremes), size=t.shape)],
                         rng.integers(lo, hi, t.shape)).astype(d.np)
-    v = np.where(special, np.array(FLOAT_SPECIALS)[rng.integers(len(FLOAT_SPECIALS), size=t.shape)],
-                 rng.standard_normal(t.shape) * (1.0 + 2 * salt))
+    pool = np.array(FLOAT_SPECIALS) if salt < RANGE_TRIAL else float_extremes(d)
+    v = np.where(special, pool[rng.integers(len(pool), size=t.shape)], rng.standard_normal(t.shape) * (1.0 + 2 * salt))
     return dt.cast(v, d)
 
 

@@ -272,6 +272,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "minimum-self": binary_self("minimum"),
     "and-self": binary_self("and", PRED),
     "or-self": binary_self("or", S32),
+    "add-self": binary_self("add"),
     "subtract-self-int": binary_self("subtract", S32),
     "xor-self": binary_self("xor", S32),
     "select-same": _select_same,
