@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from nxsat.extract.smallest import extract
 from nxsat.frontend import load
 from nxsat.passes import canonicalize
 from nxsat.rules.catalog import catalog
 from nxsat.rules.egraph import EGraph
-from nxsat.rules.extract import extract
 from nxsat.rules.saturate import Budget, saturate
 
 DEFAULT = [Path(__file__).parent.parent / "tests" / "data" / "hlo" / name

@@ -137,12 +137,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import apply_precision
+    from nxsat.extract.smallest import extract
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
     from nxsat.passes import canonicalize
     from nxsat.printer import to_hlo_text as print_module
     from nxsat.rules import saturate_module
-    from nxsat.rules.extract import extract
 
     opts.check()
     if opts.target == "inf1":

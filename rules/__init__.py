@@ -3,7 +3,8 @@ extraction back to IR, rule checking and equivalence checking.
 
 Where things are: the term language (terms.py), rule files and configuration (catalog.py,
 config.toml, prelude.egg, analysis.egg, sets/*.egg), the engine (egraph.py), the saturation loop
-and its report (saturate.py), constant folding (fold.py), extraction (extract.py), the rule
+and its report (saturate.py), constant folding (fold.py), chosen nodes back to IR (extract.py; the
+extractors that choose them are in extract/), the rule
 checker (checker.py, with random instances from instances.py) and equivalence checking
 (equiv.py). docs/rules.md is the guide.
 """
@@ -21,12 +22,6 @@ if TYPE_CHECKING:
     from nxsat.rules.catalog import Catalog
     from nxsat.rules.egraph import EGraph, Loaded
     from nxsat.rules.saturate import Report
-
-
-@dataclass
-class Optimized:
-    module: Module
-    report: Report
 
 
 @dataclass
@@ -75,15 +70,4 @@ def saturate_module(module: Module, model_type: str | None = None, level: int = 
     return Saturated(eg, loaded, report)
 
 
-def optimize(module: Module, model_type: str | None = None, level: int = 2, allow_approximate: bool = False,
-             canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = (),
-             time_rules: bool = False) -> Optimized:
-    """Saturate (:func:`saturate_module`) and extract the smallest equivalent program (the rule tooling's
-    and the tests' path; the compile driver chooses its extractor itself)."""
-    from nxsat.rules.extract import extract
-
-    sat = saturate_module(module, model_type, level, allow_approximate, canonical, cat, extra_sets, time_rules)
-    return Optimized(extract(sat.egraph, sat.loaded), sat.report)
-
-
-__all__ = ["Optimized", "Saturated", "optimize", "saturate_module"]
+__all__ = ["Saturated", "saturate_module"]

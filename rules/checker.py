@@ -24,10 +24,9 @@ from nxsat.attrs import DotDims
 from nxsat.builder import infer_type
 from nxsat.diagnostics import NxsatError
 from nxsat.interpreter import Interpreter
-from nxsat.ir import Computation, Module, Node, TensorType, TupleType, Type
-from nxsat.rules import terms
+from nxsat.ir import Computation, Module, Node, TupleType, Type
 from nxsat.rules.catalog import APPROXIMATE, Catalog, Rule, catalog
-from nxsat.rules.egraph import EGraph, ENode, View, splat_array
+from nxsat.rules.egraph import EGraph, ENode, View, operand_layout
 from nxsat.rules.extract import original_nodes
 from nxsat.rules.instances import RANGE_TRIAL, Reject, Untestable, instantiate, random_array, rule_patterns
 
@@ -214,31 +213,17 @@ class _Evaluator:
             return self.param_values.get(node.slots[0])
         if ctor in ("TNil", "TCons"):
             return None
-        if ctor == "Constant":
-            value, t = eg.constants[node.slots[0]]
-            return (value, t) if value is not None else None
-        if ctor == "Fill":
-            v, d, shape = node.slots
-            t = TensorType(dt.by_name(d), tuple(shape))
-            return splat_array(v, t.dtype, t.shape), t
-        kids: list[int] = []
-        if ctor == "Opaque":
-            op, key = node.slots
-            attrs = dict(eg.opaque[key][1])
-            items = view.list_items(node.children[0])
+        if ctor in ("Constant", "Fill"):
+            t = eg.constant_type(node)
+            return (eg.constant_value(node), t) if t is not None else None
+        op, attrs = eg.operator(node)
+        fixed, variadic = operand_layout(node)
+        kids = list(node.children[:fixed])
+        if variadic:
+            items = view.list_items(node.children[-1])
             if items is None:
                 return None
-            kids = items
-        else:
-            term = terms.BY_CTOR[ctor]
-            op = term.op
-            attrs = term.decode(node.slots)
-            kids = list(node.children[:term.operands])
-            if term.variadic:
-                items = view.list_items(node.children[-1])
-                if items is None:
-                    return None
-                kids += items
+            kids += items
         vals = []
         for k in kids:
             v = self.class_value(k)

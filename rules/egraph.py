@@ -232,6 +232,15 @@ class Loaded:
 
 # --- the engine -----------------------------------------------------------------------------------
 
+def operand_layout(node: ENode) -> tuple[int, bool]:
+    """(fixed operand children, whether the last child is a list of more operands) of an operator
+    e-node: an Opaque node's operands are all in its one list child."""
+    if node.ctor == "Opaque":
+        return 0, True
+    term = terms.BY_CTOR[node.ctor]
+    return term.operands, term.variadic
+
+
 class EGraph:
     """One egglog e-graph with the term language, the analyses and a chosen list of rules."""
 
@@ -320,6 +329,37 @@ class EGraph:
             self.constants.append((value, t))
             self._const_keys[key] = len(self.constants) - 1
         return self._const_keys[key]
+
+    # --- decoding e-nodes: the one place that knows how constants and operators are stored ----------
+
+    def constant_type(self, node: ENode) -> TensorType | None:
+        """The type of a Constant or Fill e-node whose value is known, without building the value (None
+        for an elided literal or another constructor)."""
+        if node.ctor == "Constant":
+            value, t = self.constants[node.slots[0]]
+            return t if value is not None and isinstance(t, TensorType) else None
+        if node.ctor == "Fill":
+            _v, d, shape = node.slots
+            return TensorType(dt.by_name(d), tuple(shape))
+        return None
+
+    def constant_value(self, node: ENode) -> np.ndarray:
+        """The value of a Constant or Fill e-node that :meth:`constant_type` gave a type (a Fill's
+        splat is built only here)."""
+        if node.ctor == "Constant":
+            return np.asarray(self.constants[node.slots[0]][0])
+        v, d, shape = node.slots
+        return splat_array(v, dt.by_name(d), shape)
+
+    def operator(self, node: ENode) -> tuple[str, dict[str, Any]]:
+        """The IR operator and attributes of an operator e-node: an Opaque one's from the opaque table,
+        a term constructor's decoded from its slots. Its operands are its first ``operand_count``
+        children, then the items of its last child's list when ``variadic`` (:func:`operand_layout`)."""
+        if node.ctor == "Opaque":
+            op, key = node.slots
+            return op, dict(self.opaque[key][1])
+        term = terms.BY_CTOR[node.ctor]
+        return term.op, term.decode(node.slots)
 
     def opaque_key(self, node: Node) -> int:
         if node.op in terms.NONDETERMINISTIC:

@@ -1,16 +1,9 @@
-"""Simple extraction: the smallest program in the e-graph, back as IR.
+"""From an e-graph back to IR: the chosen node of every class built into a Module, with the names,
+locations and types of the nodes the graph was loaded with. Which node each class gets is the
+extractor's choice, in extract/ (rules/ never imports it)."""
 
-"Smallest" counts e-classes of the extracted DAG, so a subterm shared by several users costs
-once (greedy DAG extraction: a node's cost is the size of the union of its children's class
-sets plus itself; sets are Python integers used as bitsets). Ties go to the node the graph was
-loaded with, so an e-graph that found nothing better gives the input back unchanged, names and
-locations included. The device-cost extractor lives in extract/; this one exists so every stage
-and test can run the e-graph's contents.
-"""
 
 from __future__ import annotations
-
-from collections import deque
 
 import numpy as np
 
@@ -18,10 +11,7 @@ from nxsat import dtypes as dt
 from nxsat.builder import infer_type
 from nxsat.diagnostics import NxsatError, error
 from nxsat.ir import Computation, Module, Node, TensorType
-from nxsat.rules import terms
-from nxsat.rules.egraph import EGraph, ENode, Loaded, View, splat_array
-
-MAX_PASSES = 64  # re-evaluations per node before greedy extraction settles for what it has
+from nxsat.rules.egraph import EGraph, ENode, Loaded, View, operand_layout, splat_array
 
 
 def original_nodes(view: View, loaded: Loaded) -> dict[int, Node]:
@@ -37,61 +27,6 @@ def original_nodes(view: View, loaded: Loaded) -> dict[int, Node]:
         if i is not None and i not in out:
             out[i] = node
     return out
-
-
-def choose(view: View, preferred: set[int] | frozenset[int] = frozenset()) -> list[int]:
-    """The best node of every class (-1 where a class has no finite term)."""
-    n_cls = view.n_classes
-    parents: list[list[int]] = [[] for _ in range(n_cls)]
-    for i, node in enumerate(view.nodes):
-        for c in set(node.children):
-            parents[c].append(i)
-    term_mask = 0
-    for c, is_list in enumerate(view.class_is_list):
-        if not is_list:
-            term_mask |= 1 << c
-    best = [-1] * n_cls
-    best_key: list[tuple[int, int, int] | None] = [None] * n_cls
-    bits = [0] * n_cls
-    evaluations = [0] * len(view.nodes)
-    queue = deque(i for i, n in enumerate(view.nodes) if not n.children)
-    queued = bytearray(len(view.nodes))
-    for i in queue:
-        queued[i] = 1
-    while queue:
-        i = queue.popleft()
-        queued[i] = 0
-        evaluations[i] += 1
-        if evaluations[i] > MAX_PASSES:
-            continue
-        node = view.nodes[i]
-        c = view.node_class[i]
-        if any(best[k] < 0 for k in node.children):
-            continue
-        b = 0
-        for k in node.children:
-            b |= bits[k]
-        if b >> c & 1:
-            continue  # the node needs its own class: a cycle
-        b |= 1 << c
-        key = ((b & term_mask).bit_count(), 0 if i in preferred else 1, i)
-        old = best_key[c]
-        if old is None or key < old or (best[c] == i and b != bits[c]):
-            best[c], best_key[c], bits[c] = i, key, b
-            for p in parents[c]:
-                if not queued[p]:
-                    queued[p] = 1
-                    queue.append(p)
-    return best
-
-
-def extract(eg: EGraph, loaded: Loaded, view: View | None = None, best: list[int] | None = None) -> Module:
-    """The smallest equivalent of ``loaded``'s module, as a new Module."""
-    view = view or eg.view(analyses=False)
-    originals = original_nodes(view, loaded)
-    if best is None:
-        best = choose(view, frozenset(originals))
-    return build_module(eg, loaded, view, best, originals)
 
 
 def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
@@ -164,19 +99,13 @@ def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int
             return c
         t = TensorType(dtype, tuple(shape))
         return Node("broadcast", (c,), {"shape": tuple(shape), "dimensions": ()}, t, name, loc)
-    if ctor == "Opaque":
-        op, key = node.slots
-        attrs = dict(eg.opaque[key][1])
-        operands = [built[k] for k in (lists[0] or [])]
-    else:
-        term = terms.BY_CTOR[ctor]
-        op = term.op
-        attrs = term.decode(node.slots)
-        if original is not None:
-            attrs = {**{k: v for k, v in original.attrs.items() if k not in attrs}, **attrs}
-        operands = [k for k in kids[:term.operands] if k is not None]
-        if term.variadic:
-            operands += [built[k] for k in (lists[term.operands] or [])]
+    op, attrs = eg.operator(node)
+    fixed, variadic = operand_layout(node)
+    if original is not None and ctor != "Opaque":  # attributes the term language does not carry
+        attrs = {**{k: v for k, v in original.attrs.items() if k not in attrs}, **attrs}
+    operands = [k for k in kids[:fixed] if k is not None]
+    if variadic:
+        operands += [built[k] for k in (lists[fixed] or [])]
     try:
         t = infer_type(op, operands, attrs)
     except NxsatError as exc:
@@ -188,17 +117,4 @@ def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int
     return Node(op, operands, attrs, t, name, loc)
 
 
-def extract_all(eg: EGraph) -> list[Module]:
-    """Every loaded module, extracted from one shared view."""
-    view = eg.view(analyses=False)
-    prefer: set[int] = set()
-    originals: list[dict[int, Node]] = []
-    for ld in eg.loaded:
-        o = original_nodes(view, ld)
-        originals.append(o)
-        prefer |= set(o)
-    best = choose(view, frozenset(prefer))
-    return [build_module(eg, ld, view, best, o) for ld, o in zip(eg.loaded, originals)]
-
-
-__all__ = ["choose", "extract", "extract_all", "original_nodes"]
+__all__ = ["build_module", "original_nodes"]

@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from nxsat import dtypes as dt
 from nxsat.builder import infer_type
 from nxsat.diagnostics import NxsatError
 from nxsat.interpreter import Interpreter
 from nxsat.ir import Computation, Node, TensorType
 from nxsat.ops import registry
 from nxsat.rules import terms
-from nxsat.rules.egraph import EGraph, ENode, call, lit, splat_array, splat_text, uniform_value, vec_expr
+from nxsat.rules.egraph import EGraph, ENode, call, lit, splat_text, uniform_value, vec_expr
 
 # Operators folding never evaluates: control flow (could run long), effects and random numbers.
 NO_FOLD = frozenset({"while", "call", "conditional", "map", "fusion", "custom-call", "rng", "rng-bit-generator",
@@ -29,25 +28,6 @@ NO_FOLD = frozenset({"while", "call", "conditional", "map", "fusion", "custom-ca
                      "partition-id", "replica-id", "infeed", "outfeed", "opt-barrier", "parameter",
                      "tuple", "get-tuple-element"})
 CONST_CTORS = ("Constant", "Fill", "Iota")
-
-
-def _const_type(eg: EGraph, node: ENode) -> TensorType | None:
-    """The type of a constant e-node whose value is known (without building the value)."""
-    if node.ctor == "Constant":
-        value, t = eg.constants[node.slots[0]]
-        return t if value is not None and isinstance(t, TensorType) else None
-    if node.ctor == "Fill":
-        v, d, shape = node.slots
-        return TensorType(dt.by_name(d), tuple(shape))
-    return None
-
-
-def _const_value(eg: EGraph, node: ENode) -> np.ndarray:
-    """The value of a constant e-node (_const_type said it has one); a Fill is built only here."""
-    if node.ctor == "Constant":
-        return np.asarray(eg.constants[node.slots[0]][0])
-    v, d, shape = node.slots
-    return splat_array(v, dt.by_name(d), shape)
 
 
 def _expr(eg: EGraph, node: ENode) -> Any:
@@ -68,7 +48,7 @@ def fold(eg: EGraph, frozen: Any, max_elements: int, max_input_elements: int) ->
         fn = funcs.get(name)
         for row in fn.rows if fn is not None else ():
             node = ENode(name, (), eg.decode_slots(fn.input_sorts, row.inputs))
-            t = _const_type(eg, node)
+            t = eg.constant_type(node)
             if row.output not in const and t is not None:
                 const[row.output] = (node, t)
     if not const:
@@ -138,17 +118,11 @@ def _evaluate(eg: EGraph, node: ENode, inputs: list[tuple[ENode, TensorType]], m
               max_input_elements: int) -> tuple[np.ndarray, TensorType] | None:
     if any(t.size > max_input_elements for _n, t in inputs):
         return None
-    if node.ctor == "Opaque":
-        op, key = node.slots
-        attrs = dict(eg.opaque[key][1])
-    else:
-        term = terms.BY_CTOR[node.ctor]
-        op = term.op
-        attrs = term.decode(node.slots)
+    op, attrs = eg.operator(node)
     opdef = registry.get(op)
     if not op or op in NO_FOLD or opdef is None or opdef.impl is None or opdef.status == registry.UNSUPPORTED:
         return None
-    operands = [Node("constant", (), {"value": _const_value(eg, n), "type": t}, t) for n, t in inputs]
+    operands = [Node("constant", (), {"value": eg.constant_value(n), "type": t}, t) for n, t in inputs]
     try:
         t = infer_type(op, operands, attrs)
     except NxsatError:

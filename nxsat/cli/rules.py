@@ -111,7 +111,7 @@ def cmd_check_rules(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from nxsat.cli.model import load_model, print_warnings
-    from nxsat.rules import optimize
+    from nxsat.extract import optimize
 
     module = load_model(args)
     n_in = len(module.entry.post_order())

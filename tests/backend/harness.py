@@ -9,12 +9,12 @@ import numpy as np
 
 from nxsat import sim
 from nxsat.backend import compile_graph
+from nxsat.extract import optimize
 from nxsat.frontend import load, loads
 from nxsat.interpreter import run_module
 from nxsat.io import match_inputs
 from nxsat.ir import Module
 from nxsat.passes import canonicalize
-from nxsat.rules import optimize
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

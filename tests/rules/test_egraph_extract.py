@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from nxsat.extract.smallest import choose
 from nxsat.rules.egraph import ENode, View
-from nxsat.rules.extract import choose
 
 
 def _view(spec: list[list[tuple[str, tuple[int, ...], tuple]]]) -> View:
@@ -144,3 +144,17 @@ def test_greedy_choice_is_always_acyclic_on_random_egraphs():
         assert [b >= 0 for b in best] == _extractable(v), seed
         assert all(b < 0 or v.node_class[b] == c for c, b in enumerate(best)), seed
         assert _chosen_acyclic(v, best), seed
+
+
+def test_rules_never_import_the_extractors():
+    """rules/ hands the saturated e-graph over; extract/ (which comes after it) chooses."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib\n"
+            "for m in ('nxsat.rules', 'nxsat.rules.extract', 'nxsat.rules.checker', 'nxsat.rules.equiv',\n"
+            "          'nxsat.rules.saturate', 'nxsat.rules.catalog', 'nxsat.cli.rules'):\n"
+            "    importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('nxsat.extract')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -9,13 +9,13 @@ import pytest
 from conftest import DATA, count_calls
 from nxsat import dtypes as dt
 from nxsat.builder import Builder
+from nxsat.extract.smallest import extract
 from nxsat.frontend import load, loads
 from nxsat.interpreter import run_module
 from nxsat.ir import Computation
 from nxsat.passes import canonicalize
 from nxsat.rules.catalog import catalog
 from nxsat.rules.egraph import EGraph, splat_text
-from nxsat.rules.extract import extract
 
 OPAQUE_HLO = """HloModule opaque
 add_f32 { a = f32[] parameter(0)

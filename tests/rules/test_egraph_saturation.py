@@ -12,13 +12,13 @@ import pytest
 from conftest import DATA
 from nxsat import dtypes as dt
 from nxsat.builder import Builder
+from nxsat.extract import optimize
+from nxsat.extract.smallest import extract
 from nxsat.frontend import load
 from nxsat.interpreter import run_module
-from nxsat.rules import optimize
 from nxsat.rules.catalog import catalog
 from nxsat.rules.checker import verify
 from nxsat.rules.egraph import EGraph
-from nxsat.rules.extract import extract
 from nxsat.rules.saturate import ITERATION_LIMIT, NODE_LIMIT, SATURATED, TIME_LIMIT, Budget, saturate
 
 

@@ -73,8 +73,8 @@ def test_check_needs_at_least_one_instance(capsys):
 
 
 def test_stats_as_compiled_reproduces_the_compilation_run(capsys):
+    from nxsat.extract import optimize
     from nxsat.frontend import load
-    from nxsat.rules import optimize
 
     path = DATA / "jax" / "random_dropout.hlo"
     assert main(["rules", "stats", str(path), "-O2", "--json", "--as-compiled"]) == 0

@@ -9,11 +9,11 @@ from test_xla_ops import STATISTICAL, accumulates, assert_output
 
 from conftest import DATA, JAX_CORPUS, assert_matches_reference
 from nxsat.diagnostics import NxsatError
+from nxsat.extract import optimize
 from nxsat.frontend import load
 from nxsat.interpreter import run_module
 from nxsat.io import match_inputs, read_npz
 from nxsat.passes import canonicalize
-from nxsat.rules import optimize
 
 
 @pytest.mark.parametrize("level", [1, 2, 3])
