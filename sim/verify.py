@@ -591,7 +591,7 @@ def _first_reachable(prog: Program, lists: list[list[int]], k: int) -> list[int]
 
 # --- dataflow: read before write, races ------------------------------------------------------------
 
-def _alias_groups(prog: Program) -> dict[str, str]:
+def _storage_keys(prog: Program) -> dict[str, str]:
     """Storage key of every tensor: an on-chip tensor's memory (its accesses are filed by absolute
     partition-row bytes, so tensors sharing memory meet there), an HBM tensor its own. Grouping only the
     on-chip tensors that overlap was a sweep of 20 s over mobilenet_v2's program, and compiler output
@@ -794,7 +794,7 @@ def _dataflow(lk: Linked) -> None:
     the same stream is ordered before the latest, so checking the latest is enough (and accesses
     ordered before everything still to run are dropped: :class:`_Footprints`)."""
     prog = lk.program
-    group = _alias_groups(prog)
+    group = _storage_keys(prog)
     instrs = lk.instrs
     pos, sid, vc = lk.pos, lk.sid, lk.vc
     assert vc is not None
