@@ -353,8 +353,7 @@ class EGraph:
 
     def operator(self, node: ENode) -> tuple[str, dict[str, Any]]:
         """The IR operator and attributes of an operator e-node: an Opaque one's from the opaque table,
-        a term constructor's decoded from its slots. Its operands are its first ``operand_count``
-        children, then the items of its last child's list when ``variadic`` (:func:`operand_layout`)."""
+        a term constructor's decoded from its slots (where its operands are: :func:`operand_layout`)."""
         if node.ctor == "Opaque":
             op, key = node.slots
             return op, dict(self.opaque[key][1])

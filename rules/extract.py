@@ -2,7 +2,6 @@
 locations and types of the nodes the graph was loaded with. Which node each class gets is the
 extractor's choice, in extract/ (rules/ never imports it)."""
 
-
 from __future__ import annotations
 
 import numpy as np

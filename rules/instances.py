@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from nxsat import dtypes as dt
@@ -110,8 +111,6 @@ RANGE_TRIAL = 2
 
 def float_extremes(d: dt.DType) -> np.ndarray:
     """A float type's edges: +-largest finite, huge values below it, +-smallest normal and subnormal."""
-    import ml_dtypes
-
     info = ml_dtypes.finfo(d.np)
     top, tiny, sub = float(info.max), float(info.smallest_normal), float(info.smallest_subnormal)
     edges = [top, top / 2, top ** 0.75, top ** 0.5, tiny, tiny * 3, sub, sub * 5]

@@ -215,13 +215,14 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
         raise error("NCC_ERUN001", f"simulating this program needs {need / 2**30:.1f} GiB of host memory; "
                     f"the limit is {max_host_bytes() / 2**30:.1f} GiB", hint="raise NXSAT_SIM_MAX_BYTES")
     saturate = {name: target.fp8_saturates(name) for name in nm.FP8_MAX}
+    shared = frozenset(t.name for t in prog.tensors.values() if not t.onchip and t.name not in private)
     ctxs: list[_Ctx] = []
     for r in range(ranks):
         hbm: dict[str, np.ndarray] = {}
         for t in prog.tensors.values():
             if t.onchip or t.kind == "scratch":
                 continue
-            if r and t.name not in private:
+            if r and t.name in shared:
                 hbm[t.name] = ctxs[0].state.hbm[t.name]
             elif t.kind == "input":
                 hbm[t.name] = np.ascontiguousarray(shard(prog, t, inputs[t.name], r)).copy()
@@ -231,8 +232,7 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
                 hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
         state = RankState(hbm, np.zeros((target.partitions, target.sbuf_bytes), np.uint8),
                           np.zeros((target.partitions, target.psum_bytes), np.uint8))
-        ctxs.append(_Ctx(state, r, saturate, warnings, frozenset() if r == 0 else
-                         frozenset(t.name for t in prog.tensors.values() if not t.onchip and t.name not in private)))
+        ctxs.append(_Ctx(state, r, saturate, warnings, shared if r else frozenset()))
     # One BLAS thread: a program's matmuls are small (a member multiplies at most 128x128 by 128x512),
     # threads gain little on them, and while another process holds a core OpenBLAS's spinning threads
     # made a run 22x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
@@ -240,9 +240,9 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
         for step, i in enumerate(lk.order):
             for t in born.get(step, ()):
-                shared = None if t.name in private else np.zeros(t.shape, dtype=t.dtype.np)
+                first = np.zeros(t.shape, dtype=t.dtype.np)
                 for x in ctxs:
-                    x.state.hbm[t.name] = shared if shared is not None else np.zeros(t.shape, dtype=t.dtype.np)
+                    x.state.hbm[t.name] = first if x.rank == 0 or t.name in shared else np.zeros_like(first)
             c = lk.instrs[i]
             c.op.run_all(ctxs, c)
             for t in dies.get(step, ()):

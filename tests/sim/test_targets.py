@@ -11,7 +11,7 @@ from nxsim_progs import build
 
 from conftest import CallCounter
 from nxsat.diagnostics import NxsatError
-from nxsat.sim.execute import identical_ranks
+from nxsat.sim.execute import identical_ranks, private_tensors
 from nxsat.sim.expr import Formula
 from nxsat.sim.target import load_target, target_names
 
@@ -126,8 +126,6 @@ def test_ranks_that_cannot_differ_are_simulated_once(monkeypatch: pytest.MonkeyP
     """Both physical cores of an lnc-2 program with nothing sharded and no collective compute the same
     bits, so one is simulated for both: the run fits a memory limit that two ranks' state would not
     (an SBUF and a PSUM each, 26 MiB); a collective makes the ranks differ."""
-    from nxsat.sim.execute import identical_ranks
-
     text = LNC2_COPY.replace("q1    dma  y, t, wait=s>=1",
                              "act   activation  t, t, func=exp, wait=s>=1, signal=s\nq1    dma  y, t, wait=s>=2")
     m = build(text)
@@ -147,8 +145,6 @@ def test_ranks_share_the_hbm_tensors_that_cannot_differ() -> None:
     """Rank-dependent data flows from a sharded input through what reads it; a tile it passed through
     and that is then overwritten whole carries rank-independent data again. Only the tensors it reaches
     are held once per rank, and the run gives every rank's results as before."""
-    from nxsat.sim.execute import private_tensors
-
     text = """.isa 1.0
 .target trn2
 input   x: f32[128, 4]  shard=0
@@ -223,8 +219,6 @@ q3    dma             r, w, wait=b>=1
 """
     m = build(text)
     assert not identical_ranks(m.linked)
-    from nxsat.sim.execute import private_tensors
-
     assert private_tensors(m.linked) == {"x", "r"}  # all_reduce and all_gather give every rank the same
     assert [i["shape"] for i in m.manifest["inputs"]] == [[128, 64]]
     x = np.random.default_rng(0).standard_normal((128, 64)).astype(np.float32)
