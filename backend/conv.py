@@ -54,6 +54,8 @@ from nxsat.builder import Builder, infer_type
 from nxsat.diagnostics import error
 from nxsat.extract.plan import (
     ADD_ENGINES,
+    DMA_T_BLOCK,
+    PE_BLOCK,
     ConvGeometry,
     ConvPlan,
     DepthwisePlan,
@@ -65,6 +67,7 @@ from nxsat.extract.plan import (
     depthwise_gradient_tiling,
     depthwise_plan,
     gradient_stacking_pays,
+    out_block,
     valid_range,
     window_classes,
     window_plan,
@@ -73,11 +76,9 @@ from nxsat.ir import Computation, Module, Node, TensorType, TupleType
 from nxsat.passes import Rewriter, rewrite_module
 from nxsat.sim.program import AccessError
 
-PE_BLOCK = 128  # positions per TensorE transpose
 # One convolution's matmuls at most (an eighth of a device program's 2,000,000 instructions): beyond it
 # the implicit GEMM is the wrong form (weight gradients whose window is a whole image), and is refused.
 MAX_MATMULS = 250_000
-DMA_T_BLOCK = 2048  # positions per DMA transpose
 
 
 # --- convolution ---------------------------------------------------------------------------------
@@ -936,7 +937,7 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
             break
         flats.append(flat)
     if flat_ok:
-        bp = max((b for b in range(64, PE_BLOCK + 1) if npos % b == 0), default=min(npos, PE_BLOCK))
+        bp = out_block(npos)
         per_bank = max(1, bank // on)
         for n, flat in enumerate(flats):
             src = res[:, n].reshape(on, npos) if nsp > 1 else res[:, n]

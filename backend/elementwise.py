@@ -31,14 +31,9 @@ from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
+from nxsat.extract.plan import MAX_COLS, WIDE_COLS, WIDE_TILES, max_cols  # noqa: F401 - the tiles' widths
 from nxsat.ir import Node, TensorType
 
-MAX_COLS = 1024  # elements per partition of one tile
-# ... and of a large cluster's tile (at least WIDE_TILES such tiles): half the instructions, with as many
-# tiles left to overlap loads, compute and stores (mobilenet_v2's training step: 38k fewer instructions;
-# resnet50's clusters, a few tiles each, lost 4.5% of latency to the wider tiles)
-WIDE_COLS = 2048
-WIDE_TILES = 16
 MAX_CLUSTER = 48  # operators in one fused pass (each live result holds a tile)
 
 # XLA opcode -> ScalarE activation function
@@ -191,12 +186,6 @@ def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> lis
         if n != 1:
             last = [ap[d] for ap in aps]
     return groups
-
-
-def max_cols(shape: tuple[int, ...], part: int) -> int:
-    """The widest tile a cluster of ``shape`` takes: :data:`WIDE_COLS` when it still makes
-    :data:`WIDE_TILES` full tiles, else :data:`MAX_COLS`."""
-    return WIDE_COLS if math.prod(shape) >= WIDE_COLS * part * WIDE_TILES else MAX_COLS
 
 
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,

@@ -54,8 +54,11 @@ class PrecisionReport:
 
 
 def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
-                    mixed_accumulation: bool = True, saturate_infinity: bool = False) -> tuple[Module, PrecisionReport]:
-    """The module with the policy applied (a new module; ``module`` is not changed)."""
+                    mixed_accumulation: bool = True, saturate_infinity: bool = False,
+                    tensor_ops: tuple[str, ...] = TENSOR_OPS) -> tuple[Module, PrecisionReport]:
+    """The module with the policy applied (a new module; ``module`` is not changed). ``tensor_ops``:
+    the TensorE operations the policy casts (at -O2 and -O3 the extraction chose the dots' precision
+    already: only convolutions, which the e-graph keeps opaque, are left to it)."""
     rep = PrecisionReport(mode, cast_type)
     if saturate_infinity:
         module = _saturate_infinity(module, rep)
@@ -94,7 +97,7 @@ def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
             continue
         ops = [mapping[o.id] for o in node.operands]
         new: Node
-        if node.op in TENSOR_OPS and all(o.dtype is dt.F32 for o in node.operands):
+        if node.op in tensor_ops and all(o.dtype is dt.F32 for o in node.operands):
             if cast_type == "tf32":
                 ops = [tf32(o) for o in ops]
             else:

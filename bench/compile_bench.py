@@ -3,6 +3,7 @@ roofline and their ratio (trn1, -O2, --auto-cast matmult, bf16 unless told other
 
     python bench/compile_bench.py                       # the issue's models
     python bench/compile_bench.py --models mha_block_1x12x128x64_bf16 --auto-cast none
+    python bench/compile_bench.py --variants O2:smallest,O1,O2,O3   # extractors and levels side by side
 
 Each model compiles in a fresh process (``nxsat compile --report``), so its peak memory (max RSS) is
 its own; models whose text elides constants compile with --fill-elided-constants.
@@ -26,15 +27,18 @@ MODELS = {
     "mha_block": ROOT / "tests/data/hlo/mha_block_1x12x128x64_bf16.hlo",
     "layer_norm": ROOT / "tests/data/hlo/layer_norm_1x4096x768_bf16.hlo",
     "transformer_layer": ROOT / "tests/data/jax/transformer_layer.hlo",
+    "bert_base_l12": ROOT / "tests/data/bert/bert_base_l12.hlo",
 }
 
 
-def compile_one(path: Path, args: argparse.Namespace) -> dict:
+def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "r.json"
         cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(Path(tmp) / "m.neff"), "--report",
-               str(rep), "--logfile", "", "--verbose", "error", "--target", args.target, f"-O{args.O}",
+               str(rep), "--logfile", "", "--verbose", "error", "--target", args.target, f"-O{level}",
                "--auto-cast", args.auto_cast, "--auto-cast-type", args.auto_cast_type, "--fill-elided-constants"]
+        if extractor:
+            cmd += ["--extractor", extractor]
         t0 = time.perf_counter()
         with open(os.devnull, "w") as out, tempfile.TemporaryFile("w+") as err:
             p = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, NXSAT_PROGRESS="0"))
@@ -58,21 +62,32 @@ def main() -> None:
     ap.add_argument("-O", type=int, default=2)
     ap.add_argument("--auto-cast", default="matmult")
     ap.add_argument("--auto-cast-type", default="bf16")
+    ap.add_argument("--variants", default=None,
+                    help="LEVEL[:EXTRACTOR],... e.g. O2:smallest,O1,O2,O3: each model compiled each way; "
+                         "'vs first' is the latency over the first variant's (default: -O as given)")
     args = ap.parse_args()
-    print(f"target {args.target}, -O{args.O}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); seconds, MB, us")
-    print(f"{'model':<18} {'wall':>6} {'front':>6} {'satur':>6} {'lower':>6} {'sched':>6} {'neff':>6} {'sim':>6} "
-          f"{'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} {'ratio':>8}")
+    variants = [(int(v.split(":")[0].lstrip("O")), v.split(":")[1] if ":" in v else None)
+                for v in (args.variants or f"O{args.O}").split(",")]
+    print(f"target {args.target}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); seconds, MB, us")
+    print(f"{'model':<18} {'variant':>12} {'wall':>6} {'front':>6} {'satur':>6} {'extr':>6} {'lower':>6} "
+          f"{'sched':>6} {'neff':>6} {'sim':>6} {'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} "
+          f"{'ratio':>8} {'vs first':>8}")
     for name in args.models.split(","):
         path = MODELS.get(name, Path(name))
-        r = compile_one(path, args)
-        if "error" in r:
-            print(f"{name:<18} failed: {r['error'][:150]}")
-            continue
-        s = r["stages"]
-        print(f"{name:<18} {r['wall_s']:6.1f} {s['frontend']:6.2f} {s['saturate']:6.2f} {s['lower']:6.2f} "
-              f"{s['schedule']:6.2f} {s['neff']:6.2f} {s['simulate']:6.2f} {r['peak_rss_mb']:6.0f} "
-              f"{r['instructions']:9,} {r['latency_us']:11.1f} {r['roofline_us']:10.2f} "
-              f"{r['latency_over_roofline']:8.1f}")
+        first = None
+        for level, extractor in variants:
+            label = f"O{level}" + (f":{extractor}" if extractor else "")
+            r = compile_one(path, args, level, extractor)
+            if "error" in r:
+                print(f"{name:<18} {label:>12} failed: {r['error'][:150]}")
+                continue
+            s = r["stages"]
+            first = first or r["latency_us"]
+            print(f"{name:<18} {label:>12} {r['wall_s']:6.1f} {s['frontend']:6.2f} {s['saturate']:6.2f} "
+                  f"{s['extract']:6.2f} {s['lower']:6.2f} {s['schedule']:6.2f} {s['neff']:6.2f} {s['simulate']:6.2f} "
+                  f"{r['peak_rss_mb']:6.0f} {r['instructions']:9,} {r['latency_us']:11.1f} "
+                  f"{r['roofline_us']:10.2f} {r['latency_over_roofline']:8.1f} {r['latency_us'] / first:8.4f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,7 @@ def run(path: Path, level: int) -> str:
     loaded = eg.load(module)
     t_load = time.perf_counter() - t0
     initial = eg.sizes()
-    budget = Budget.for_level(cat.level(level), initial.nodes, cat.config.match_limit, cat.config.ban_length,
-                              fold_max_elements=cat.config.fold_max_elements,
-                              fold_max_input_elements=cat.config.fold_max_input_elements)
+    budget = Budget.for_model(cat, level, initial.nodes)
     report = saturate(eg, budget, initial=initial)
     t1 = time.perf_counter()
     out = extract(eg, loaded)

@@ -1,21 +1,151 @@
-"""Extraction: which equivalent program to take out of a saturated e-graph. Today the smallest-term
-extractor (smallest.py); a device plan's pricing (plan.py) is shared with the backend.
+"""Extraction: which equivalent program to take out of a saturated e-graph.
 
-``optimize`` is saturation and extraction in one call, the path of the rule tooling and the tests;
-the compile driver runs the two stages itself.
+- cost.py prices every e-node in nanoseconds on the target (the device cost model), from the tiling
+  plans (plan.py) the backend emits;
+- greedy.py has the tree-cost and DAG-aware greedy extractors, ilp.py the exact one (HiGHS);
+- smallest.py the smallest-term extractor (e-classes counted, no device), the rule tooling's.
+
+:func:`extract` runs one of them by name (``--extractor``; each -O level has a default,
+:data:`LEVEL_EXTRACTOR`). ``optimize`` is saturation and extraction in one call, the path of the
+rule tooling and the tests; the compile driver runs the two stages itself.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from nxsat.ir import Module
 
 if TYPE_CHECKING:
+    from nxsat.extract.cost import CostModel
+    from nxsat.extract.ilp import IlpResult
     from nxsat.rules.catalog import Catalog
+    from nxsat.rules.egraph import EGraph, Loaded
     from nxsat.rules.saturate import Report
+
+EXTRACTORS = ("greedy", "dag", "ilp", "smallest")
+LEVEL_EXTRACTOR = {1: "greedy", 2: "dag", 3: "ilp"}
+ILP_SECONDS = 60.0  # the exact extractor's time limit before it settles for the greedy choice
+# What an operator the input program does not have must save before the extractors take it: the cost
+# model's own error bound (tests/extract/test_cost_model.py holds it to 15% per operator). Below that a
+# "gain" is as likely the model's error: BERT's attention, extracted on bare prices, took a P.V product
+# the model found 1.5 us cheaper that the simulator runs 5 us slower (the layout it leaves the output
+# projection is not a price of the product itself).
+CONFIDENCE = 0.15
+
+
+@dataclass
+class Extraction:
+    """What an extractor chose and what it costs (the compile report's ``extraction``)."""
+
+    module: Module
+    extractor: str
+    cost_ns: float  # the cost model's price of the chosen program (each e-class paid once; no CONFIDENCE)
+    input_cost_ns: float  # the same model's price of the program the e-graph was loaded with
+    seconds: float
+    nodes: int  # e-nodes and e-classes the extractor chose from
+    classes: int
+    ilp: IlpResult | None = None
+    kept_input: bool = False  # the extractor's choice cost more than the loaded program, which was kept
+    objective_ns: float = 0.0  # what the extractors minimise: the price with CONFIDENCE on new nodes
+    # every dot offered in two precisions: which one was chosen, and both prices (us)
+    casts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        def us(ns: float) -> float | None:
+            return round(ns / 1000, 3) if math.isfinite(ns) else None
+
+        out: dict[str, Any] = {"extractor": self.extractor, "cost_us": us(self.cost_ns),
+                               "input_cost_us": us(self.input_cost_ns),
+                               "seconds": round(self.seconds, 3), "enodes": self.nodes, "eclasses": self.classes,
+                               "kept_input": self.kept_input}
+        if self.ilp is not None:
+            out["ilp"] = self.ilp.to_json()
+        if self.casts:
+            out["casts"] = self.casts
+        return out
+
+
+def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_seconds: float = ILP_SECONDS
+            ) -> Extraction:
+    """The program ``extractor`` chooses from the e-graph, priced by ``model``."""
+    from nxsat.extract.cost import node_costs
+    from nxsat.extract.greedy import dag, dag_cost, tree
+    from nxsat.extract.ilp import ilp
+    from nxsat.extract.smallest import choose
+    from nxsat.rules.extract import build_module, original_nodes
+
+    t0 = time.perf_counter()
+    view = eg.view()
+    originals = original_nodes(view, loaded)
+    preferred = frozenset(originals)
+    prices = node_costs(eg, view, model)
+    # what the extractors minimise: a node the input does not have pays the model's error bound on top
+    costs = [p if i in preferred else p * (1 + CONFIDENCE) for i, p in enumerate(prices)]
+    root = view.handles[loaded.root]
+    result = None
+    if extractor == "greedy":
+        best = tree(view, costs, preferred)
+    elif extractor == "dag":
+        best = dag(view, costs, root, preferred)
+    elif extractor == "ilp":
+        result = ilp(view, costs, root, preferred, ilp_seconds)
+        best = result.best
+    elif extractor == "smallest":
+        best = choose(view, preferred)
+    else:
+        raise ValueError(f"unknown extractor {extractor!r}")
+    input_best = _input_choice(view, originals)
+    kept_input = extractor != "smallest" and dag_cost(view, input_best, root, costs) < dag_cost(view, best, root, costs)
+    if kept_input:  # a greedy misjudgement (tree costs on a shared subterm): never worse than the input
+        best = input_best
+    module = build_module(eg, loaded, view, best, originals)
+    casts = _precision_choices(eg, view, best, root, prices, originals)
+    return Extraction(module, extractor, dag_cost(view, best, root, prices), dag_cost(view, input_best, root, prices),
+                      time.perf_counter() - t0, view.term_nodes(), view.term_classes(), result, kept_input,
+                      dag_cost(view, best, root, costs), casts)
+
+
+def _precision_choices(eg: EGraph, view: Any, best: list[int], root: int, prices: list[float],
+                       originals: dict[int, Any]) -> list[dict[str, Any]]:
+    """Per dot of the chosen program that the precision rules offered in a narrower type: the type its
+    operands were chosen in and the price of each variant (a variant's casts, absorbed by the dot,
+    are in its price)."""
+    from nxsat.extract.greedy import reachable
+
+    out = []
+    for c in reachable(view, best, root) or ():
+        dots = [i for i in view.class_nodes[c] if view.nodes[i].ctor == "Dot"]
+        by_type: dict[str, int] = {}
+        for i in dots:
+            t = view.dtype.get(view.nodes[i].children[0], "")
+            if t not in by_type or prices[i] < prices[by_type[t]]:
+                by_type[t] = i
+        if len(by_type) < 2:
+            continue
+        chosen = best[c]
+        name = next((originals[i].name for i in view.class_nodes[c] if i in originals), f"class{c}")
+        out.append({"dot": name, "chosen": view.dtype.get(view.nodes[chosen].children[0], "") if chosen in dots
+                    else view.nodes[chosen].ctor, **{f"{t}_us": round(prices[i] / 1000, 3) for t, i in
+                                                       sorted(by_type.items())}})
+    return sorted(out, key=lambda d: d["dot"])
+
+
+def _input_choice(view: Any, originals: dict[int, Any]) -> list[int]:
+    """The choice that rebuilds the loaded program (its nodes; list cells as they were loaded)."""
+    best = [-1] * view.n_classes
+    for i in originals:
+        c = view.node_class[i]
+        if best[c] < 0:
+            best[c] = i
+    for c, is_list in enumerate(view.class_is_list):
+        if is_list and best[c] < 0:
+            best[c] = view.class_nodes[c][0]
+    return best
 
 
 @dataclass
@@ -28,11 +158,11 @@ def optimize(module: Module, model_type: str | None = None, level: int = 2, allo
              canonical: bool = False, cat: Catalog | None = None, extra_sets: Sequence[str] = (),
              time_rules: bool = False) -> Optimized:
     """Saturate (:func:`nxsat.rules.saturate_module`) and extract the smallest equivalent program."""
-    from nxsat.extract.smallest import extract
+    from nxsat.extract.smallest import extract as smallest
     from nxsat.rules import saturate_module
 
     sat = saturate_module(module, model_type, level, allow_approximate, canonical, cat, extra_sets, time_rules)
-    return Optimized(extract(sat.egraph, sat.loaded), sat.report)
+    return Optimized(smallest(sat.egraph, sat.loaded), sat.report)
 
 
-__all__ = ["Optimized", "optimize"]
+__all__ = ["EXTRACTORS", "LEVEL_EXTRACTOR", "Extraction", "Optimized", "extract", "optimize"]

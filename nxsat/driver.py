@@ -6,7 +6,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
     frontend      text -> IR; every instruction's shape checked            01-input.hlo
     canonicalize  calls inlined, conditionals if-converted, static loops unrolled   02-canonical.hlo
     saturate      the model type's rules in the e-graph, bounded by the -O level     03-egraph.json
-    extract       the program the extractor chooses from the e-graph                04-extracted.hlo
+    extract       the program the extractor chooses by the device cost model   04-extracted.hlo/04-extraction.json
     precision     --auto-cast as a policy: casts as explicit converts                05-precision.hlo/.json
     partition     weights split across a logical core's physical cores where it pays  05-partition.hlo/.json
     device-forms  operators in the forms the backend tiles best (weight gradients as dots)  05-device-forms.hlo
@@ -36,7 +36,7 @@ from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
-EXTRACTORS = ("smallest",)
+EXTRACTORS = ("greedy", "dag", "ilp", "smallest")  # nxsat.extract.EXTRACTORS (the driver imports no stage up front)
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ class CompileOptions:
     lnc: int | None = None
     num_parallel_jobs: int = 8
     extractor: str | None = None
+    # dots' precision chosen by the cost model at -O2/-O3 instead of the policy (off: measured slower on
+    # BERT-base, docs/extraction.md)
+    precision_by_cost: bool = False
     workdir: str | None = None
     relay_constants: str | None = None
     fill_elided_constants: int | None = None  # a seed: elided constants get random values
@@ -136,8 +139,9 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat import sim
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
-    from nxsat.backend.precision import apply_precision
-    from nxsat.extract.smallest import extract
+    from nxsat.backend.precision import TENSOR_OPS, apply_precision
+    from nxsat.extract import LEVEL_EXTRACTOR, extract
+    from nxsat.extract.cost import CostModel
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
     from nxsat.passes import canonicalize
@@ -165,18 +169,28 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     st.dump("01-input.hlo", lambda: print_module(module, large_constants=False))
     canonical = st.run("canonicalize", lambda: canonicalize(module))
     st.dump("02-canonical.hlo", lambda: print_module(canonical, large_constants=False))
-    sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True))
+    # with --precision-by-cost, -O2 and -O3 choose the dots' precision by cost (the precision rule set)
+    # where the auto-cast type has one; the policy pass casts what is left (convolutions), and
+    # everything otherwise
+    by_cost = precision_by_cost(opts)
+    sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True,
+                                                     allow_approximate=bool(by_cost), extra_sets=by_cost))
     rep = sat.report
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
               "stop_reason": rep.stop_reason}
     st.dump("03-egraph.json", json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
                                          sort_keys=True))
-    extracted = st.run("extract", lambda: extract(sat.egraph, sat.loaded))
+    extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
+    chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor,
+                                               CostModel(target, "f32" if by_cost else matmul_precision(opts))))
+    extracted = chosen.module
+    st.dump("04-extraction.json", lambda: json.dumps(chosen.to_json(), indent=1))
     st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
     precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
                                                                   opts.mixed_precision_accumulation,
-                                                                  opts.saturate_infinity))
+                                                                  opts.saturate_infinity,
+                                                                  ("convolution",) if by_cost else TENSOR_OPS))
     st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
     st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
     mm_type = matmul_precision(opts)
@@ -195,6 +209,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         model = model if keep_model else None
     info = model_info(canonical)
     report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
+    report["extraction"] = chosen.to_json()
     report["sharding"] = sharding.to_json()
     return CompileResult(data, report, warnings, model)
 
@@ -222,6 +237,18 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     return summary, constants, io, data, model
+
+
+# --auto-cast-type -> the precision rule set that offers dots in that type (the others: the policy pass)
+PRECISION_SETS = {"bf16": "precision-bf16"}
+
+
+def precision_by_cost(opts: CompileOptions) -> tuple[str, ...]:
+    """The precision rule sets the e-graph runs: with ``--precision-by-cost`` at -O2 and -O3, under
+    ``--auto-cast matmult`` and a type that has one, the extraction chooses each dot's precision by
+    cost (docs/extraction.md)."""
+    name = PRECISION_SETS.get(opts.auto_cast_type)
+    return (name,) if opts.precision_by_cost and name and opts.auto_cast == "matmult" and opts.optlevel >= 2 else ()
 
 
 def matmul_precision(opts: CompileOptions) -> str:
@@ -260,7 +287,6 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
         "latency_over_roofline": round(lat / roof, 3) if roof else None,
         "stages": seconds,
         "egraph": egraph,
-        "extraction": {"extractor": opts.extractor or "smallest", "cost": len(module_nodes(module))},
         "precision": prec.to_json(),
         "engines": engines,
         "instructions": summary["instructions"],
@@ -294,8 +320,3 @@ def format_report(r: dict[str, Any]) -> str:
 
 def write_neff(path: str, result: CompileResult) -> None:
     atomic_write(path, result.neff)
-
-
-def module_nodes(module: Module) -> list[Any]:
-    """The computing nodes of a module's entry (what the smallest-term extractor minimises)."""
-    return [n for n in module.entry.post_order() if n.op not in ("parameter",)]

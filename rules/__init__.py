@@ -57,11 +57,7 @@ def saturate_module(module: Module, model_type: str | None = None, level: int = 
     loaded = eg.load(module)
     load_seconds = time.perf_counter() - t0
     initial = eg.sizes()
-    lv = cat.level(level)
-    budget = Budget.for_level(lv, initial.nodes, cat.config.match_limit, cat.config.ban_length,
-                              fold_max_elements=cat.config.fold_max_elements,
-                              fold_max_input_elements=cat.config.fold_max_input_elements,
-                              time_rules=time_rules)
+    budget = Budget.for_model(cat, level, initial.nodes, time_rules=time_rules)
     report = saturate(eg, budget, initial=initial)
     report.load_seconds = load_seconds
     report.cse_merged = loaded.cse_merged

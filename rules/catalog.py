@@ -40,7 +40,7 @@ MAX_MACRO_DEPTH = 64
 
 # Rule options: keyword -> takes a value?
 _OPTIONS = {":name": True, ":tag": True, ":doc": True, ":when": True, ":bound": True, ":explosive": False,
-            ":reassociates": False}
+            ":reassociates": False, ":narrows": False}
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,13 @@ class Rule:
     # regroups a floating-point sum or product: equal over the reals, but huge values may overflow in one
     # grouping and not the other, so the checker's trial at the types' extremes leaves it out
     reassociates: bool = False
+    # computes in a narrower type, as --auto-cast permits (precision sets): values beyond that type's range
+    # overflow there, which the permission accepts, so the checker's extremes trial leaves it out too
+    narrows: bool = False
+
+    @property
+    def skips_extremes(self) -> bool:
+        return self.reassociates or self.narrows
 
     @property
     def ruleset(self) -> str:
@@ -96,6 +103,7 @@ class Config:
     fold_max_input_elements: int
     builtins: dict[str, dict]
     default_model_type: str = "generic"
+    match_limit_nodes: int = 1000  # the match limit is per this many e-nodes after loading (at least one)
 
 
 @dataclass
@@ -276,7 +284,8 @@ def _compile_rule(form: SList, set_name: str, macros: dict) -> Rule:
         facts = a.items
         command = SList((sym("rule"), a, b, *tail), form.loc)
     return Rule(name, set_name, tag_x.text, doc_x.text.strip(), kind, form.loc, str(command), lhs, facts,
-                bound, ":explosive" in opts, str(form), max(1, _constructor_calls(b)), ":reassociates" in opts)
+                bound, ":explosive" in opts, str(form), max(1, _constructor_calls(b)), ":reassociates" in opts,
+                ":narrows" in opts)
 
 
 def _constructor_calls(x: SExp) -> int:
@@ -381,7 +390,7 @@ def parse_config(text: str, base: Path = HERE) -> Config:
             raise _cfg_error(f"[builtin.{name}] needs set = one of the configured sets")
     return Config(sets, model_types, levels, int(sched.get("match-limit", 1000)), int(sched.get("ban-length", 2)),
                   int(fold.get("max-elements", 256)), int(fold.get("max-input-elements", 4096)), builtins,
-                  default_mt)
+                  default_mt, int(sched.get("match-limit-nodes", 1000)))
 
 
 def build_catalog(config_text: str | None = None, extra_files: Iterable[tuple[str, str, str]] = (),

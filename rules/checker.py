@@ -365,7 +365,7 @@ def _check_batch(rule: Rule, eg: EGraph, instances: list[_Instance], rng: np.ran
     originals = original_nodes(view, loaded)
     bound = rule.bound if rule.tag == APPROXIMATE else None
     for trial in range(n_inputs):
-        if trial >= RANGE_TRIAL and rule.reassociates:
+        if trial >= RANGE_TRIAL and rule.skips_extremes:
             break
         values: dict[int, Any] = {}
         types: dict[int, Type] = {}

@@ -165,11 +165,8 @@ def check_equivalence(a: Module, b: Module, *, model_type: str | None = None, le
     def proved() -> bool:
         return all(eg.same_class(x, y) for x, y in pairs)
 
-    lv = cat.level(level)
     initial = eg.sizes()
-    budget = Budget.for_level(lv, initial.nodes, cat.config.match_limit, cat.config.ban_length,
-                              fold_max_elements=cat.config.fold_max_elements,
-                              fold_max_input_elements=cat.config.fold_max_input_elements)
+    budget = Budget.for_model(cat, level, initial.nodes)
     if proved():
         report = Report([r.name for r in rules], budget, initial, stop_reason="proved")
     else:

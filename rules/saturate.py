@@ -28,11 +28,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxsat.rules.catalog import Level, Rule
+from nxsat.rules.catalog import Catalog, Level, Rule
 from nxsat.rules.egraph import EGraph, Sizes
 
 SATURATED, NODE_LIMIT, ITERATION_LIMIT, TIME_LIMIT, PROVED = (
     "saturated", "node limit", "iteration limit", "time limit", "proved")
+
+
+# The least share of a match's right-hand side the node limit's hold assumes it adds: a held rule may
+# apply up to 1 / GROWTH_FLOOR times the matches that would fit if each added all of it, so one
+# iteration can overshoot the node limit by at most that much of the room left (checked after each).
+GROWTH_FLOOR = 0.5
 
 
 @dataclass
@@ -50,9 +56,22 @@ class Budget:
     time_rules: bool = False
 
     @staticmethod
-    def for_level(level: Level, initial_nodes: int, match_limit: int, ban_length: int, **kw: Any) -> Budget:
+    def for_level(level: Level, initial_nodes: int, match_limit: int, ban_length: int, match_limit_nodes: int = 0,
+                  **kw: Any) -> Budget:
+        """The level's budget for a model of ``initial_nodes`` e-nodes: the node limit and (with
+        ``match_limit_nodes``) the back-off match limit grow with it."""
+        if match_limit_nodes:
+            match_limit = max(match_limit, match_limit * initial_nodes // match_limit_nodes)
         return Budget(level.iterations, level.seconds, max(level.node_min, int(level.node_factor * initial_nodes)),
                       match_limit, ban_length, **kw)
+
+    @staticmethod
+    def for_model(cat: Catalog, level: int, initial_nodes: int, **kw: Any) -> Budget:
+        """The budget rules/config.toml gives -O``level`` for a model of ``initial_nodes`` e-nodes."""
+        cfg = cat.config
+        return Budget.for_level(cat.level(level), initial_nodes, cfg.match_limit, cfg.ban_length,
+                                cfg.match_limit_nodes, fold_max_elements=cfg.fold_max_elements,
+                                fold_max_input_elements=cfg.fold_max_input_elements, **kw)
 
 
 @dataclass
@@ -170,6 +189,7 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
     prev = report.initial
     report.stop_reason = ITERATION_LIMIT
     solo: Rule | None = None  # a rule the node limit held back, run alone while the others rest
+    growth = 1.0  # e-nodes the last iteration's matches added, per match
     clean: set[str] = set()  # rules that ran in full on the e-graph as it is now and changed nothing
     for it in range(budget.iterations):
         if time.perf_counter() - start >= budget.seconds:
@@ -184,7 +204,10 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
         busy = sum(1 for r in explosive if state[r.name].last_found) or len(explosive)
         left = budget.node_limit - prev.nodes
         share = max(1, left // max(1, busy))
-        fits = {r.name: max(1, share // r.rhs_nodes) for r in explosive}
+        # A match adds at most rhs_nodes e-nodes, and in practice what the last iteration's matches
+        # added each (most matches of commutativity are ones it already applied): a rule is held to
+        # the matches that fit at that rate, never less than GROWTH_FLOOR of the worst case.
+        fits = {r.name: max(1, int(share / (r.rhs_nodes * growth))) for r in explosive}
         limited: dict[int, list[Rule]] = {}
         for r in explosive:
             limited.setdefault(min(state[r.name].limit, fits[r.name]), []).append(r)
@@ -211,9 +234,10 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
                 stats.banned.append(r.name)
                 report.bans[r.name] = st.bans
             elif r.explosive and found > fits[r.name]:
-                # Its matches might not fit under the node limit: set it aside while others work.
+                # Its matches might not fit under the node limit: it applied only its share, and runs
+                # again next iteration with the share then left (setting it aside for a ban made a
+                # 24-layer BERT need more iterations than a 12-layer one: most matches are old ones).
                 st.capped = True
-                st.banned_until = it + 1 + st.ban_length
                 stats.held.append(r.name)
                 if solo is not None:
                     too_big = (f"{r.name} has {found} matches, which may add up to {found * r.rhs_nodes} "
@@ -240,6 +264,9 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
                 frozen = eg.freeze()
         sizes = eg.sizes(frozen)
         stats.enodes, stats.eclasses = sizes.nodes, sizes.classes
+        applied_total = sum(applied.values())
+        if applied_total:
+            growth = min(1.0, max(GROWTH_FLOOR, (sizes.nodes - prev.nodes) / applied_total))
         stats.seconds = time.perf_counter() - t0
         report.iterations.append(stats)
         if stop_when is not None and stop_when():

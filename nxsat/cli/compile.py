@@ -31,7 +31,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         auto_cast_type=args.auto_cast_type, mixed_precision_accumulation=args.mixed_precision_accumulation,
         saturate_infinity=args.enable_saturate_infinity, optlevel=args.O,
         distribution_strategy=args.distribution_strategy, lnc=args.lnc, num_parallel_jobs=args.num_parallel_jobs,
-        extractor=args.extractor, workdir=args.workdir, relay_constants=args.relay_constants,
+        extractor=args.extractor, precision_by_cost=args.precision_by_cost, workdir=args.workdir,
+        relay_constants=args.relay_constants,
         fill_elided_constants=args.seed if args.fill_elided_constants else None, flags=tuple(args.flags_given))
     log: list[str] = [f"nxsat compile {' '.join(args.flags_given)}"]
     t0 = time.perf_counter()
@@ -114,7 +115,14 @@ def register(sub: Any) -> None:
                    help="parallel compiler jobs (default 8)")
     p.add_argument("--enable-fast-loading-neuron-binaries", action="store_true",
                    help="accepted for compatibility: nxsat's NEFF is never compressed")
-    p.add_argument("--extractor", choices=EXTRACTORS, help="the extractor (default: the -O level's)")
+    p.add_argument("--precision-by-cost", action="store_true",
+                   help="nxsat's own (off by default): at -O2/-O3 with --auto-cast matmult and bf16, each dot's "
+                        "precision is chosen by the cost model (the report lists every choice) instead of "
+                        "casting them all; measured slower than the policy on BERT-base (docs/extraction.md)")
+    p.add_argument("--extractor", choices=EXTRACTORS,
+                   help="how the program is chosen from the e-graph by the device cost model: greedy (tree cost, "
+                        "-O1's), dag (shared values paid once, -O2's), ilp (exact, -O3's); smallest: fewest "
+                        "operators, no cost model")
     p.add_argument("--output", "-o", default="file.neff", metavar="FILE.neff", help="where to write the NEFF "
                    "(default file.neff; written atomically, nothing on failure)")
     p.add_argument("--report", metavar="FILE.json", help="also write the compile report as JSON")

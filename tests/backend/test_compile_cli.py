@@ -132,8 +132,8 @@ def test_workdir_dumps_every_stage(tmp_path: Path, capsys: pytest.CaptureFixture
     assert _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--logfile", "", "--workdir",
                 str(wd))[0] == 0
     names = sorted(os.listdir(wd))
-    assert names == ["01-input.hlo", "02-canonical.hlo", "03-egraph.json", "04-extracted.hlo", "05-precision.hlo",
-                     "05-precision.json", "06-lowered.json", "07-program.nxs", "08-profile.json"]
+    assert names == ["01-input.hlo", "02-canonical.hlo", "03-egraph.json", "04-extracted.hlo", "04-extraction.json",
+                     "05-precision.hlo", "05-precision.json", "06-lowered.json", "07-program.nxs", "08-profile.json"]
     assert (wd / "07-program.nxs").read_text().startswith(".isa 1.1")
 
 
@@ -173,3 +173,25 @@ def test_the_instruction_graph_is_freed_without_the_cycle_collector() -> None:
             "print(sum(isinstance(o, (Inst, Buf)) for o in gc.get_objects()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["0"]
+
+
+@pytest.mark.parametrize("flags,extractor", [(["-O1"], "greedy"), (["-O2"], "dag"), (["-O3"], "ilp"),
+                                             (["-O3", "--extractor", "dag"], "dag"),
+                                             (["--extractor", "smallest"], "smallest")])
+def test_each_level_has_its_extractor_and_the_flag_overrides_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                flags: list[str], extractor: str) -> None:
+    rep = tmp_path / "r.json"
+    code, _, _ = _run(capsys, "compile", str(DATA / "jax" / "transformer_layer.hlo"), "-o", str(tmp_path / "t.neff"),
+                      "--report", str(rep), "--logfile", "", "--auto-cast", "matmult", *flags)
+    assert code == 0
+    ex = json.loads(rep.read_text())["extraction"]
+    assert ex["extractor"] == extractor and ex["enodes"] > 0 and ex["cost_us"] > 0
+    assert ex["cost_us"] <= ex["input_cost_us"] or extractor == "smallest"
+    assert ("ilp" in ex) == (extractor == "ilp") and (extractor != "ilp" or ex["ilp"]["status"] == "optimal")
+
+
+def test_an_unknown_extractor_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["compile", str(MLP), "-o", str(tmp_path / "m.neff"), "--extractor", "fastest"])
+    assert e.value.code != 0 and not (tmp_path / "m.neff").exists()
+    assert "fastest" in capsys.readouterr().err

@@ -158,3 +158,26 @@ def test_saturated_means_every_rule_ran_and_changed_nothing(name):
     eg.run_iteration([], [(10**9, eg.rules)])  # every rule once more, no limit
     fold(eg, eg.freeze(), cat.config.fold_max_elements, cat.config.fold_max_input_elements)
     assert eg.sizes() == before
+
+
+def test_budgets_scale_with_the_model_so_each_layer_explores_as_much():
+    """BERT-base with 2, 12 and 24 layers: what each added layer grows the e-graph by is the same at
+    every level (an absolute match limit, and held rules set aside for a ban, made the 24-layer model
+    explore less per layer than the 12-layer one at -O2), and the match limit grows with the model."""
+    from pathlib import Path
+
+    from nxsat.frontend import load
+    from nxsat.passes import canonicalize
+    from nxsat.rules import saturate_module
+
+    data = Path(__file__).resolve().parents[1] / "data" / "bert"
+    for level in (1, 2, 3):
+        nodes, limits = {}, {}
+        for n in (2, 12, 24):
+            sat = saturate_module(canonicalize(load(str(data / f"bert_base_l{n}.hlo"))), "generic", level,
+                                  canonical=True)
+            nodes[n], limits[n] = sat.egraph.sizes().nodes, sat.report.budget.match_limit
+        per_layer_12 = (nodes[12] - nodes[2]) / 10
+        per_layer_24 = (nodes[24] - nodes[12]) / 12
+        assert per_layer_24 >= 0.99 * per_layer_12, (level, nodes)
+        assert limits[2] <= limits[12] < limits[24]

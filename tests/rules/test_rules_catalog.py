@@ -24,7 +24,7 @@ def test_every_rule_has_a_unique_name_a_tag_and_a_one_line_description():
     assert len(names) == len(set(names)) and len(names) > 40
     for r in cat.rules:
         assert r.tag in ("exact", "approximate") and r.doc and "\n" not in r.doc
-        assert r.builtin or (r.loc is not None and r.loc.file == "rules/sets/generic.egg" and r.loc.line > 0)
+        assert r.builtin or (r.loc is not None and r.loc.file == f"rules/sets/{r.set}.egg" and r.loc.line > 0)
 
 
 def test_shipped_rules_are_accepted_by_egglog():
@@ -85,7 +85,8 @@ def test_adding_a_set_and_a_model_type_is_configuration(tmp_path):
         '(rewrite (Exponential (Log x)) x :name exp-log :tag approximate :bound 0.001 :doc "exp(log x) = x")\n')
     config = read_text(CONFIG).replace('[model-types]', '[sets.demo]\nfile = "sets/demo.egg"\n\n[model-types]\n'
                                        'demo-model = ["generic", "demo"]')
-    config = config.replace('file = "sets/generic.egg"', f'file = "{(CONFIG.parent / "sets" / "generic.egg")}"')
+    for shipped in ("generic", "precision-bf16"):
+        config = config.replace(f'file = "sets/{shipped}.egg"', f'file = "{(CONFIG.parent / "sets" / shipped)}.egg"')
     cat = build_catalog(config, base=tmp_path)
     assert cat.sets_for("demo-model") == ("generic", "demo")
     names = {r.name for r in cat.select("demo-model", 2, allow_approximate=True)}

@@ -1,0 +1,921 @@
+"""The device cost model: nanoseconds an operator takes on the target, as the backend lowers it.
+
+An operator's time is the longest of the resources it keeps busy (TensorE, ScalarE, VectorE,
+GpSimd, the DMA engines) plus the latency no pipelining hides (the first load before any compute,
+the last store after it), each priced by the target spec's own formulas (``Target.cost``: the ones
+the timing model charges) on the tiles the shared plans (:mod:`nxsat.extract.plan`) cut. The
+extractors add these costs over the e-classes they choose, so a cost is local to one operator:
+
+- a matmul is priced by :func:`~nxsat.extract.plan.matmul_plan` (which operand is stationary sets M
+  and N, so ``dot(a, b)`` and ``transpose(dot(b, a))`` cost differently), in the precision
+  ``--auto-cast`` gives TensorE;
+- a convolution by :func:`~nxsat.extract.plan.conv_plan` (its matmul count) or the depthwise plan;
+- an elementwise operator is fused by the backend with its elementwise neighbours into one pass over
+  SBUF, so it pays its engine time and one write of its result; only the inputs of the model it
+  reads (parameters, constants) add their load;
+- a view (reshape, bitcast, broadcast, a slice, a transpose that keeps the contiguous dimension)
+  costs nothing; a transpose that moves the contiguous dimension makes whoever reads it move one
+  element per DMA descriptor, and is charged that.
+
+Every operator also pays :data:`NODE_NS`, so that of two programs that cost the same the one with
+fewer operators wins, and no chain of free views can be chosen as a cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nxsat import dtypes as dt
+from nxsat.extract.plan import (
+    ADD_ENGINES,
+    DMA_T_BLOCK,
+    MAX_COLS,
+    PE_BLOCK,
+    ConvGeometry,
+    ConvPlan,
+    DepthwisePlan,
+    conv_plan,
+    depthwise_plan,
+    matmul_plan,
+    max_cols,
+    op_ns,
+    out_block,
+)
+from nxsat.ops import registry
+from nxsat.rules import terms
+from nxsat.rules.egraph import EGraph, View, operand_layout
+from nxsat.sim.target import Target
+
+# Operands narrower than this go through an element-wise DMA instead of TensorE transposes (backend/matmul.py).
+PE_MIN = 16
+NODE_NS = 0.01  # every operator's own price: a tie-break, far below any instruction's time
+
+# Operators the backend lowers as access patterns on their operand's buffer (backend/movement.py).
+VIEWS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "reshape", "bitcast", "broadcast",
+                   "slice", "opt-barrier", "iota"})
+# Engine formulas of the elementwise families (backend/tiles.py picks the instruction).
+_ENGINE = {registry.SCALAR: ("act", "activation"), registry.VECTOR: ("dve", "tensor_tensor"),
+           registry.GPSIMD: ("pool", "tensor_tensor")}
+# The variables of the target's cost formulas an operator-level price does not distinguish.
+# a depthwise tile's products and sums (extract/plan.py prices the same instructions): fp32 in SBUF, strided
+_DW_VARS = {"psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
+_FORMULA_DEFAULTS = {"fast": 0, "accum": 0, "half": 0, "zero_bf16": 0, "fp32": 0, "psum_in": 0, "all_sbuf": 1,
+                     "lowp": 0, "contig": 1, "P": 128}
+
+
+@dataclass(frozen=True)
+class Value:
+    """What the cost model needs of a value: its shape and element type."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * _itemsize(self.dtype)
+
+
+def _itemsize(name: str) -> int:
+    try:
+        return max(1, dt.by_name(name).itemsize)
+    except (KeyError, ValueError):
+        return 4
+
+
+class CostModel:
+    """Prices operators for one target; ``matmul_dtype`` is the type TensorE multiplies in (what the
+    precision policy gives dots under ``--auto-cast``; f32 without)."""
+
+    def __init__(self, target: Target, matmul_dtype: str = "f32") -> None:
+        self.target = target
+        self.matmul_dtype = matmul_dtype if target.supports_matmul_dtype(matmul_dtype) else "f32"
+        self.bw = target.memory_bw  # bytes per ns
+        dma = target.dma
+        self.dma_fixed = float(dma["fixed_latency_ns"])
+        self.dma_engines = int(dma["engines"])
+        self.descriptor_ns = float(dma.get("descriptor_overhead_ns", 0.0))
+        self.engine_bytes_ns = float(dma["engine_gbps"])
+        self.P = target.partitions
+
+    # -- resources ------------------------------------------------------------------------------------
+
+    def dma_ns(self, nbytes: float, run_bytes: float, partitions: int | None = None) -> float:
+        """DMA-engine time of moving ``nbytes`` in descriptors of ``run_bytes`` (the timing model's
+        engine cost per byte: the transfer rate plus each descriptor's overhead), spread over the
+        engines a transfer of ``partitions`` partitions uses (one per 8), at most the core's HBM rate."""
+        if nbytes <= 0:
+            return 0.0
+        run = max(1.0, run_bytes)
+        engines = self.dma_engines if partitions is None else max(1, min(
+            self.dma_engines, -(-partitions // int(self.target.dma["partitions_per_engine"]))))
+        per_byte = (run / self.engine_bytes_ns + self.descriptor_ns) / run
+        return max(nbytes * per_byte / engines, nbytes / self.target.hbm_bw)
+
+    def engine_ns(self, engine: str, opcode: str, elements: int, **values: float) -> float:
+        """``elements`` spread over the partitions, one instruction per tile of up to 512 per partition."""
+        per = -(-elements // self.P)
+        if per == 0:
+            return 0.0
+        v = {**_FORMULA_DEFAULTS, **values}
+        tile = min(per, 512)
+        full, rest = divmod(per, tile)
+        ns = full * op_ns(self.target, opcode, engine, N=tile, **v)
+        return ns + (op_ns(self.target, opcode, engine, N=rest, **v) if rest else 0.0)
+
+    def instr_ns(self, engine: str, opcode: str, count: int, **values: float) -> float:
+        """``count`` instructions of one shape on ``engine`` (the formula's variables in ``values``)."""
+        return count * op_ns(self.target, opcode, engine, **{**_FORMULA_DEFAULTS, **values}) if count else 0.0
+
+    @staticmethod
+    def pipelined(stages: Sequence[float], resources: Sequence[float], tiles: int) -> float:
+        """``tiles`` tiles flowing through ``stages`` (the serial steps of one tile: load, compute,
+        store) that keep ``resources`` busy (the engines, the DMA engines: their totals): the busiest
+        resource in the steady state, plus one tile's pass through the stages it does not hide
+        (the pipeline's fill and drain). One tile is the stages one after the other."""
+        steady = max(resources, default=0.0)
+        return steady + max(0.0, sum(stages) - steady) / max(1, tiles)
+
+    # -- operators --------------------------------------------------------------------------------------
+
+    def op_ns(self, op: str, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value | None,
+              inputs: Sequence[bool] = (), multiply_in: str | None = None) -> float:
+        """The time of one operator; ``inputs[i]``: operand i is read from HBM (a model input or a
+        constant) rather than from a neighbour fused on chip; ``multiply_in``: the type a dot's
+        operands are converted to on chip (a cast the dot absorbs), when not the model's."""
+        if result is None or op in VIEWS:
+            return NODE_NS
+        if op == "dot":
+            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in)
+        if op == "convolution":
+            return NODE_NS + self.conv_ns(attrs, operands, result)
+        if op == "transpose":
+            return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
+        od = registry.get(op)
+        engine = od.engine if od is not None else registry.DMA
+        flags = list(inputs) + [False] * (len(operands) - len(inputs))
+        if engine in _ENGINE and _is_elementwise(operands, result):
+            return NODE_NS + self.elementwise_ns(op, engine, operands, result, flags)
+        if op == "reduce" and len(operands) == 2 and operands[0] is not None:
+            return NODE_NS + self.reduce_ns(attrs, operands[0], result)
+        if op in ("reduce", "reduce-window", "batch-norm-training", "batch-norm-inference", "batch-norm-grad"):
+            src = sum(v.size for v in operands if v is not None)
+            compute = self.engine_ns("dve", "tensor_reduce", src // max(1, len(operands) // 2 or 1), half=0)
+            moved = sum(v.nbytes for v in operands if v is not None) + result.nbytes
+            return NODE_NS + max(compute, self.dma_ns(moved, 2048)) + 2 * self.dma_fixed
+        # data movement between HBM buffers (copy, concatenate, pad, gather ...): what it moves
+        moved = sum(v.nbytes for v in operands if v is not None) + result.nbytes
+        return NODE_NS + self.dma_ns(moved, 2048) + self.dma_fixed
+
+    def elementwise_ns(self, op: str, engine: str, operands: Sequence[Value | None], result: Value,
+                       inputs: Sequence[bool]) -> float:
+        """One operator of a fused elementwise pass (backend/elementwise.py): tiles of 128 rows and
+        :func:`~nxsat.extract.plan.max_cols` elements per partition, one instruction each. The
+        operands read from HBM are loaded (and pay the DMA trigger latency before the first tile);
+        the result is stored, but an operand computed by a fused neighbour of the same shape is not
+        stored by it (its store is credited here: over a chain the stores add up to the last one's)."""
+        eng, opcode = _ENGINE[engine]
+        if result.dtype in ("s32", "u32") and eng != "act":
+            eng = "pool"
+        size = _itemsize(result.dtype)
+        per_partition = -(-result.size // self.P)
+        cols = min(max_cols(result.shape, self.P), per_partition) or 1
+        tiles = max(1, -(-per_partition // cols))
+        fast = int(result.dtype in ("bf16", "f16") and op in ("add", "subtract", "multiply"))
+        compute = self.instr_ns(eng, opcode, tiles, N=cols, fast=fast)
+        rows = min(self.P, result.size)
+        load_bytes = sum(v.nbytes for v, hbm in zip(operands, inputs) if v is not None and hbm)
+        fused = sum(v.nbytes for v, hbm in zip(operands, inputs) if v is not None and not hbm
+                    and v.shape == result.shape)
+        store_bytes = max(0, result.nbytes - fused)
+        load = self.dma_ns(load_bytes, cols * size, rows)
+        store = self.dma_ns(store_bytes, cols * size, rows)
+        # the trigger latency before the first load is the pass's: paid by an operator that starts it
+        # (no operand from a fused neighbour), as the one before the last store by the one that stores
+        fixed = self.dma_fixed * ((bool(load_bytes) and not fused) + bool(store_bytes))
+        if not load_bytes and not store_bytes:
+            # fully fused: its engine runs in the shadow of the pass's DMA, which moves at least one
+            # tensor of its shape in and one out; only the compute beyond that, and its share of the
+            # pipeline's fill, add to the pass
+            shadow = 2 * self.dma_ns(result.nbytes, cols * size, rows)
+            return max(0.0, compute - shadow) + compute / tiles
+        return self.pipelined((load, compute, store), (load + store, compute), tiles) + fixed
+
+    def reduce_ns(self, attrs: dict[str, Any], src: Value, result: Value) -> float:
+        """A reduction (backend/reduce.py): the source in tiles of 128 rows, reduced along the free axis
+        by VectorE when the reduced dimensions are innermost; otherwise the kept inner dimensions on
+        the partitions and the reduced ones along the free axis (a strided load)."""
+        dims = tuple(attrs.get("dimensions", ()))
+        size = _itemsize(src.dtype)
+        inner = len(src.shape) - 1
+        last = bool(dims) and set(dims) == set(range(inner - len(dims) + 1, inner + 1))
+        red = math.prod(src.shape[d] for d in dims) if dims else 1
+        keep = max(1, src.size // max(1, red))
+        if last:
+            run = red * size
+            per_row = red
+        else:
+            run = math.prod(n for d, n in enumerate(src.shape) if d > max(dims)) * size
+            per_row = red
+        row_tiles = -(-keep // self.P)
+        cols = min(per_row, 2 * MAX_COLS)
+        col_tiles = -(-per_row // cols)
+        tiles = row_tiles * col_tiles
+        if last:
+            # the accumulation is fp32 whatever the source type: no half-rate bf16 reduce
+            compute = self.instr_ns("dve", "tensor_reduce", tiles, N=cols)
+            load = self.dma_ns(src.nbytes, run, min(self.P, keep))
+            store = self.dma_ns(result.nbytes, _itemsize(result.dtype), min(self.P, keep))
+            return self.pipelined((load, compute, store), (load + store, compute), tiles) + 2 * self.dma_fixed
+        # an outer dimension reduced: it goes on the partitions (long runs), the partials of every tile
+        # combined across the partitions by TensorE (a ones vector against each tile, one PSUM bank of
+        # kept elements at a time: a PSUM group is a tile of the pipeline)
+        bank = self.target.psum_bank_bytes // 4
+        n = min(keep, bank)
+        matmuls = -(-red // self.P) * -(-keep // n)
+        pe = self.instr_ns("pe", "matmul", matmuls, M=1, N=n, K=self.P, dtype_factor=4)
+        evac = self.instr_ns("dve", "tensor_copy", -(-keep // n), N=n)
+        load = self.dma_ns(src.nbytes, min(run, 2048))
+        store = self.dma_ns(result.nbytes, n * _itemsize(result.dtype), 1)
+        groups = -(-keep // n)
+        body = getattr(getattr(attrs.get("to_apply"), "root", None), "op", "add")
+        if body != "add":
+            # max/min: TensorE transposes of the partials, then VectorE, after the loads that share the
+            # DMA engines and land together: the stages one after the other
+            return load + pe + evac + store + 2 * self.dma_fixed
+        return self.pipelined((load, pe, evac, store), (load + store, pe, evac), groups) + 2 * self.dma_fixed
+
+    def transpose_ns(self, attrs: dict[str, Any], src: Value | None, result: Value) -> float:
+        """A transpose is a view (backend/movement.py): whoever reads it reads through the permuted
+        access pattern. It is priced as that read when it is materialized (a copy by the DMA engines
+        in descriptors of the longest run the permutation keeps contiguous: one element when the
+        contiguous dimension moves), which is what an output, an elementwise reader or a
+        non-contraction read pays."""
+        perm = tuple(attrs.get("dimensions", ()))
+        if src is None or not perm:
+            return 0.0
+        kept = [d for d in range(len(src.shape)) if src.shape[d] > 1]
+        order = [p for p in perm if src.shape[p] > 1]
+        if order == kept:
+            return 0.0  # only unit dimensions move: a reshape
+        run = 1
+        for a, b in zip(reversed(kept), reversed(order)):
+            if a != b:
+                break
+            run *= src.shape[a]
+        size = _itemsize(result.dtype)
+        return self.dma_ns(result.nbytes, run * size) + self.dma_fixed
+
+    def dot_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
+               multiply_in: str | None = None) -> float:
+        lhs, rhs = operands[0], operands[1]
+        if lhs is None or rhs is None:
+            return 0.0
+        d = attrs["dims"]
+        B = math.prod(lhs.shape[i] for i in d.lhs_batch)
+        K = math.prod(lhs.shape[i] for i in d.lhs_contracting)
+        M = math.prod(n for i, n in enumerate(lhs.shape) if i not in d.lhs_batch and i not in d.lhs_contracting)
+        N = math.prod(n for i, n in enumerate(rhs.shape) if i not in d.rhs_batch and i not in d.rhs_contracting)
+        if lhs.dtype in ("s32", "u32", "s64") or rhs.dtype in ("s32", "u32", "s64"):
+            return self.engine_ns("pool", "tensor_tensor", B * M * K * N) + 2 * self.dma_fixed
+        mt = self.matmul_dtype if lhs.dtype == rhs.dtype == "f32" or self.matmul_dtype != "f32" else (
+            lhs.dtype if lhs.dtype == rhs.dtype and self.target.supports_matmul_dtype(lhs.dtype) else "f32")
+        if multiply_in is not None and self.target.supports_matmul_dtype(multiply_in):
+            mt = multiply_in
+        # K is an operand's contiguous dimension when its contracting dimensions are its innermost ones
+        lk = _inner(d.lhs_contracting, lhs.shape)
+        rk = _inner(d.rhs_contracting, rhs.shape)
+        return self.matmul_ns(B, M, K, N, mt, lhs, rhs, result, lhs_k_contiguous=lk, rhs_k_contiguous=rk)
+
+    def matmul_ns(self, B: int, M: int, K: int, N: int, mt: str, lhs: Value, rhs: Value, result: Value,
+                  lhs_k_contiguous: bool = True, rhs_k_contiguous: bool = False) -> float:
+        """``B`` products ``[M, K] @ [K, N]`` as backend/matmul.py emits them, tiled by
+        :func:`matmul_plan`: per M tile the stationary operand's K tiles (once if resident, else once
+        per N tile), per (M, N) tile the moving operand's, ``ceil(K / k_tile)`` matmuls accumulating in
+        one PSUM bank, evacuated by ScalarE and VectorE in turn and stored. An operand whose
+        contiguous dimension is K is loaded in rows and transposed on TensorE (fp32 into PSUM, copied
+        out by VectorE); otherwise one DMA of rows of M (N) elements. A joint plan (both operands
+        K-contiguous, one N tile) transposes them together, the moving one once. An operand whose
+        type is not the multiply type is converted on chip (VectorE) when it is loaded plainly."""
+        t = self.target
+        plan = matmul_plan(M, K, N, mt, t)
+        factor = t.matmul_dtype_factor(mt) or 1.0
+        mtiles, ktiles, ntiles = -(-M // plan.m_tile), plan.k_tiles(K), -(-N // plan.n_tile)
+        pe_t = bool(t.dma["transpose_efficiency"]) is False
+        lt = lhs_k_contiguous and pe_t and min(M, K) >= PE_MIN
+        rt = rhs_k_contiguous and pe_t and min(N, K) >= PE_MIN
+        joint = plan.joint and lt and rt
+        st_loads = 1 if plan.resident or joint else ntiles  # times the stationary operand is loaded
+        mv_loads = 1 if joint else mtiles
+        pe = dve = act = 0.0
+        for mn, mc in _tiles(M, plan.m_tile):
+            for nn, nc in _tiles(N, plan.n_tile):
+                pe += mc * nc * ktiles * op_ns(t, "matmul", "pe", M=mn, N=nn, K=plan.k_tile, P=plan.k_tile,
+                                               dtype_factor=factor)
+                ev = mc * nc
+                act += (ev + 1) // 2 * op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": nn})
+                dve += ev // 2 * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": nn})
+        bank = t.psum_bank_bytes // 4
+
+        def transposed(rows: int, loads: int, dtype: str) -> tuple[float, float]:
+            """TensorE and VectorE time of the K tiles of ``rows`` rows transposed ``loads`` times."""
+            fp32 = int(_itemsize(dtype) == 4)
+            p_ns = v_ns = 0.0
+            for xn, xc in _tiles(rows, t.matmul["rows"]):
+                per_bank = max(1, bank // xn)
+                p_ns += xc * ktiles * op_ns(t, "transpose", "pe", P=xn, N=plan.k_tile, fp32=fp32)
+                for cnt, cc in _tiles(ktiles, per_bank):
+                    v_ns += xc * cc * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": cnt * xn})
+            return p_ns * loads, v_ns * loads
+
+        if lt:
+            p, v = transposed(M, st_loads, lhs.dtype)
+            pe, dve = pe + p, dve + v
+        elif lhs.dtype != mt:
+            dve += st_loads * self.instr_ns("dve", "tensor_copy", mtiles * ktiles, N=min(M, plan.m_tile))
+        if joint:
+            p, v = transposed(N, 1, rhs.dtype)
+            pe, dve = pe + p, dve + v
+        elif rt:
+            p, v = transposed(N, mtiles, rhs.dtype)
+            pe, dve = pe + p, dve + v
+        elif rhs.dtype != mt:
+            dve += mv_loads * self.instr_ns("dve", "tensor_copy", ntiles * ktiles, N=min(N, plan.n_tile))
+        ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
+        st_bytes = M * K * ls * st_loads
+        mv_bytes = K * N * rs * mv_loads
+        st_run = min(K, plan.k_tile * plan.k_group) * ls if lt else min(M, plan.m_tile) * ls
+        mv_run = min(K, plan.k_tile * plan.k_group) * rs if rt else min(N, plan.n_tile) * rs
+        load = B * (self.dma_ns(st_bytes, st_run) + self.dma_ns(mv_bytes, mv_run))
+        store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
+        pe, act, dve = B * pe, B * act, B * dve
+        tiles = B * mtiles * ntiles
+        return self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles) \
+            + 2 * self.dma_fixed
+
+    def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value) -> float:
+        """A convolution as backend/conv.py emits :func:`~nxsat.extract.plan.conv_plan`: fp32 operands that
+        TensorE multiplies in a narrower type are converted by a pass through HBM first (the precision
+        policy's ``convert`` nodes); then per output chunk its input tiles (one DMA per fold block,
+        zero-filled where padding; channels-last inputs in blocks of positions transposed on TensorE),
+        the weights when not kept, the matmuls, the PSUM evacuation and the store (channels-last results
+        transposed back first), counted chunk by chunk (:meth:`_gemm_ns`); a depthwise convolution on
+        the vector engines by :meth:`_depthwise_ns`."""
+        x, w = operands[0], operands[1]
+        if x is None or w is None:
+            return 0.0
+        d = attrs["dims"]
+        window = tuple(attrs["window"])
+        fgc = int(attrs.get("feature_group_count", 1) or 1)
+        bgc = int(attrs.get("batch_group_count", 1) or 1)
+        # fp32 operands multiply in the precision policy's type; others in their common type (backend/matmul.py's
+        # operand_type), fp32 when TensorE has no such type
+        mt = self.matmul_dtype if x.dtype == w.dtype == "f32" else x.dtype if x.dtype == w.dtype else "f32"
+        if not self.target.supports_matmul_dtype(mt):
+            mt = "f32"
+        nb, c = x.shape[d.input_batch], x.shape[d.input_feature]
+        o = w.shape[d.kernel_output_feature]
+        xdims = (d.input_batch, d.input_feature, *d.input_spatial)
+        wdims = (d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+        ydims = (d.output_batch, d.output_feature, *d.output_spatial)
+        rows_contiguous = all(not dims[2:] or shape[dims[-1]] == 1 or dims[-1] == len(shape) - 1
+                              for dims, shape in ((xdims, x.shape), (ydims, result.shape)))
+        geo = ConvGeometry(
+            batch=nb // bgc, in_channels=c // fgc, out_channels=o // (fgc * bgc), groups=fgc, batch_groups=bgc,
+            in_spatial=tuple(x.shape[i] for i in d.input_spatial),
+            out_spatial=tuple(result.shape[i] for i in d.output_spatial), window=window, dtype=mt,
+            itemsize=_itemsize(mt), channels_last_in=bool(window) and d.input_feature == len(x.shape) - 1,
+            channels_last_out=bool(window) and d.output_feature == len(result.shape) - 1,
+            rows_contiguous=rows_contiguous)
+        convert = 0.0
+        if mt != "f32" and x.dtype == w.dtype == "f32":
+            # the precision policy's converts: each operand through VectorE and back to HBM, side by side
+            # (their transfers share the DMA engines; the trigger latencies overlap)
+            convert = sum(self.elementwise_ns("convert", registry.VECTOR, [v], Value(v.shape, mt), [True])
+                          for v in (x, w)) - 2 * self.dma_fixed
+            x, w = Value(x.shape, mt), Value(w.shape, mt)
+        try:
+            plan = conv_plan(geo, self.target)
+        except (ValueError, AssertionError, ZeroDivisionError):
+            moved = x.nbytes + w.nbytes + result.nbytes
+            return convert + self.dma_ns(moved, 1024) + 2 * self.dma_fixed
+        dw = depthwise_plan(geo, plan, self.target)
+        xs, ws, ys = (_canonical_strides(v.shape, dims) for v, dims in ((x, xdims), (w, wdims), (result, ydims)))
+        cache = self.__dict__.setdefault("_conv_cache", {})
+        key = (geo, x.dtype, w.dtype, result.dtype, xs, ws, ys)
+        if key not in cache:
+            if dw is not None and dw.pays:
+                cache[key] = self._depthwise_ns(geo, dw, x, w, result, xs, ys)
+            else:
+                cache[key] = self._gemm_ns(geo, plan, x, w, result, xs, ws, ys)
+        return convert + cache[key]
+
+    # -- convolution parts ------------------------------------------------------------------------------
+
+    def _xfer(self, nbytes: float, run_bytes: float, partitions: int) -> tuple[float, float]:
+        """A DMA's share of the DMA engines (its engine time over all of them) and its time alone."""
+        return self.dma_ns(nbytes, run_bytes), self.dma_ns(nbytes, run_bytes, partitions)
+
+    def _engines_busy(self, act: float, dve: float, pool: float, act_psum: float) -> float:
+        """The busiest engine, VectorE sharing its SBUF port with GpSimd and its PSUM port with ScalarE
+        (the target's port conflicts)."""
+        pairs = {frozenset(r["engines"]) for r in self.target.spec.get("port_conflicts", [])}
+        busy = [act, dve, pool]
+        if frozenset(("dve", "pool")) in pairs:
+            busy.append(dve + pool)
+        if frozenset(("dve", "act")) in pairs:
+            busy.append(dve + act_psum)
+        return max(busy)
+
+    def _gemm_ns(self, geo: ConvGeometry, plan: ConvPlan, x: Value, w: Value, y: Value, xs: tuple[int, ...],
+                 ws: tuple[int, ...], ys: tuple[int, ...]) -> float:
+        """The implicit GEMM chunk by chunk, as backend/conv.py's ``_job`` walks it (one representative job,
+        times the jobs)."""
+        t = self.target
+        nsp = len(geo.in_spatial)
+        isz, wsz, osz = _itemsize(x.dtype), _itemsize(w.dtype), _itemsize(y.dtype)
+        factor = t.matmul_dtype_factor(geo.dtype) or 1.0
+        bank = t.psum_bank_bytes // 4
+        fp32_in = int(isz == 4)
+        fp32_out = int(osz == 4)
+        groups = geo.groups * geo.batch_groups
+        jobs = -(-groups // plan.pack)
+        if plan.pack == 1:
+            c_tiles = [n for n, k in _tiles(geo.in_channels, plan.c_tile) for _ in range(k)]
+            o_tiles = [n for n, k in _tiles(geo.out_channels, plan.o_tile) for _ in range(k)]
+        else:
+            c_tiles, o_tiles = [geo.in_channels * plan.pack], [geo.out_channels * plan.pack]
+        folding = plan.fold > 1
+        fd = plan.fold_dim
+        cl_out = plan.transpose_out != "dma" and nsp > 0
+        classes = geo.classes()
+        ksize = [wd.size for wd in geo.window]
+        dma_res = pe = act = dve = pool = act_psum = 0.0
+        evac: list[tuple[float, float]] = []  # (ScalarE, VectorE) price of each PSUM evacuation
+
+        def evacuate(n: int, parts: int) -> None:
+            evac.append((op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": n, "P": parts}),
+                         op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": n, "P": parts})))
+
+        # --- weights: bytes and run of one key's loads
+        def weight_load(ck: int, on: int) -> tuple[float, float]:
+            if plan.pack > 1:
+                og = geo.out_channels
+                run = _run(ws, (1, og, *ksize), (1, 0, *range(2, nsp + 2))) if geo.in_channels == 1 else \
+                    _run(ws, (og, 1, *ksize), (0, *range(2, nsp + 2)))
+                res_, lat = self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck)
+                return res_, lat
+            if folding:
+                others = [k for dd, k in enumerate(ksize) if dd != fd]
+                ext = (on, ck, *[1 if dd == fd else k for dd, k in enumerate(ksize)])
+                free = math.prod(others) * on
+                run = min(free, _run(ws, ext, (1, *range(2, nsp + 2), 0)))
+                nbytes = ck * free * wsz
+            else:
+                ext = (on, ck, *ksize)
+                free = math.prod(ksize) * on
+                run = min(free, _run(ws, ext, (1, *range(2, nsp + 2), 0)))
+                nbytes = ck * free * wsz
+            return self._xfer(nbytes, run * wsz, ck)
+
+        # --- one work's pieces
+        works = 0
+        loaded: set = set()
+        first_load = last_tail = 0.0
+        pre_done = False
+        o_outer = not plan.chunk_outer
+
+        def chunk_list() -> list[tuple[tuple, tuple]]:
+            out = []
+            for combo in _product_list([cl for cl in classes]):
+                extents = (geo.batch, *(cl.count for cl in combo))
+                ranges = [[(k, min(cc, n - k)) for k in range(0, n, cc)]
+                          for n, cc in zip(extents, [min(n, c) for n, c in zip(extents, plan.chunk)])]
+                for chunk in _product_list(ranges):
+                    out.append((combo, chunk))
+            return out
+
+        chunks = chunk_list()
+        order = [(ot, ch) for ot in range(len(o_tiles)) for ch in chunks] if o_outer else \
+            [(ot, ch) for ch in chunks for ot in range(len(o_tiles))]
+        inputs_seen: set = set()
+        for idx, (oi, (combo, chunk)) in enumerate(order):
+            on = o_tiles[oi]
+            reset = not plan.cache_weights or (o_outer and (idx % len(chunks) == 0))
+            if reset:
+                loaded = set()
+            if not o_outer and oi == 0:
+                inputs_seen = set()
+            w_res = w_lat = l_res = l_lat = 0.0
+            # active taps per dimension
+            active = []
+            for dd, cls in enumerate(combo):
+                ja, jn = chunk[dd + 1]
+                taps = [(tt, i0) for tt, i0 in cls.taps if cls.valid(i0, geo.in_spatial[dd], ja, ja + jn)[0]
+                        < cls.valid(i0, geo.in_spatial[dd], ja, ja + jn)[1]]
+                active.append(taps)
+            nbk, nbn = chunk[0]
+            out_elems = math.prod(jn for _, jn in chunk[1:])
+            if any(not a for a in active):
+                pool += op_ns(t, "memset", "dve", **{**_FORMULA_DEFAULTS, "N": nbn * out_elems})
+                s_res, s_lat = self._xfer(on * nbn * out_elems * osz, out_elems * osz, on)
+                dma_res += s_res
+                works += 1
+                continue
+            per_dim = [[taps[k:k + (plan.fold if folding and dd == fd else plan.tap_block[dd])]
+                        for k in range(0, len(taps), plan.fold if folding and dd == fd else plan.tap_block[dd])]
+                       for dd, taps in enumerate(active)]
+            steps = 0
+            for ci, ck in enumerate(c_tiles):
+                for gid, group in enumerate(_product_list(per_dim)):
+                    steps += math.prod(1 if folding and dd == fd else len(g) for dd, g in enumerate(group))
+                    # the input tile of (channel tile, tap group)
+                    ikey = (ci, gid)
+                    if ikey not in inputs_seen:
+                        if not o_outer:
+                            inputs_seen.add(ikey)
+                        r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, group, xs, isz, bank, fp32_in, evacuate)
+                        l_res += r_[0]
+                        l_lat = max(l_lat, l_)
+                        pe += r_[1]
+                        pool += r_[2]
+                    # weights
+                    wkey = (ci, oi, tuple(tp for tp, _ in group[fd])) if folding else (ci, oi)
+                    if plan.pack > 1:
+                        wkey = ("pack",)
+                    if wkey not in loaded:
+                        loaded.add(wkey)
+                        nblk = len(group[fd]) if folding else 1
+                        r1, r2 = weight_load(ck, on)
+                        w_res += r1 * nblk
+                        w_lat = max(w_lat, r2)
+                        if plan.pack > 1:
+                            dve += math.prod(ksize) * op_ns(t, "select", "dve", **{**_FORMULA_DEFAULTS,
+                                                                                  "N": on})
+            # matmuls: one per step per PSUM piece
+            pieces = 1
+            piece_n = nbn * out_elems
+            if plan.bank_len:
+                a, n = chunk[plan.bank_dim]
+                pieces = -(-n // plan.bank_len)
+                piece_n = piece_n * plan.bank_len // n if pieces > 1 else piece_n
+            kk = (plan.fold * c_tiles[0]) if folding else c_tiles[0]
+            mm = steps * pieces * op_ns(t, "matmul", "pe", M=on, N=piece_n, K=kk, P=kk, dtype_factor=factor)
+            pe += mm
+            n_ev = len(evac)
+            evacuate(nbn * out_elems, on)
+            # the store
+            if not cl_out:
+                run = _run(ys, (nbn, on, *(jn for _, jn in chunk[1:])), (0, *range(2, nsp + 2)))
+                s_res, s_lat = self._xfer(on * nbn * out_elems * osz, run * osz, on)
+            else:
+                s_res = s_lat = 0.0
+                bp = out_block(out_elems)
+                per_bank = max(1, bank // on)
+                blocks = -(-out_elems // bp)
+                groups_ = -(-blocks // per_bank)
+                for _ in range(nbn):
+                    pe += blocks * op_ns(t, "transpose", "pe", P=on, N=bp, fp32=fp32_out)
+                    for gi in range(groups_):
+                        nblks = min(per_bank, blocks - gi * per_bank)
+                        evacuate(nblks * on, bp)
+                        r1, r2 = self._xfer(nblks * bp * on * osz, on * osz, bp)
+                        s_res += r1
+                        s_lat = max(s_lat, r2)
+            dma_res += l_res + w_res + s_res
+            works += 1
+            ev_tail = sum(min(a_, d_) for a_, d_ in evac[n_ev:])
+            if not pre_done:
+                first_load = max(l_res + w_res, l_lat, w_lat)
+                pre_done = True
+            last_tail = mm / max(1, steps * pieces) + ev_tail + s_lat
+        for k, (a_, d_) in enumerate(evac):
+            if k % 2 == 0:
+                act += a_
+                act_psum += a_
+            else:
+                dve += d_
+        dma_res, pe, act, dve, pool, act_psum = (v * jobs for v in (dma_res, pe, act, dve, pool, act_psum))
+        works *= jobs
+        busy = self._engines_busy(act, dve, pool, act_psum)
+        steady = max(dma_res, first_load + pe, busy)
+        return steady + last_tail + 2 * self.dma_fixed
+
+    def _conv_input(self, geo: ConvGeometry, plan: ConvPlan, combo: tuple, chunk: tuple, ck: int, group: tuple,
+                    xs: tuple[int, ...], isz: int, bank: int, fp32: int, evacuate: Any
+                    ) -> tuple[tuple[float, float, float], float]:
+        """One input tile (backend/conv.py's ``_load_input``): ((DMA share, TensorE, GpSimd), DMA time alone)."""
+        t = self.target
+        nsp = len(geo.in_spatial)
+        folding = plan.fold > 1
+        fd = plan.fold_dim
+        nb = chunk[0][1]
+        boxes = []  # per dimension: (lo, step, extent) of the union, and the fold blocks' boxes
+        blocks = []
+        for dd, taps in enumerate(group):
+            cls = combo[dd]
+            ja, jn = chunk[dd + 1]
+            offs = [i0 for _, i0 in taps]
+            lo = min(offs) + ja * cls.istep
+            hi = max(offs) + (ja + jn - 1) * cls.istep
+            step = cls.istep if jn > 1 else 0
+            for o_ in offs:
+                step = math.gcd(step, o_ - offs[0])
+            step = step or 1
+            boxes.append((lo, step, (hi - lo) // step + 1))
+            blocks.append([(i0 + ja * cls.istep, cls.istep, jn) for i0 in offs])
+        nblk = len(group[fd]) if folding else 1
+        dma = lat = pe = pool = 0.0
+        cl = plan.transpose_in != "dma"
+        if not cl or not folding:
+            regions = []
+            if folding:
+                for b in range(nblk):
+                    regions.append([blocks[dd][b] if dd == fd else boxes[dd] for dd in range(nsp)])
+            else:
+                regions.append(list(boxes))
+            ext = [bx[2] for bx in regions[0]]
+            pad = False
+            if not cl:
+                for bxs in regions:
+                    valid = [_box_valid(bx, n) for bx, n in zip(bxs, geo.in_spatial)]
+                    if any(a >= b for a, b in valid):
+                        pad = True
+                        continue
+                    cnt = [b - a for a, b in valid]
+                    pad = pad or any(c_ < e for c_, e in zip(cnt, ext))
+                    # runs: the tile's rows (whole when no padding cuts them) and the input's (step 1)
+                    dst_run = _run(_strides((nb, *ext)), (nb, *cnt), tuple(range(nsp + 1)))
+                    steps_ = [bx[1] for bx in bxs]
+                    src_str = (xs[0], *(s_ * st for s_, st in zip(xs[2:], steps_)))
+                    src_run = _run(src_str, (nb, *cnt), tuple(range(nsp + 1)))
+                    nbytes = ck * nb * math.prod(cnt) * isz
+                    r_, l_ = self._xfer(nbytes, min(dst_run, src_run) * isz, ck)
+                    dma += r_
+                    lat = max(lat, l_)
+                if pad:
+                    pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
+                return (dma, pe, pool), lat
+            # channels-last: blocks of positions [w, rows, ck] loaded, transposed on TensorE, evacuated
+            valid = [_box_valid(bx, n) for bx, n in zip(boxes, geo.in_spatial)]
+            if any(a >= b for a, b in valid) or any(a > 0 or b < bx[2] for (a, b), bx in zip(valid, boxes)):
+                pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
+            if any(a >= b for a, b in valid):
+                return (dma, pe, pool), lat
+            use_dma = plan.transpose_in == "dma_transpose"
+            seg_cap = DMA_T_BLOCK if use_dma else PE_BLOCK
+            cap = DMA_T_BLOCK if use_dma else bank
+            w0, w1 = valid[-1]
+            outer = valid[:-1]
+            head = math.prod(b - a for a, b in outer[:-1]) if outer else 1
+            rows = outer[-1][1] - outer[-1][0] if outer else 1
+            for a in range(w0, w1, seg_cap):
+                wn = min(w1, a + seg_cap) - a
+                m = max(1, cap // wn) if outer else 1
+                for r in range(0, rows, m):
+                    rn = min(m, rows - r)
+                    cnt = nb * head
+                    if use_dma:
+                        r_, l_ = self._xfer(rn * wn * ck * isz, 2 * 1024, ck)
+                        dma += cnt * r_
+                        lat = max(lat, l_)
+                        continue
+                    r_, l_ = self._xfer(wn * rn * ck * isz, ck * isz, wn)
+                    dma += cnt * r_
+                    lat = max(lat, l_)
+                    pe += cnt * rn * op_ns(t, "transpose", "pe", P=wn, N=ck, fp32=fp32)
+                    for _ in range(cnt):
+                        evacuate(rn * wn, ck)
+            return (dma, pe, pool), lat
+        # channels-last and folded: rows of the union transposed in sliding windows (or a base tile copied)
+        u = boxes[fd]
+        ext = [bx[2] for bx in boxes]
+        kk = nblk * ck
+        cnt_fd = chunk[fd + 1][1]
+        valid = [_box_valid(bx, n) for bx, n in zip(boxes, geo.in_spatial)]
+        w0, w1 = valid[-1]
+        head = math.prod(b - a for a, b in valid[:fd]) if fd else 1
+        pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
+        rstep = max(1, blocks[fd][0][1] // u[1])
+        for a in range(w0, w1, PE_BLOCK):
+            seg = min(w1, a + PE_BLOCK) - a
+            m = max(1, bank // seg)
+            for j0 in range(0, cnt_fd, m):
+                rn = min(m, cnt_fd - j0)
+                R = (rn - 1) * rstep + nblk
+                r_, l_ = self._xfer(seg * R * ck * isz, ck * isz, seg)
+                dma += nb * head * r_
+                lat = max(lat, l_)
+                pe += nb * head * rn * op_ns(t, "transpose", "pe", P=seg, N=kk, fp32=fp32)
+                for _ in range(nb * head):
+                    evacuate(rn * seg, kk)
+        return (dma, pe, pool), lat
+
+    def _depthwise_ns(self, geo: ConvGeometry, dw: DepthwisePlan, x: Value, w: Value, y: Value,
+                      xs: tuple[int, ...], ys: tuple[int, ...]) -> float:
+        """backend/conv.py's ``_depthwise``: per tile its planes loaded (one DMA per stacked group), per tap
+        one ScalarE product and one add (VectorE and GpSimd in turn by tile, which share an SBUF port),
+        the fp32 sum stored (through a ScalarE conversion when the result is narrower)."""
+        t = self.target
+        tl = dw.tiling
+        taps = math.prod(wd.size for wd in geo.window)
+        inner_out = math.prod(geo.out_spatial[1:])
+        qrows = geo.out_spatial[0]
+        isz, osz = _itemsize(x.dtype), _itemsize(y.dtype)
+        wd0 = geo.window[0]
+        act = dve = pool = dma = 0.0
+        first = last = 0.0
+        k = 0
+        for _, cn in tl.chunks(geo.groups):
+            J = tl.stack(cn, geo.batch)
+            r_, _ = self._xfer(J * cn * taps * _itemsize(w.dtype), taps * _itemsize(w.dtype), J * cn)
+            dma += r_
+            if w.dtype != "f32":
+                dve += op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": taps})
+            for n0 in range(0, geo.batch, J * tl.batch):
+                jn = min(J, (geo.batch - n0) // tl.batch)
+                parts = jn * cn
+                for q0 in range(0, qrows, tl.block):
+                    qn = min(tl.block, qrows - q0)
+                    lo = max(0, q0 * wd0.stride - wd0.pad_lo)
+                    hi = min(geo.in_spatial[0], (q0 + qn - 1) * wd0.stride + (wd0.size - 1) * wd0.rhs_dilation
+                             - wd0.pad_lo + 1)
+                    in_elems = tl.batch * (hi - lo) * math.prod(geo.in_spatial[1:])
+                    elems = tl.batch * qn * inner_out
+                    run_in = _run(xs, (tl.batch, cn, hi - lo, *geo.in_spatial[1:]), (0, *range(2, len(xs))))
+                    lres, llat = self._xfer(in_elems * cn * isz, run_in * isz, cn)
+                    ld_res, ld_lat = jn * lres, llat + (jn - 1) * lres
+                    prod_ns = op_ns(t, "activation", "act", N=elems, P=parts, **_DW_VARS)
+                    eng = ADD_ENGINES[k % 2]
+                    add_ns = op_ns(t, "tensor_tensor", eng, N=elems, P=parts, **_DW_VARS)
+                    act += taps * prod_ns
+                    if eng == "dve":
+                        dve += (taps - 1) * add_ns
+                    else:
+                        pool += (taps - 1) * add_ns
+                    if osz != 4:
+                        act += op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": elems, "P": parts})
+                    run_out = _run(ys, (tl.batch, cn, qn, *geo.out_spatial[1:]), (0, *range(2, len(ys))))
+                    sres, slat = self._xfer(elems * cn * osz, run_out * osz, cn)
+                    dma += ld_res + jn * sres
+                    if k == 0:
+                        first = max(ld_res, ld_lat)
+                    last = add_ns + max(jn * sres, slat)
+                    k += 1
+        busy = self._engines_busy(act, dve, pool, 0.0)
+        return max(dma, first + busy) + last + 2 * self.dma_fixed
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+def _canonical_strides(shape: tuple[int, ...], dims: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a row-major tensor of ``shape`` in the order ``dims`` (the canonical view)."""
+    st = _strides(shape)
+    return tuple(st[k] for k in dims)
+
+
+def _run(strides: Sequence[int], extents: Sequence[int], order: Sequence[int]) -> int:
+    """Elements of the longest contiguous run of a box of ``extents`` walked in ``order`` (outermost
+    first) on a tensor of ``strides``: the DMA descriptor the access pattern gives (sim's
+    ``contiguous_run``)."""
+    run = 1
+    for k in reversed(order):
+        if extents[k] == 1:
+            continue
+        if strides[k] != run:
+            break
+        run *= extents[k]
+    return run
+
+
+def _box_valid(bx: tuple[int, int, int], n: int) -> tuple[int, int]:
+    """Tile indices ``[lo, hi)`` of a box ``(lo, step, extent)`` that hold input elements (conv.py's ``_valid``)."""
+    lo_, step, extent = bx
+    lo = 0 if lo_ >= 0 else -(lo_ // step)
+    last = (n - 1 - lo_) // step if lo_ <= n - 1 else -1
+    return lo, max(lo, min(extent, last + 1))
+
+
+def _product_list(ranges: Sequence[Sequence[Any]]) -> list[tuple]:
+    out: list[tuple] = [()]
+    for r in ranges:
+        out = [o + (k,) for o in out for k in r]
+    return out
+
+
+def _tiles(n: int, tile: int) -> list[tuple[int, int]]:
+    """(size, count) of the tiles cutting ``n``: the full ones and a last partial one."""
+    full, rest = divmod(n, tile)
+    return [(tile, full)] * bool(full) + [(rest, 1)] * bool(rest)
+
+
+def _inner(dims: Sequence[int], shape: tuple[int, ...]) -> bool:
+    """``dims`` (of a tensor of ``shape``) are its innermost non-unit dimensions: contiguous in memory."""
+    rest = [d for d in range(len(shape)) if d not in dims and shape[d] > 1]
+    return bool(dims) and all(r < min(dims) for r in rest)
+
+
+def _is_elementwise(operands: Sequence[Value | None], result: Value) -> bool:
+    return all(v is None or v.shape in (result.shape, ()) for v in operands)
+
+
+
+
+def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
+    """The price of every e-node of ``view`` (list cells: 0), by its operator, its operands' and its
+    result's shapes and types (the e-graph's analyses), and which operands are model inputs.
+    Priced once per distinct (operator, attributes, operand types).
+
+    A transpose is the one price that depends on who reads the value: the backend makes it an access
+    pattern, which a contraction (dot, convolution) reads as its operand's strides, directly or through
+    reshapes (measured: attention's ``(0,3,1,2)`` output transpose feeding the output projection costs
+    nothing beyond the dot), while anyone else must move its elements. A transpose whose every reader
+    in the e-graph is a contraction, or a view only contractions read, is priced as a view."""
+    inputs = [any(view.nodes[i].ctor in _INPUT_CTORS for i in nodes) for nodes in view.class_nodes]
+    ops = [eg.operator(n)[0] if n.ctor in terms.BY_CTOR and n.ctor not in ("Fill",) else "" for n in view.nodes]
+    contracted = _read_by_contractions(view, ops)
+    # A cast only contractions read is absorbed by them (backend/matmul.py: the source is loaded and
+    # converted on chip): the dot is priced on the source, multiplying in the cast's type, and the
+    # cast itself costs nothing more. Per class: the source class of such a cast.
+    cast_from: dict[int, int] = {}
+    for i, node in enumerate(view.nodes):
+        c = view.node_class[i]
+        if ops[i] == "convert" and contracted[c] and node.children:
+            cast_from.setdefault(c, node.children[0])
+
+    def value(c: int) -> Value | None:
+        shape, dtype = view.shape.get(c), view.dtype.get(c)
+        return None if shape is None or dtype is None else Value(tuple(shape), dtype)
+
+    cache: dict[tuple, float] = {}
+    out: list[float] = []
+    for i, node in enumerate(view.nodes):
+        c = view.node_class[i]
+        if view.class_is_list[c]:
+            out.append(0.0)
+            continue
+        if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] in ("transpose", "convert") and contracted[c]):
+            out.append(NODE_NS)
+            continue
+        fixed, variadic = operand_layout(node)
+        kids = list(node.children[:fixed])
+        if variadic:
+            kids += view.list_items(node.children[fixed]) or []
+        multiply_in = None
+        if ops[i] == "dot" and all(k in cast_from for k in kids):
+            multiply_in = view.dtype.get(kids[0])
+            kids = [cast_from[k] for k in kids]
+        vals = tuple(value(k) for k in kids)
+        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] for k in kids), multiply_in)
+        cost = cache.get(key)
+        if cost is None:
+            op, attrs = eg.operator(node)
+            cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in)
+        out.append(cost)
+    return out
+
+
+_CONTRACTIONS = frozenset({"dot", "convolution"})
+_PASS_VIEWS = frozenset({"reshape", "bitcast", "transpose"})
+
+
+def _read_by_contractions(view: View, ops: Sequence[str]) -> list[bool]:
+    """Per class: it has readers, and every one is a contraction or a view (reshape, bitcast,
+    transpose) of which the same holds. Decided from the readers up, cycles of views counting as
+    not read by a contraction."""
+    readers: list[list[int]] = [[] for _ in range(view.n_classes)]
+    for i, node in enumerate(view.nodes):
+        for k in set(node.children):
+            readers[k].append(i)
+    memo: dict[int, bool] = {}
+
+    def ok(c: int, open_: set[int]) -> bool:
+        if c in memo:
+            return memo[c]
+        if c in open_ or not readers[c]:
+            return False
+        open_.add(c)
+        res = all(ops[i] in _CONTRACTIONS or (ops[i] in _PASS_VIEWS and ok(view.node_class[i], open_))
+                  for i in readers[c])
+        open_.discard(c)
+        memo[c] = res
+        return res
+
+    return [not view.class_is_list[c] and ok(c, set()) for c in range(view.n_classes)]
+
+
+_INPUT_CTORS = ("Parameter", "Constant")
+
+
+__all__ = ["NODE_NS", "CostModel", "Value", "node_costs"]

@@ -1,0 +1,224 @@
+"""The device cost model against the simulator: single operators (and short elementwise chains)
+compiled alone for trn1, the model's price within 15% of the simulated latency.
+
+A case is an HLO entry computation; it is compiled without saturation (the extractor would rewrite
+``transpose(dot(b, a))`` into ``dot(a, b)``, which is what the cost model is for, but here each form
+is measured as written) and its latency (loads from HBM and the store of the result included) is
+compared with the sum of the model's prices of its operators. ``python tests/extract/test_cost_model.py``
+prints the table.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+
+import pytest
+
+from nxsat import sim
+from nxsat.backend import device_forms, lower_graph, schedule_graph
+from nxsat.backend.partition import partition
+from nxsat.backend.precision import apply_precision
+from nxsat.extract.cost import CostModel, Value
+from nxsat.frontend import load
+from nxsat.ir import Module
+from nxsat.passes import canonicalize
+
+TOLERANCE = 0.15
+DOT = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+# dot(b, a) of a [M, K] and b [K, N]: the [N, M] product, transposed back to [M, N]
+DOT_T = "lhs_contracting_dims={0}, rhs_contracting_dims={1}"
+
+
+def _dot(m: int, k: int, n: int, t: str = "f32") -> tuple[list[str], list[str]]:
+    return [f"{t}[{m},{k}]", f"{t}[{k},{n}]"], [f"r = {t}[{m},{n}] dot(p0, p1), {DOT}"]
+
+
+def _dot_t(m: int, k: int, n: int, t: str = "f32") -> tuple[list[str], list[str]]:
+    return [f"{t}[{m},{k}]", f"{t}[{k},{n}]"], [f"d = {t}[{n},{m}] dot(p1, p0), {DOT_T}",
+                                                 f"r = {t}[{m},{n}] transpose(d), dimensions={{1,0}}"]
+
+
+def _ew(shape: str, t: str, chain: list[str], params: int = 2) -> tuple[list[str], list[str]]:
+    return [f"{t}[{shape}]"] * params, [line.format(t=f"{t}[{shape}]") for line in chain]
+
+
+def _reduce(src: str, dst: str, dims: str, op: str, t: str = "f32") -> tuple[list[str], list[str]]:
+    init = "-inf" if op == "maximum" else "0"
+    return [f"{t}[{src}]"], [f"z = {t}[] constant({init})",
+                             f"r = {t}[{dst}] reduce(p0, z), dimensions={{{dims}}}, to_apply=%{op}"]
+
+
+def _transpose(src: str, dst: str, perm: str, t: str = "f32") -> tuple[list[str], list[str]]:
+    return [f"{t}[{src}]"], [f"r = {t}[{dst}] transpose(p0), dimensions={{{perm}}}"]
+
+
+def _conv(x: str, w: str, out: str, window: str, labels: str, extra: str = "", t: str = "f32"
+          ) -> tuple[list[str], list[str]]:
+    return [f"{t}[{x}]", f"{t}[{w}]"], [f"r = {t}[{out}] convolution(p0, p1), window={{{window}}}, "
+                                         f"dim_labels={labels}{extra}"]
+
+
+# (id, (parameters, instructions: the last is the root), auto-cast)
+CASES: list[tuple[str, tuple[list[str], list[str]], str]] = []
+for _cast in ("none", "matmult"):
+    for _m, _k, _n in ((128, 128, 128), (512, 1024, 512), (3072, 768, 128), (128, 768, 3072), (64, 64, 64),
+                       (1024, 1024, 1024)):
+        CASES.append((f"dot-{_m}x{_k}x{_n}-f32-{_cast}", _dot(_m, _k, _n), _cast))
+    for _m, _k, _n in ((3072, 768, 128), (128, 768, 3072)):
+        CASES.append((f"dotT-{_m}x{_k}x{_n}-f32-{_cast}", _dot_t(_m, _k, _n), _cast))
+CASES += [
+    ("dot-512x1024x512-bf16", _dot(512, 1024, 512, "bf16"), "none"),
+    ("dot-3072x768x128-bf16", _dot(3072, 768, 128, "bf16"), "none"),
+    ("dotT-3072x768x128-bf16", _dot_t(3072, 768, 128, "bf16"), "none"),
+    ("dot-batch-12x128x64x128-f32", (["f32[12,128,64]", "f32[12,64,128]"], [
+        "r = f32[12,128,128] dot(p0, p1), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, "
+        "rhs_contracting_dims={1}"]), "matmult"),
+]
+CASES += [
+    ("add-128x512-f32", _ew("128,512", "f32", ["r = {t} add(p0, p1)"]), "none"),
+    ("add-4096x1024-f32", _ew("4096,1024", "f32", ["r = {t} add(p0, p1)"]), "none"),
+    ("add-1024x1024-bf16", _ew("1024,1024", "bf16", ["r = {t} add(p0, p1)"]), "none"),
+    ("exp-add-1024x1024-f32", _ew("1024,1024", "f32", ["s = {t} add(p0, p1)", "r = {t} exponential(s)"]), "none"),
+    ("exp-add-2048x512-bf16", _ew("2048,512", "bf16", ["s = {t} add(p0, p1)", "r = {t} exponential(s)"]), "none"),
+    ("mul-tanh-mul-2048x1024-f32", _ew("2048,1024", "f32", [
+        "a = {t} multiply(p0, p1)", "b = {t} tanh(a)", "r = {t} multiply(b, p2)"], 3), "none"),
+    ("mul-tanh-mul-256x256-bf16", _ew("256,256", "bf16", [
+        "a = {t} multiply(p0, p1)", "b = {t} tanh(a)", "r = {t} multiply(b, p2)"], 3), "none"),
+    ("tanh-64x64-f32", _ew("64,64", "f32", ["r = {t} tanh(p0)"], 1), "none"),
+]
+CASES += [
+    ("reduce-add-last-1024x1024-f32", _reduce("1024,1024", "1024", "1", "add"), "none"),
+    ("reduce-max-last-4096x512-f32", _reduce("4096,512", "4096", "1", "maximum"), "none"),
+    ("reduce-add-first-1024x1024-f32", _reduce("1024,1024", "1024", "0", "add"), "none"),
+    ("reduce-max-mid-64x128x256-f32", _reduce("64,128,256", "64,256", "1", "maximum"), "none"),
+    ("reduce-add-last-2048x768-bf16", _reduce("2048,768", "2048", "1", "add", "bf16"), "none"),
+]
+CASES += [
+    ("transpose-1024x512-f32", _transpose("1024,512", "512,1024", "1,0"), "none"),
+    ("transpose-256x128-bf16", _transpose("256,128", "128,256", "1,0", "bf16"), "none"),
+    ("transpose-0213-8x128x12x64-f32", _transpose("8,128,12,64", "8,12,128,64", "0,2,1,3"), "none"),
+    ("transpose-0132-4x12x128x64-f32", _transpose("4,12,128,64", "4,12,64,128", "0,1,3,2"), "none"),
+]
+_3x3 = "size=3x3 pad=1_1x1_1"
+CASES += [
+    ("conv3x3-nchw-8x64x56x56", _conv("8,64,56,56", "64,64,3,3", "8,64,56,56", _3x3, "bf01_oi01->bf01"), "matmult"),
+    ("conv3x3-nchw-4x128x28x28-f32", _conv("4,128,28,28", "128,128,3,3", "4,128,28,28", _3x3, "bf01_oi01->bf01"),
+     "none"),
+    ("conv1x1-nchw-8x256x14x14", _conv("8,256,14,14", "64,256,1,1", "8,64,14,14", "size=1x1", "bf01_oi01->bf01"),
+     "matmult"),
+    ("conv3x3-nhwc-8x28x28x128", _conv("8,28,28,128", "3,3,128,128", "8,28,28,128", _3x3, "b01f_01io->b01f"),
+     "matmult"),
+    ("conv1x1-nhwc-8x14x14x256", _conv("8,14,14,256", "1,1,256,64", "8,14,14,64", "size=1x1", "b01f_01io->b01f"),
+     "matmult"),
+    ("depthwise3x3-nchw-8x32x56x56", _conv("8,32,56,56", "32,1,3,3", "8,32,56,56", _3x3, "bf01_oi01->bf01",
+                                           ", feature_group_count=32"), "matmult"),
+    # from real models: resnet50's stem (7x7 stride 2 over the padded NHWC image, 3 channels) and a 1x1
+    # stride-2 projection; mobilenet's depthwise 3x3 (bf16, NCHW and NHWC)
+    ("conv7x7s2-stem-nhwc-1x230x230x3", _conv("1,230,230,3", "7,7,3,64", "1,112,112,64", "size=7x7 stride=2x2",
+                                              "b01f_01io->b01f"), "matmult"),
+    ("conv1x1s2-nhwc-1x56x56x256", _conv("1,56,56,256", "1,1,256,512", "1,28,28,512", "size=1x1 stride=2x2",
+                                         "b01f_01io->b01f"), "matmult"),
+    ("depthwise3x3-nchw-1x256x56x56-bf16", _conv("1,256,56,56", "256,1,3,3", "1,256,56,56", _3x3, "bf01_oi01->bf01",
+                                                 ", feature_group_count=256", "bf16"), "none"),
+    ("depthwise3x3-nhwc-1x56x56x256-bf16", _conv("1,56,56,256", "3,3,1,256", "1,56,56,256", _3x3, "b01f_01io->b01f",
+                                                 ", feature_group_count=256", "bf16"), "none"),
+]
+
+# Families the model does not bring within the tolerance yet (predicted / simulated when marked).
+_PACKED = ("depthwise on TensorE (block-diagonal stationaries built by VectorE selects per tap, two jobs of 128 "
+           "channels): the select/matmul chain and the jobs' serialization are not modeled (predicted/simulated {})")
+XFAIL: dict[str, str] = {
+    "reduce-add-last-2048x768-bf16": "bf16 last-axis reduce: VectorE/ScalarE alternate with fp32 copies of each "
+                                     "partial, all loads land together (predicted/simulated 0.81)",
+    "depthwise3x3-nchw-1x256x56x56-bf16": _PACKED.format(0.72),
+    "depthwise3x3-nhwc-1x56x56x256-bf16": _PACKED.format(0.66),
+}
+
+
+def _text(params: list[str], lines: list[str]) -> str:
+    body = [f"  p{i} = {t} parameter({i})" for i, t in enumerate(params)] + [f"  {x}" for x in lines[:-1]]
+    comps = ("%add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n\n"
+             "%maximum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] maximum(a, b)\n}\n\n")
+    if "bf16[" in lines[-1] and "reduce(" in lines[-1]:
+        comps = comps.replace("f32[]", "bf16[]")
+    return "HloModule m\n\n" + comps + "ENTRY e {\n" + "\n".join(body + [f"  ROOT {lines[-1]}"]) + "\n}\n"
+
+
+def _load(params: list[str], lines: list[str]) -> Module:
+    with tempfile.NamedTemporaryFile("w", suffix=".hlo", delete=False) as f:
+        f.write(_text(params, lines))
+    try:
+        return canonicalize(load(f.name))
+    finally:
+        os.unlink(f.name)
+
+
+@functools.cache
+def _target() -> sim.Target:
+    return sim.load_target("trn1")
+
+
+def simulated_us(module: Module, cast: str) -> float:
+    """The simulated latency of ``module`` as compiled (no saturation: the program as written)."""
+    t = _target()
+    precise, _ = apply_precision(module, cast)
+    parted, _ = partition(precise, t, "bf16" if cast == "matmult" else "f32")
+    compiled = schedule_graph(lower_graph(device_forms(parted), t), t)
+    model = sim.build_model(compiled.program, t, compiled.constants)[1]
+    return model.profile()[1].latency / 1000
+
+
+def predicted_us(module: Module, cast: str) -> float:
+    """The cost model's price of ``module``: the sum over its operators, ``inputs`` true for the
+    operands that are parameters or constants."""
+    cm = CostModel(_target(), "bf16" if cast == "matmult" else "f32")
+    total = 0.0
+    for n in module.entry.post_order():
+        if n.op == "parameter":
+            continue
+        vals = [Value(o.shape, o.dtype.name) for o in n.operands]
+        inputs = [o.op in ("parameter", "constant") for o in n.operands]
+        total += cm.op_ns(n.op, n.attrs, vals, Value(n.shape, n.dtype.name), inputs)
+    return total / 1000
+
+
+def measure(case: tuple[list[str], list[str]], cast: str) -> tuple[float, float]:
+    module = _load(*case)
+    return predicted_us(module, cast), simulated_us(module, cast)
+
+
+def _param(cid: str, case: tuple, cast: str):  # noqa: ANN202
+    marks = [pytest.mark.xfail(strict=True, reason=XFAIL[cid])] if cid in XFAIL else []
+    return pytest.param(case, cast, id=cid, marks=marks)
+
+
+@pytest.mark.parametrize("case,cast", [_param(*c) for c in CASES])
+def test_single_operator_within_tolerance(case, cast):
+    pred, simulated = measure(case, cast)
+    assert abs(pred / simulated - 1) <= TOLERANCE, f"predicted {pred:.2f} us, simulated {simulated:.2f} us"
+
+
+@pytest.mark.parametrize("m,k,n,t", [(3072, 768, 128, "f32"), (128, 768, 3072, "f32"), (3072, 768, 128, "bf16")],
+                         ids=["tall-f32", "wide-f32", "tall-bf16"])
+@pytest.mark.parametrize("cast", ["none", "matmult"])
+def test_dot_forms_ordered_as_simulated(m, k, n, t, cast):
+    """``dot(a, b)`` and ``transpose(dot(b, a))`` (which operand is stationary; a transpose read as a
+    view): the model ranks the two forms as the simulator does."""
+    plain, flipped = (measure(f(m, k, n, t), cast) for f in (_dot, _dot_t))
+    assert (plain[0] < flipped[0]) == (plain[1] < flipped[1]), (plain, flipped)
+
+
+if __name__ == "__main__":
+    import sys
+    import time
+
+    only = sys.argv[1:]
+    for cid, case, cast in CASES:
+        if only and not any(s in cid for s in only):
+            continue
+        t0 = time.perf_counter()
+        p, s = measure(case, cast)
+        print(f"{cid:40} {p:10.2f} {s:10.2f} {p / s:6.3f} {'' if abs(p / s - 1) <= TOLERANCE else 'FAIL'}"
+              f" ({time.perf_counter() - t0:.1f}s)", flush=True)
