@@ -35,12 +35,6 @@ SATURATED, NODE_LIMIT, ITERATION_LIMIT, TIME_LIMIT, PROVED = (
     "saturated", "node limit", "iteration limit", "time limit", "proved")
 
 
-# The least share of a match's right-hand side the node limit's hold assumes it adds: a held rule may
-# apply up to 1 / GROWTH_FLOOR times the matches that would fit if each added all of it, so one
-# iteration can overshoot the node limit by at most that much of the room left (checked after each).
-GROWTH_FLOOR = 0.5
-
-
 @dataclass
 class Budget:
     iterations: int
@@ -174,6 +168,7 @@ class _RuleState:
     banned_until: int = 0
     bans: int = 0
     last_found: int = 0  # matches found in the rule's last run
+    seen: int = 0  # matches found when it last ran in full (all applied then: they add nothing again)
     capped: bool = False  # set aside because its matches would not fit under the node limit
 
 
@@ -189,7 +184,6 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
     prev = report.initial
     report.stop_reason = ITERATION_LIMIT
     solo: Rule | None = None  # a rule the node limit held back, run alone while the others rest
-    growth = 1.0  # e-nodes the last iteration's matches added, per match
     clean: set[str] = set()  # rules that ran in full on the e-graph as it is now and changed nothing
     for it in range(budget.iterations):
         if time.perf_counter() - start >= budget.seconds:
@@ -204,13 +198,14 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
         busy = sum(1 for r in explosive if state[r.name].last_found) or len(explosive)
         left = budget.node_limit - prev.nodes
         share = max(1, left // max(1, busy))
-        # A match adds at most rhs_nodes e-nodes, and in practice what the last iteration's matches
-        # added each (most matches of commutativity are ones it already applied): a rule is held to
-        # the matches that fit at that rate, never less than GROWTH_FLOOR of the worst case.
-        fits = {r.name: max(1, int(share / (r.rhs_nodes * growth))) for r in explosive}
+        # A match adds at most rhs_nodes e-nodes; the matches a rule found when it last ran in full
+        # were applied then and add nothing now (commutativity finds every sum it already commuted),
+        # so a rule may find those again plus the new ones that fit under the node limit.
+        fits = {r.name: max(1, share // r.rhs_nodes) for r in explosive}
+        caps = {r.name: min(state[r.name].limit, state[r.name].seen + fits[r.name]) for r in explosive}
         limited: dict[int, list[Rule]] = {}
         for r in explosive:
-            limited.setdefault(min(state[r.name].limit, fits[r.name]), []).append(r)
+            limited.setdefault(caps[r.name], []).append(r)
         plain = [r for r in runnable if not r.explosive]
         if budget.time_rules:
             applied, searched, seconds = _run_timed(eg, plain, sorted(limited.items()))
@@ -233,17 +228,18 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
                 st.ban_length *= 2
                 stats.banned.append(r.name)
                 report.bans[r.name] = st.bans
-            elif r.explosive and found > fits[r.name]:
-                # Its matches might not fit under the node limit: it applied only its share, and runs
-                # again next iteration with the share then left (setting it aside for a ban made a
-                # 24-layer BERT need more iterations than a 12-layer one: most matches are old ones).
+            elif r.explosive and found > caps[r.name]:
+                # Its matches might not fit under the node limit: set it aside while others work.
                 st.capped = True
+                st.banned_until = it + 1 + st.ban_length
                 stats.held.append(r.name)
                 if solo is not None:
-                    too_big = (f"{r.name} has {found} matches, which may add up to {found * r.rhs_nodes} "
+                    new = found - st.seen
+                    too_big = (f"{r.name} has {new} new matches, which may add up to {new * r.rhs_nodes} "
                                f"e-nodes; {left} are left under the limit")
             else:
                 ran_in_full.add(r.name)
+                st.seen = found
             if m:
                 stats.matches[r.name] = m
                 report.matches[r.name] = report.matches.get(r.name, 0) + m
@@ -264,9 +260,6 @@ def saturate(eg: EGraph, budget: Budget, rules: Sequence[Rule] | None = None,
                 frozen = eg.freeze()
         sizes = eg.sizes(frozen)
         stats.enodes, stats.eclasses = sizes.nodes, sizes.classes
-        applied_total = sum(applied.values())
-        if applied_total:
-            growth = min(1.0, max(GROWTH_FLOOR, (sizes.nodes - prev.nodes) / applied_total))
         stats.seconds = time.perf_counter() - t0
         report.iterations.append(stats)
         if stop_when is not None and stop_when():
