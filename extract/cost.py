@@ -8,17 +8,19 @@ extractors add these costs over the e-classes they choose, so a cost is local to
 
 - a matmul is priced by :func:`~nxsat.extract.plan.matmul_plan` (which operand is stationary sets M
   and N, so ``dot(a, b)`` and ``transpose(dot(b, a))`` cost differently), in the precision
-  ``--auto-cast`` gives TensorE;
-- a convolution by :func:`~nxsat.extract.plan.conv_plan` (its matmul count) or the depthwise plan;
+  ``--auto-cast`` gives TensorE (or the type of the casts it absorbs);
+- a convolution by :func:`~nxsat.extract.plan.conv_plan`, chunk by chunk as backend/conv.py emits it,
+  or by the depthwise plan on the vector engines;
 - an elementwise operator is fused by the backend with its elementwise neighbours into one pass over
   SBUF, so it pays its engine time and one write of its result; only the inputs of the model it
   reads (parameters, constants) add their load;
-- a view (reshape, bitcast, broadcast, a slice, a transpose that keeps the contiguous dimension)
-  costs nothing; a transpose that moves the contiguous dimension makes whoever reads it move one
-  element per DMA descriptor, and is charged that.
+- a view (reshape, bitcast, broadcast, a slice) costs nothing; a transpose costs the copy that
+  materializes it, unless only contractions read it (:func:`node_costs`: then it is their access
+  pattern), and a cast only contractions read is absorbed by them.
 
 Every operator also pays :data:`NODE_NS`, so that of two programs that cost the same the one with
-fewer operators wins, and no chain of free views can be chosen as a cycle.
+fewer operators wins, and no chain of free views can be chosen as a cycle. docs/extraction.md says
+what the model leaves out (an operator's layout as its reader sees it; overlap between operators).
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ VIEWS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "resha
 # Engine formulas of the elementwise families (backend/tiles.py picks the instruction).
 _ENGINE = {registry.SCALAR: ("act", "activation"), registry.VECTOR: ("dve", "tensor_tensor"),
            registry.GPSIMD: ("pool", "tensor_tensor")}
-# The variables of the target's cost formulas an operator-level price does not distinguish.
-# a depthwise tile's products and sums (extract/plan.py prices the same instructions): fp32 in SBUF, strided
+# A depthwise tile's products and sums (extract/plan.py prices the same instructions): fp32 in SBUF, strided.
 _DW_VARS = {"psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
+# The variables of the target's cost formulas an operator-level price does not distinguish.
 _FORMULA_DEFAULTS = {"fast": 0, "accum": 0, "half": 0, "zero_bf16": 0, "fp32": 0, "psum_in": 0, "all_sbuf": 1,
                      "lowp": 0, "contig": 1, "P": 128}
 
