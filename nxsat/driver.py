@@ -117,9 +117,10 @@ class _Stages:
         if self.workdir is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
 
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+    def run(self, name: str, fn: Callable[[], Any], label: str = "") -> Any:
+        """Run stage ``name``; the progress line shows ``label`` when given (what makes it long)."""
         assert any(s.name == name for s in STAGES), name
-        self.progress.stage(name)
+        self.progress.stage(label or name)
         t0 = time.perf_counter()
         out = fn()
         self.seconds[name] = round(time.perf_counter() - t0, 4)
@@ -140,7 +141,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import TENSOR_OPS, apply_precision
-    from nxsat.extract import LEVEL_EXTRACTOR, extract
+    from nxsat.extract import ILP_SECONDS, LEVEL_EXTRACTOR, extract
     from nxsat.extract.cost import CostModel
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
@@ -183,7 +184,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                                          sort_keys=True))
     extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
     chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor,
-                                               CostModel(target, "f32" if by_cost else matmul_precision(opts))))
+                                               CostModel(target, "f32" if by_cost else matmul_precision(opts))),
+                    f"extract (exact ILP: up to {ILP_SECONDS:g} s)" if extractor == "ilp" else "")
     extracted = chosen.module
     st.dump("04-extraction.json", lambda: json.dumps(chosen.to_json(), indent=1))
     st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))

@@ -195,3 +195,15 @@ def test_an_unknown_extractor_is_refused(tmp_path: Path, capsys: pytest.CaptureF
         main(["compile", str(MLP), "-o", str(tmp_path / "m.neff"), "--extractor", "fastest"])
     assert e.value.code != 0 and not (tmp_path / "m.neff").exists()
     assert "fastest" in capsys.readouterr().err
+
+
+def test_the_progress_line_says_the_exact_extractor_may_take_a_while() -> None:
+    import io
+
+    from nxsat.driver import CompileOptions, compile_model
+    from nxsat.progress import Progress
+
+    for level, shown in ((3, True), (2, False)):
+        buf = io.StringIO()
+        compile_model(str(MLP), CompileOptions(optlevel=level), progress=Progress(buf, enabled=True, interval=0))
+        assert ("extract (exact ILP: up to 60 s)" in buf.getvalue()) == shown
