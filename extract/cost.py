@@ -361,6 +361,28 @@ class CostModel:
         return self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles) \
             + 2 * self.dma_fixed
 
+    def _weight_gradient_ns(self, x: Value, w: Value, result: Value, d: Any, window: tuple, bgc: int,
+                            mt: str) -> float:
+        """A weight gradient as device-forms rewrites it (backend/conv.py ``weight_gradients``): per
+        output position, a dot of the input's and the output gradient's windows over (channels, taps),
+        the operand with fewer rows stationary; a group of one channel in and out a product summed on
+        VectorE. Both operands are read through slices whose taps are their contiguous dimension."""
+        n_, c = x.shape[d.input_batch], x.shape[d.input_feature]
+        o = w.shape[d.kernel_output_feature]
+        b, og = n_ // bgc, o // bgc
+        positions = math.prod(result.shape[i] for i in d.output_spatial)
+        taps = math.prod(min(wd.size, x.shape[i]) for wd, i in zip(window, d.input_spatial))
+        K = c * taps
+        if bgc > 1 and b == 1 and og == 1:
+            per = self.engine_ns("dve", "tensor_tensor", bgc * K) + self.engine_ns("dve", "tensor_reduce", bgc * K)
+            moved = self.dma_ns(bgc * K * 2 * _itemsize(x.dtype), taps * _itemsize(x.dtype))
+            return positions * max(per, moved) + 2 * self.dma_fixed
+        M, N = min(b, og), max(b, og)
+        lhs, rhs = Value((M, K), x.dtype), Value((K, N), w.dtype)
+        one = self.matmul_ns(bgc, M, K, N, mt, lhs, rhs, Value((M, N), result.dtype), lhs_k_contiguous=True,
+                             rhs_k_contiguous=True) - 2 * self.dma_fixed
+        return positions * one + 2 * self.dma_fixed
+
     def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value) -> float:
         """A convolution as backend/conv.py emits :func:`~nxsat.extract.plan.conv_plan`: fp32 operands that
         TensorE multiplies in a narrower type are converted by a pass through HBM first (the precision
@@ -402,6 +424,8 @@ class CostModel:
             convert = sum(self.elementwise_ns("convert", registry.VECTOR, [v], Value(v.shape, mt), [True])
                           for v in (x, w)) - 2 * self.dma_fixed
             x, w = Value(x.shape, mt), Value(w.shape, mt)
+        if _weight_gradient(window, fgc, result, d):
+            return convert + self._weight_gradient_ns(x, w, result, d, window, bgc, mt)
         try:
             plan = conv_plan(geo, self.target)
         except (ValueError, AssertionError, ZeroDivisionError):
@@ -814,6 +838,14 @@ def _product_list(ranges: Sequence[Sequence[Any]]) -> list[tuple]:
     for r in ranges:
         out = [o + (k,) for o in out for k in r]
     return out
+
+
+def _weight_gradient(window: tuple, fgc: int, result: Value, d: Any) -> bool:
+    """More window taps than output positions (backend/conv.py's ``is_weight_gradient``): device-forms
+    rewrites it into one contraction per output position before lowering."""
+    out = math.prod(result.shape[i] for i in d.output_spatial)
+    return (bool(window) and all(wd.lhs_dilation == 1 for wd in window) and fgc == 1
+            and math.prod(wd.size for wd in window) > out)
 
 
 def _tiles(n: int, tile: int) -> list[tuple[int, int]]:
