@@ -95,8 +95,11 @@ class CostModel:
     """Prices operators for one target; ``matmul_dtype`` is the type TensorE multiplies in (what the
     precision policy gives dots under ``--auto-cast``; f32 without)."""
 
-    def __init__(self, target: Target, matmul_dtype: str = "f32") -> None:
+    def __init__(self, target: Target, matmul_dtype: str = "f32", in_program: bool = False) -> None:
         self.target = target
+        # in a program (the extractors' view): a dot's loads of model inputs (weights) are issued ahead,
+        # under earlier operators, and leave its critical path; alone (the calibrated view) they are not
+        self.in_program = in_program
         self.matmul_dtype = matmul_dtype if target.supports_matmul_dtype(matmul_dtype) else "f32"
         self.bw = target.memory_bw  # bytes per ns
         dma = target.dma
@@ -154,7 +157,8 @@ class CostModel:
         if result is None or op in VIEWS:
             return NODE_NS
         if op == "dot":
-            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in)
+            ahead = tuple(inputs) if self.in_program else ()
+            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead)
         if op == "convolution":
             return NODE_NS + self.conv_ns(attrs, operands, result)
         if op == "transpose":
@@ -275,7 +279,7 @@ class CostModel:
         return self.dma_ns(result.nbytes, run * size) + self.dma_fixed
 
     def dot_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
-               multiply_in: str | None = None) -> float:
+               multiply_in: str | None = None, ahead: Sequence[bool] = ()) -> float:
         lhs, rhs = operands[0], operands[1]
         if lhs is None or rhs is None:
             return 0.0
@@ -293,10 +297,13 @@ class CostModel:
         # K is an operand's contiguous dimension when its contracting dimensions are its innermost ones
         lk = _inner(d.lhs_contracting, lhs.shape)
         rk = _inner(d.rhs_contracting, rhs.shape)
-        return self.matmul_ns(B, M, K, N, mt, lhs, rhs, result, lhs_k_contiguous=lk, rhs_k_contiguous=rk)
+        flags = tuple(ahead) + (False, False)
+        return self.matmul_ns(B, M, K, N, mt, lhs, rhs, result, lhs_k_contiguous=lk, rhs_k_contiguous=rk,
+                              ahead=flags[:2])
 
     def matmul_ns(self, B: int, M: int, K: int, N: int, mt: str, lhs: Value, rhs: Value, result: Value,
-                  lhs_k_contiguous: bool = True, rhs_k_contiguous: bool = False) -> float:
+                  lhs_k_contiguous: bool = True, rhs_k_contiguous: bool = False,
+                  ahead: tuple[bool, bool] = (False, False)) -> float:
         """``B`` products ``[M, K] @ [K, N]`` as backend/matmul.py emits them, tiled by
         :func:`matmul_plan`: per M tile the stationary operand's K tiles (once if resident, else once
         per N tile), per (M, N) tile the moving operand's, ``ceil(K / k_tile)`` matmuls accumulating in
@@ -339,7 +346,7 @@ class CostModel:
         if lt:
             p, v = transposed(M, st_loads, lhs.dtype)
             pe, dve = pe + p, dve + v
-        elif lhs.dtype != mt:
+        elif lhs.dtype != mt and not ahead[0]:  # a prefetched operand is converted ahead too
             dve += st_loads * self.instr_ns("dve", "tensor_copy", mtiles * ktiles, N=min(M, plan.m_tile))
         if joint:
             p, v = transposed(N, 1, rhs.dtype)
@@ -347,14 +354,14 @@ class CostModel:
         elif rt:
             p, v = transposed(N, mtiles, rhs.dtype)
             pe, dve = pe + p, dve + v
-        elif rhs.dtype != mt:
+        elif rhs.dtype != mt and not ahead[1]:
             dve += mv_loads * self.instr_ns("dve", "tensor_copy", ntiles * ktiles, N=min(N, plan.n_tile))
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
         st_bytes = M * K * ls * st_loads
         mv_bytes = K * N * rs * mv_loads
         st_run = min(K, plan.k_tile * plan.k_group) * ls if lt else min(M, plan.m_tile) * ls
         mv_run = min(K, plan.k_tile * plan.k_group) * rs if rt else min(N, plan.n_tile) * rs
-        load = B * (self.dma_ns(st_bytes, st_run) + self.dma_ns(mv_bytes, mv_run))
+        load = B * (self.dma_ns(st_bytes, st_run) * (not ahead[0]) + self.dma_ns(mv_bytes, mv_run) * (not ahead[1]))
         store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
         tiles = B * mtiles * ntiles

@@ -142,7 +142,6 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import TENSOR_OPS, apply_precision
     from nxsat.extract import ILP_SECONDS, LEVEL_EXTRACTOR, extract
-    from nxsat.extract.cost import CostModel
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
     from nxsat.passes import canonicalize
@@ -184,7 +183,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                                          sort_keys=True))
     extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
     chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor,
-                                               CostModel(target, "f32" if by_cost else matmul_precision(opts))),
+                                               _cost_model(target, opts, by_cost)),
                     f"extract (exact ILP: up to {ILP_SECONDS:g} s)" if extractor == "ilp" else "")
     extracted = chosen.module
     st.dump("04-extraction.json", lambda: json.dumps(chosen.to_json(), indent=1))
@@ -239,6 +238,16 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     return summary, constants, io, data, model
+
+
+def _cost_model(target: Any, opts: CompileOptions, by_cost: tuple[str, ...]) -> Any:
+    """The extraction's cost model: TensorE in the policy's type, or (precision by cost) in the type of
+    the casts a dot absorbs, its weights' loads and casts issued ahead of it (``in_program``)."""
+    from nxsat.extract.cost import CostModel
+
+    if by_cost:
+        return CostModel(target, "f32", in_program=True)
+    return CostModel(target, matmul_precision(opts))
 
 
 # --auto-cast-type -> the precision rule set that offers dots in that type (the others: the policy pass)

@@ -239,3 +239,20 @@ if __name__ == "__main__":
         p, s = measure(case, cast)
         print(f"{cid:40} {p:10.2f} {s:10.2f} {p / s:6.3f} {'' if abs(p / s - 1) <= TOLERANCE else 'FAIL'}"
               f" ({time.perf_counter() - t0:.1f}s)", flush=True)
+
+
+def test_in_a_program_a_dots_weight_loads_and_casts_leave_its_critical_path():
+    """The extractors' view with --precision-by-cost (``in_program``): a dot's loads of model inputs, and
+    their on-chip casts, are issued ahead of it, so a weight-streaming product is priced by TensorE, and
+    fp32 costs it more than bf16; alone (the calibrated view) both are bound by the same loads."""
+    from nxsat.attrs import DotDims
+
+    attrs = {"dims": DotDims((1,), (0,))}
+    x, w, y = Value((128, 3072), "f32"), Value((3072, 768), "f32"), Value((128, 768), "f32")
+    alone, ahead = CostModel(_target(), "f32"), CostModel(_target(), "f32", in_program=True)
+    for weight_input in (False, True):
+        flags = [False, weight_input]
+        f32 = ahead.op_ns("dot", attrs, [x, w], y, flags)
+        bf16 = ahead.op_ns("dot", attrs, [x, w], y, flags, multiply_in="bf16")
+        assert (f32 > 1.5 * bf16) == weight_input
+        assert f32 <= alone.op_ns("dot", attrs, [x, w], y, flags)
