@@ -85,7 +85,8 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     preferred = frozenset(originals)
     prices = node_costs(eg, view, model)
     # what the extractors minimise: a node the input does not have pays the model's error bound on top
-    costs = [p if i in preferred else p * (1 + CONFIDENCE) for i, p in enumerate(prices)]
+    variants = _precision_variants(view, preferred)
+    costs = [p if i in preferred or i in variants else p * (1 + CONFIDENCE) for i, p in enumerate(prices)]
     root = view.handles[loaded.root]
     result = None
     if extractor == "greedy":
@@ -108,6 +109,27 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     return Extraction(module, extractor, dag_cost(view, best, root, prices), dag_cost(view, input_best, root, prices),
                       time.perf_counter() - t0, view.term_nodes(), view.term_classes(), result, kept_input,
                       dag_cost(view, best, root, costs), casts)
+
+
+def _precision_variants(view: Any, preferred: frozenset[int]) -> set[int]:
+    """The dots the precision rules added beside a loaded dot: the same product of the same operands,
+    each cast to a narrower type. Both are priced by the same plan, so the model's error is common to
+    them and such a variant pays no :data:`CONFIDENCE` margin (with it, BERT-base kept its 12
+    attention-score products in fp32, priced 1% dearer, and ran 3% slower than with all of them cast)."""
+    out: set[int] = set()
+    for nodes in view.class_nodes:
+        loaded = [view.nodes[i].children for i in nodes if i in preferred and view.nodes[i].ctor == "Dot"]
+        if not loaded:
+            continue
+        for i in nodes:
+            node = view.nodes[i]
+            if node.ctor != "Dot" or i in preferred:
+                continue
+            casts = [{view.nodes[j].children[0] for j in view.class_nodes[k] if view.nodes[j].ctor == "Convert"}
+                     for k in node.children]
+            if any(all(src in cast for src, cast in zip(kids, casts)) for kids in loaded):
+                out.add(i)
+    return out
 
 
 def _precision_choices(eg: EGraph, view: Any, best: list[int], root: int, prices: list[float],

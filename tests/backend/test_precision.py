@@ -171,3 +171,17 @@ def test_dots_the_extraction_casts_run_within_bf16s_tolerance(name: str, monkeyp
         assert g.dtype == ref[f"out{k}"].dtype
         err = np.linalg.norm(g.astype(np.float64) - r) / max(np.linalg.norm(r), 1e-30)
         assert err <= TOL[("matmult", "bf16")], (name, err)
+
+
+def test_each_dot_has_one_bf16_variant_exempt_from_the_confidence_margin() -> None:
+    from nxsat.extract import _precision_variants
+    from nxsat.rules import saturate_module
+    from nxsat.rules.extract import original_nodes
+
+    m = module_of(DATA / "jax" / "transformer_layer.hlo")
+    dots = sum(1 for n in m.entry.post_order() if n.op == "dot")
+    for sets, want in (((), 0), (("precision-bf16",), dots)):
+        sat = saturate_module(m, "generic", 2, allow_approximate=bool(sets), canonical=True, extra_sets=sets)
+        view = sat.egraph.view()
+        found = _precision_variants(view, frozenset(original_nodes(view, sat.loaded)))
+        assert len({view.node_class[i] for i in found}) == want
