@@ -16,14 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-MODELS = {
-    "resnet50": ROOT / "tests/data/hlo/resnet50_keras_jax_f32.hlo",
-    "gemma3_1b": ROOT / "tests/data/hlo/gemma3_1b_flax_call.hlo",
-    "bert_base_l12": ROOT / "tests/data/bert/bert_base_l12.hlo",
-    "transformer_layer": ROOT / "tests/data/jax/transformer_layer.hlo",
-    "mha_block": ROOT / "tests/data/hlo/mha_block_1x12x128x64_bf16.hlo",
-}
+from compile_bench import MODELS  # one table of the benchmarks' models (this folder is on the path)
+
 DEFAULT = "resnet50,gemma3_1b,bert_base_l12"
 
 

@@ -101,14 +101,15 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     else:
         raise ValueError(f"unknown extractor {extractor!r}")
     input_best = _input_choice(view, originals)
-    kept_input = extractor != "smallest" and dag_cost(view, input_best, root, costs) < dag_cost(view, best, root, costs)
+    objective, input_objective = dag_cost(view, best, root, costs), dag_cost(view, input_best, root, costs)
+    kept_input = extractor != "smallest" and input_objective < objective
     if kept_input:  # a greedy misjudgement (tree costs on a shared subterm): never worse than the input
-        best = input_best
+        best, objective = input_best, input_objective
     module = build_module(eg, loaded, view, best, originals)
-    casts = _precision_choices(eg, view, best, root, prices, originals)
+    casts = _precision_choices(view, best, root, prices, originals)
     return Extraction(module, extractor, dag_cost(view, best, root, prices), dag_cost(view, input_best, root, prices),
                       time.perf_counter() - t0, view.term_nodes(), view.term_classes(), result, kept_input,
-                      dag_cost(view, best, root, costs), casts)
+                      objective, casts)
 
 
 def _precision_variants(view: Any, preferred: frozenset[int]) -> set[int]:
@@ -132,7 +133,7 @@ def _precision_variants(view: Any, preferred: frozenset[int]) -> set[int]:
     return out
 
 
-def _precision_choices(eg: EGraph, view: Any, best: list[int], root: int, prices: list[float],
+def _precision_choices(view: Any, best: list[int], root: int, prices: list[float],
                        originals: dict[int, Any]) -> list[dict[str, Any]]:
     """Per dot of the chosen program that the precision rules offered in a narrower type: the type its
     operands were chosen in and the price of each variant (a variant's casts, absorbed by the dot,

@@ -100,6 +100,7 @@ class CostModel:
         # in a program (the extractors' view): a dot's loads of model inputs (weights) are issued ahead,
         # under earlier operators, and leave its critical path; alone (the calibrated view) they are not
         self.in_program = in_program
+        self._conv_cache: dict[tuple, float] = {}  # convolution prices by geometry and layout
         self.matmul_dtype = matmul_dtype if target.supports_matmul_dtype(matmul_dtype) else "f32"
         self.bw = target.memory_bw  # bytes per ns
         dma = target.dma
@@ -440,7 +441,7 @@ class CostModel:
             return convert + self.dma_ns(moved, 1024) + 2 * self.dma_fixed
         dw = depthwise_plan(geo, plan, self.target)
         xs, ws, ys = (_canonical_strides(v.shape, dims) for v, dims in ((x, xdims), (w, wdims), (result, ydims)))
-        cache = self.__dict__.setdefault("_conv_cache", {})
+        cache = self._conv_cache
         key = (geo, x.dtype, w.dtype, result.dtype, xs, ws, ys)
         if key not in cache:
             if dw is not None and dw.pays:
@@ -502,8 +503,7 @@ class CostModel:
                 og = geo.out_channels
                 run = _run(ws, (1, og, *ksize), (1, 0, *range(2, nsp + 2))) if geo.in_channels == 1 else \
                     _run(ws, (og, 1, *ksize), (0, *range(2, nsp + 2)))
-                res_, lat = self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck)
-                return res_, lat
+                return self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck)
             if folding:
                 others = [k for dd, k in enumerate(ksize) if dd != fd]
                 ext = (on, ck, *[1 if dd == fd else k for dd, k in enumerate(ksize)])

@@ -56,14 +56,13 @@ class IlpResult:
 
 
 def ilp(view: View, costs: Sequence[float], root: int, preferred: Collection[int] = (),
-        time_limit: float = 60.0, fallback: list[int] | None = None) -> IlpResult:
-    """The cheapest choice from ``root`` (``fallback``: a greedy choice to return on timeout; the DAG
-    greedy's when not given)."""
+        time_limit: float = 60.0) -> IlpResult:
+    """The cheapest choice from ``root``; on a timeout the incumbent or the DAG greedy's choice."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
     t0 = time.perf_counter()
-    greedy = fallback if fallback is not None else dag(view, costs, root, preferred)
+    greedy = dag(view, costs, root, preferred)
     feasible_class = [b >= 0 for b in tree(view, costs, preferred)]
     nodes, classes, pruned = _prune(view, costs, root, preferred, feasible_class)
     if not nodes:

@@ -30,13 +30,13 @@ from typing import Any
 
 from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import Warnings, error
+from nxsat.extract import EXTRACTORS
 from nxsat.io import atomic_write
 from nxsat.ir import Module
 from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
-EXTRACTORS = ("greedy", "dag", "ilp", "smallest")  # nxsat.extract.EXTRACTORS (the driver imports no stage up front)
 
 
 @dataclass(frozen=True)
