@@ -2,16 +2,22 @@
 
 Memory is modeled as bytes: SBUF and PSUM are ``[partitions, bytes]`` arrays per rank and an on-chip
 tensor is a typed view at its partition and offset, so tiles that share memory really share it.
-HBM tensors are separate arrays; a scratch tensor exists from its first access to its last
-(:func:`scratch_lives`). Instructions run in the verifier's order (any order the semaphores
-allow gives the same result, since the verifier refused races); each rank of an SPMD program has
-its own memory and collectives combine them.
+HBM tensors are separate arrays; a scratch tensor exists from its first access to its last.
+Instructions run as the device's queues would run them, each stream in order once its semaphore
+waits are met, the large numpy work of some on the host's other cores (:class:`_Streams`): any
+order the semaphores allow gives the same result, since the verifier refused races. Each rank of an
+SPMD program has its own memory and collectives combine them.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import heapq
 import os
-from collections import defaultdict
+import queue
+import threading
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from nxsat.diagnostics import Warnings, error
 from nxsat.sim import numerics as nm
-from nxsat.sim.isa import RAccess
+from nxsat.sim.isa import LInstr, RAccess
 from nxsat.sim.program import Program, Tensor
 from nxsat.sim.verify import Linked
 
@@ -48,14 +54,14 @@ class RankState:
 class _Ctx:
     """The memory of one rank as instructions see it (implements isa.ExecCtx)."""
 
-    def __init__(self, state: RankState, rank: int, saturate: dict[str, bool], warnings: Warnings,
+    def __init__(self, state: RankState, rank: int, saturate: dict[str, bool],
                  shared: frozenset[str] = frozenset()) -> None:
         self.state = state
         self.rank = rank
         self.shared = shared  # HBM tensors rank 0 writes for every rank (private_tensors): writes skipped
         self.saturate = saturate
-        self.warnings = warnings
-        self.groups: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        self.warned: list[tuple[int, str]] = []  # (instruction, message): reported in the verifier's order
+        self.groups: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
 
     def _base(self, t: Tensor) -> np.ndarray:
         b = self.state.bases.get(t.name)
@@ -106,7 +112,255 @@ class _Ctx:
         v[...] = np.asarray(values).reshape(v.shape)
 
     def warn(self, message: str) -> None:
-        self.warnings.warn("NCC_WRUN001", message)
+        self.warned.append((_running.instr, message))
+
+
+_running = threading.local()  # the instruction this host thread runs (``instr``)
+
+
+class _Streams:
+    """Runs the instructions as the device's queues would: each stream in its own order, an instruction
+    once the semaphores it waits for have been signalled by instructions that have finished; of those
+    ready, the earliest in the verifier's order first.
+
+    An instruction runs on this thread as soon as it is ready; one whose numpy work is large (a matmul
+    group's products, a transcendental function over a big tile) reads its operands here and returns
+    the rest (``Op.run``), which runs on a host thread while the streams go on. Its own stream goes on
+    too, past instructions that touch nothing it still has to write, and its signals (and those of
+    the instructions after it in its stream) count once it has finished, in stream order. The
+    verifier proved the program race-free, so any order the semaphores allow computes the same bits:
+    a pipelined program's products, activations and copies overlap on the host's cores as they do on
+    the engines. A scratch tensor exists from the first instruction that touches it to the last."""
+
+    def __init__(self, lk: Linked, ctxs: list[_Ctx], shared: frozenset[str]) -> None:
+        self.lk = lk
+        self.ctxs = ctxs
+        self.shared = shared
+        self.instrs = lk.program.instrs
+        self.step = [0] * len(self.instrs)  # place in the verifier's order: priority among ready ones
+        for n, i in enumerate(lk.order):
+            self.step[i] = n
+        self.lists = [lk.by_stream[s] for s in lk.streams]
+        self.head = [0] * len(self.lists)  # next to start, per stream
+        self.retired = [0] * len(self.lists)  # finished and signalled, per stream (a prefix)
+        self.finished = bytearray(len(self.instrs))
+        self.flying: list[list[int]] = [[] for _ in self.lists]  # started, still writing, per stream
+        self.stalled = [False] * len(self.lists)  # its next instruction touches what one of those writes
+        self.count = dict.fromkeys(lk.program.semaphores, 0)  # signals of retired instructions
+        self.parked: dict[str, list[tuple[int, int]]] = defaultdict(list)  # sem -> (count awaited, stream)
+        self.ready: list[tuple[int, int]] = []  # (step of its next instruction, stream)
+        tensors = lk.program.tensors
+        self.scratch = {i: [tensors[n] for n in names] for i, names in lk.scratch_touches.items()}
+        self.users: dict[str, int] = defaultdict(int)  # scratch tensor -> instructions yet to finish
+        for names in lk.scratch_touches.values():
+            for n in names:
+                self.users[n] += 1
+
+    def run(self) -> None:
+        helpers = _Helpers(nm.threads() - 1)
+        for k in range(len(self.lists)):
+            self.wake(k)
+        try:
+            while True:
+                while self.ready:
+                    self.advance(heapq.heappop(self.ready)[1], helpers)
+                if not helpers.flying:
+                    break
+                for k, i in helpers.landed(wait=True):
+                    self.landed(k, i)
+        finally:
+            helpers.close()
+        assert self.retired == [len(lst) for lst in self.lists], "the verifier let a deadlock through"
+
+    def consider(self, k: int) -> bool:
+        """Is stream ``k``'s next instruction ready? If not, park the stream on a semaphore it still
+        waits for, or stall it until its own instructions have written what it touches."""
+        lst = self.lists[k]
+        h = self.head[k]
+        if h == len(lst):
+            return False
+        i = lst[h]
+        for w in self.instrs[i].waits:
+            if self.count[w.sem] < w.value:
+                heapq.heappush(self.parked[w.sem], (w.value, k))
+                return False
+        if self.flying[k] and _touches(self.lk.instrs[i], self.flying[k], self.lk.instrs):
+            self.stalled[k] = True
+            return False
+        return True
+
+    def advance(self, k: int, helpers: _Helpers) -> None:
+        """Run stream ``k``'s instructions while each is ready and the earliest ready."""
+        lst, flying, linked = self.lists[k], self.flying[k], self.lk.instrs
+        while True:
+            i = lst[self.head[k]]
+            self.head[k] += 1
+            if i in self.scratch:
+                self.start(i)
+            _running.instr = i
+            c = linked[i]
+            later = c.op.run_all(self.ctxs, c)
+            if later is not None and helpers.threads:
+                flying.append(i)
+                helpers.submit((k, i, later))
+            else:
+                if later is not None:
+                    _finish_later(later)
+                self.finished[i] = 1
+                self.retire(k)
+            if helpers.flying:
+                for kk, j in helpers.landed():
+                    self.landed(kk, j)
+            if not self.consider(k):
+                return
+            step = self.step[lst[self.head[k]]]
+            if self.ready and self.ready[0][0] < step:
+                heapq.heappush(self.ready, (step, k))
+                return
+
+    def landed(self, k: int, i: int) -> None:
+        """A host thread has finished instruction ``i`` of stream ``k``."""
+        self.finished[i] = 1
+        self.flying[k].remove(i)
+        self.retire(k)
+        if self.stalled[k]:
+            self.stalled[k] = False
+            self.wake(k)
+
+    def wake(self, k: int) -> None:
+        if self.consider(k):
+            heapq.heappush(self.ready, (self.step[self.lists[k][self.head[k]]], k))
+
+    def retire(self, k: int) -> None:
+        """Signal for stream ``k``'s finished instructions, in stream order."""
+        lst, r = self.lists[k], self.retired[k]
+        while r < self.head[k] and self.finished[lst[r]]:
+            j = lst[r]
+            r += 1
+            self.retired[k] = r
+            if j in self.scratch:
+                self.free(j)
+            for sig in self.instrs[j].signals:
+                n = self.count[sig] + 1
+                self.count[sig] = n
+                p = self.parked.get(sig)
+                while p and p[0][0] <= n:
+                    self.wake(heapq.heappop(p)[1])
+
+    def start(self, i: int) -> None:
+        for t in self.scratch[i]:
+            if t.name in self.ctxs[0].state.hbm:
+                continue
+            first = np.zeros(t.shape, dtype=t.dtype.np)
+            for x in self.ctxs:
+                x.state.hbm[t.name] = first if x.rank == 0 or t.name in self.shared else np.zeros_like(first)
+
+    def free(self, i: int) -> None:
+        for t in self.scratch[i]:
+            self.users[t.name] -= 1
+            if not self.users[t.name]:
+                for x in self.ctxs:
+                    del x.state.hbm[t.name]
+                    x.state.bases.pop(t.name, None)
+
+
+def _touches(c: LInstr, flying: list[int], linked: list[LInstr]) -> bool:
+    """Does ``c`` access what one of the ``flying`` instructions has still to write?"""
+    return any(a.overlaps(b) for j in flying for b in linked[j].writes for a in (*c.reads, *c.writes))
+
+
+def _finish_later(later: Callable[[], None]) -> None:
+    with np.errstate(all="ignore"), nm.alone():  # numpy's error state is per thread
+        later()
+
+
+class _Helpers:
+    """Host threads that finish what instructions leave (``Op.run``), one fewer than the executor's
+    threads: the executor's own thread is the last, and takes a waiting task itself when no
+    instruction is ready. Tasks start in the order they were given."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(0, threads)
+        self.waiting: deque[tuple[int, int, Callable[[], None]]] = deque()
+        self.done: queue.SimpleQueue[tuple[int, int, BaseException | None]] = queue.SimpleQueue()
+        self.flying = 0
+        self.closed = False
+        self.cv = threading.Condition()
+        self.pool = [threading.Thread(target=self._work, name=f"nxsat-finish-{n}", daemon=True)
+                     for n in range(self.threads)]
+        for t in self.pool:
+            t.start()
+
+    def submit(self, task: tuple[int, int, Callable[[], None]]) -> None:
+        self.flying += 1
+        with self.cv:
+            self.waiting.append(task)
+            self.cv.notify()
+
+    def _take(self) -> tuple[int, int, Callable[[], None]] | None:
+        with self.cv:
+            return self.waiting.popleft() if self.waiting else None
+
+    def _work(self) -> None:
+        while True:
+            with self.cv:
+                while not self.waiting and not self.closed:
+                    self.cv.wait()
+                if not self.waiting:
+                    return
+                k, i, later = self.waiting.popleft()
+            self._finish(k, i, later)
+
+    def _finish(self, k: int, i: int, later: Callable[[], None]) -> None:
+        try:
+            _finish_later(later)
+            self.done.put((k, i, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the executor's thread, which raises it
+            self.done.put((k, i, e))
+
+    def landed(self, wait: bool = False) -> list[tuple[int, int]]:
+        """Tasks that have finished (``wait``: at least one, doing a waiting one here if any)."""
+        if wait and self.done.empty():
+            task = self._take()
+            if task is not None:
+                self._finish(*task)
+        out = []
+        while self.flying and (wait or not self.done.empty()):
+            k, i, err = self.done.get()
+            self.flying -= 1
+            if err is not None:
+                raise err
+            out.append((k, i))
+            wait = False
+        return out
+
+    def close(self) -> None:
+        """Stop the threads once the tasks given have finished (an instruction that failed leaves the
+        others to land before its error propagates)."""
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+        for t in self.pool:
+            t.join()
+
+
+@functools.cache
+def _keep_freed_blocks() -> None:
+    """Keep freed heap blocks in the process (glibc: blocks up to 32 MiB from the heap, up to 512 MiB of
+    free heap kept). Every instruction makes and frees temporaries of a few hundred KiB; glibc's
+    defaults hand them back to the kernel and fault fresh zeroed pages in for the next, which took a
+    quarter of a first run (bench/sim_scale.py at 10k instructions, one thread: 4.3 s against 2.9 s,
+    1 s of it system time). A no-op off glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 4 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 512 << 20)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def shard(prog: Program, t: Tensor, value: np.ndarray, rank: int) -> np.ndarray:
@@ -168,18 +422,18 @@ def private_tensors(lk: Linked) -> set[str]:
 
 def scratch_lives(lk: Linked, weight: Callable[[Tensor], int] = lambda t: 1
                   ) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
-    """The scratch tensors each step of the run order creates (zeros, at their first access) and frees
-    (after their last), and the most bytes they hold at once (each counted ``weight`` times). A compiled
-    training step keeps every intermediate in a scratch tensor of its own: mobilenet_v2's add up to
-    24 GiB, far more than are live at any one time."""
+    """The scratch tensors each step of the verifier's order creates (zeros, at their first access) and
+    frees (after their last), and the most bytes they hold at once (each counted ``weight`` times): the
+    executor's memory check (its own order differs where streams run side by side). A compiled training
+    step keeps every intermediate in a scratch tensor of its own: mobilenet_v2's add up to 24 GiB, far
+    more than are live at any one time."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
+    touches = lk.scratch_touches
     for step, i in enumerate(lk.order):
-        c = lk.instrs[i]
-        for ra in (*c.reads, *c.writes):
-            if ra.tensor.kind == "scratch":
-                first.setdefault(ra.name, step)
-                last[ra.name] = step
+        for name in touches.get(i, ()):
+            first.setdefault(name, step)
+            last[name] = step
     tensors = lk.program.tensors
     born: dict[int, list[Tensor]] = defaultdict(list)
     dies: dict[int, list[Tensor]] = defaultdict(list)
@@ -207,7 +461,7 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     ranks = 1 if identical_ranks(lk) else prog.ranks
     private = private_tensors(lk) if ranks > 1 else set()
     copies = {name: ranks if name in private else 1 for name in prog.tensors}
-    born, dies, scratch_peak = scratch_lives(lk, lambda t: copies[t.name])
+    _, _, scratch_peak = scratch_lives(lk, lambda t: copies[t.name])
     hbm_bytes = sum(t.nbytes * copies[t.name] for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
     onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
     need = hbm_bytes + scratch_peak + ranks * onchip
@@ -232,23 +486,19 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
                 hbm[t.name] = np.zeros(t.shape, dtype=t.dtype.np)
         state = RankState(hbm, np.zeros((target.partitions, target.sbuf_bytes), np.uint8),
                           np.zeros((target.partitions, target.psum_bytes), np.uint8))
-        ctxs.append(_Ctx(state, r, saturate, warnings, shared if r else frozenset()))
+        ctxs.append(_Ctx(state, r, saturate, shared if r else frozenset()))
     # One BLAS thread: a program's matmuls are small (a member multiplies at most 128x128 by 128x512),
     # threads gain little on them, and while another process holds a core OpenBLAS's spinning threads
     # made a run 22x slower (6.2 ms against 0.28 ms per instruction, bench/sim_scale.py's program).
     # Transcendental functions over large tiles use the host's cores on their own (numerics.threads).
+    _keep_freed_blocks()
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
-        for step, i in enumerate(lk.order):
-            for t in born.get(step, ()):
-                first = np.zeros(t.shape, dtype=t.dtype.np)
-                for x in ctxs:
-                    x.state.hbm[t.name] = first if x.rank == 0 or t.name in shared else np.zeros_like(first)
-            c = lk.instrs[i]
-            c.op.run_all(ctxs, c)
-            for t in dies.get(step, ()):
-                for x in ctxs:
-                    del x.state.hbm[t.name]
-                    x.state.bases.pop(t.name, None)
+        _Streams(lk, ctxs, shared).run()
+    warned = [w for x in ctxs for w in x.warned]
+    if warned:  # in the verifier's order, whichever order the streams ran in
+        step = {i: n for n, i in enumerate(lk.order)}
+        for _, message in sorted(warned, key=lambda w: step[w[0]]):
+            warnings.warn("NCC_WRUN001", message)
     outs: list[np.ndarray] = []
     for t in prog.outputs():
         parts = [x.state.hbm[t.name] for x in ctxs]

@@ -9,6 +9,7 @@ timing model adds engine clocks, DMA and semaphores; the text form is in :mod:`n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -166,12 +167,15 @@ class CheckFail(ValueError):
         self.code = code
 
 
+Later = Callable[[], None] | None  # what an instruction's run leaves to finish on a host thread
+
+
 class ExecCtx(Protocol):
     """What an instruction's ``run`` sees: memory of one rank, the target, warnings."""
 
     rank: int
     saturate: dict[str, bool]
-    groups: dict[tuple[int, int], tuple[list[np.ndarray], list[np.ndarray]]]  # open PSUM accumulation groups
+    groups: dict[tuple[int, int], list[Any]]  # open PSUM accumulation groups: their members' operands
 
     def read(self, ra: RAccess) -> np.ndarray: ...
     def write(self, ra: RAccess, values: np.ndarray) -> None: ...
@@ -345,13 +349,23 @@ class Op:
             cycles *= acc["strided_factor"]
         return cycles
 
-    def run(self, x: ExecCtx, c: LInstr) -> None:
+    def run(self, x: ExecCtx, c: LInstr) -> Later:
+        """Read the operands and compute; large numpy work that releases the GIL (a group's products, a
+        transcendental function over a big tile) may be returned instead, to finish writing the results
+        later: the executor runs it on a host thread while other streams go on (sim/execute.py)."""
         raise NotImplementedError
 
-    def run_all(self, xs: list[ExecCtx], c: LInstr) -> None:
+    def run_all(self, xs: list[ExecCtx], c: LInstr) -> Later:
         """Run on every rank: independently, except for collectives, which combine the ranks."""
-        for x in xs:
-            self.run(x, c)
+        later = [f for x in xs if (f := self.run(x, c)) is not None]
+        if len(later) <= 1:
+            return later[0] if later else None
+
+        def finish() -> None:
+            for f in later:
+                f()
+
+        return finish
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
         """The variables a cost formula may read (docs/device-model.md lists them)."""
@@ -380,6 +394,8 @@ class Op:
 # TensorE --------------------------------------------------------------------------------------
 
 SMALL_MATMUL = 1 << 18  # M*K*N below which numpy's per-call overhead outweighs a batching copy
+OFFLOAD_MACS = 1 << 24  # a group's multiply-adds (~0.5 ms in fp64) worth a host thread: smaller ones ran
+# 3x slower there than here (mha_block's), their operands in another core's cache
 SMALL_BATCH = 1024  # small products per batched call (fp64 copies of 9,408 members would be 1 GB)
 
 
@@ -456,45 +472,33 @@ class Matmul(Op):
     def data_reads(self, c: LInstr) -> list[RAccess]:
         return list(c.ops[1:])  # PSUM accumulates in place: no stall for the partial sum
 
-    def run(self, x: ExecCtx, c: LInstr) -> None:
+    def run(self, x: ExecCtx, c: LInstr) -> Later:
         """An accumulation group is computed at its ``stop=true`` matmul over the operands each member
         read when it ran (nothing may touch the group's region before then): each member's product
         (exact, rounded once to fp32: :func:`~nxsat.sim.numerics.matmul`) added in fp32 in program
         order, the same result as adding each product into PSUM as it arrives. Small products of one
-        shape go to numpy as batched matmuls."""
+        shape go to numpy as batched matmuls. The stop member returns the arithmetic and the write, to
+        be finished while other streams go on."""
         dst, st, mv = c.ops
         k = st.partitions * self.rows(c)  # double row: (partition, row) pairs are the contraction
-        # one copy each: the operands as they are now (widened in their own layout, then the fp32
-        # stationary transposed: numpy's transposing cast from a 16-bit float is several times slower)
-        s = np.ascontiguousarray(x.read(st).reshape(k, -1).astype(np.float32).T)
-        m = x.read(mv).reshape(k, -1).astype(np.float32)
-        if self.precision(c) == "tf32":
+        # the operands as they are now, widened (a copy) in their own layout: numpy's transposing cast
+        # from a 16-bit float is several times slower; BLAS reads the stationary transposed
+        tf32 = self.precision(c) == "tf32"
+        wide = np.float32 if tf32 else np.float64
+        s, m = x.read(st).reshape(k, -1).astype(wide), x.read(mv).reshape(k, -1).astype(wide)
+        if tf32:
             s, m = dt.round_tf32(s), dt.round_tf32(m)
+        member = (s.T, m)
         key = (dst.p0, dst.lo)
-        if c.attrs["start"]:
-            group = x.groups[key] = ([], [])
-        else:
-            group = x.groups[key]
-        group[0].append(s)
-        group[1].append(m)
+        group = x.groups[key] = [] if c.attrs["start"] else x.groups[key]
+        group.append(member)
         if not c.attrs["stop"]:
-            return
+            return None
         del x.groups[key]
-        ss, ms = group
-        if len(ss) == 1:
-            r = nm.matmul(ss[0], ms[0])
-        else:
-            small = ss[0].shape[0] * ss[0].shape[1] * ms[0].shape[1] < SMALL_MATMUL
-            if small and len({a.shape for a in ss}) == 1 and len({b.shape for b in ms}) == 1:
-                batches = range(0, len(ss), SMALL_BATCH)  # one call for many small ones
-                products = [p for i in batches
-                            for p in nm.matmul(np.stack(ss[i:i + SMALL_BATCH]), np.stack(ms[i:i + SMALL_BATCH]))]
-            else:
-                products = nm.parallel_map(nm.matmul, ss, ms)  # large ones over the host's cores
-            r = products[0]
-            for p in products[1:]:
-                r += p
-        x.write(dst, r.reshape(dst.shape))
+        if sum(a.shape[0] * a.shape[1] * b.shape[1] for a, b in group) >= OFFLOAD_MACS:
+            return lambda: x.write(dst, _group_sum(group).reshape(dst.shape))
+        x.write(dst, _group_sum(group).reshape(dst.shape))
+        return None
 
     def cost_vars(self, c: LInstr, target: Any) -> dict[str, float]:
         _, st, mv = c.ops
@@ -506,6 +510,24 @@ class Matmul(Op):
         _, st, mv = c.ops
         r = self.rows(c)
         return self.precision(c), 2.0 * st.partitions * st.free * mv.free / r
+
+
+def _group_sum(members: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """An accumulation group's products (each member's [M, K] stationary and [K, N] moving operand as
+    read and widened), added in fp32 in program order."""
+    ss = [a for a, _ in members]
+    ms = [b for _, b in members]
+    small = ss[0].shape[0] * ss[0].shape[1] * ms[0].shape[1] < SMALL_MATMUL
+    if len(ss) > 1 and small and len({(a.shape, b.shape) for a, b in zip(ss, ms)}) == 1:
+        batches = range(0, len(ss), SMALL_BATCH)  # one call for many small ones
+        products = [p for i in batches
+                    for p in nm.matmul(np.stack(ss[i:i + SMALL_BATCH]), np.stack(ms[i:i + SMALL_BATCH]))]
+    else:
+        products = [nm.matmul(a, b) for a, b in zip(ss, ms)]
+    r = products[0]
+    for p in products[1:]:
+        r += p
+    return r
 
 
 class Transpose(Op):
@@ -595,12 +617,19 @@ class Activation(Op):
             t = v + _scalar(x, c.attrs["bias"], dst, "f32")
         else:
             t = v * _scalar(x, scale, dst, "f32") + _scalar(x, c.attrs["bias"], dst, "f32")
-        y = nm.ACTIVATIONS[c.attrs["func"]](np.asarray(t, dtype=np.float32))
-        x.write(dst, y)
-        acc = c.attrs["accum"]
-        if acc is not None:
-            s = np.add.reduce(y.reshape(dst.partitions, -1), axis=1, dtype=np.float32)
-            x.write(acc, s.reshape(acc.shape))
+        fn, acc = nm.ACTIVATIONS[c.attrs["func"]], c.attrs["accum"]
+
+        def finish() -> None:
+            y = fn(np.asarray(t, dtype=np.float32))
+            x.write(dst, y)
+            if acc is not None:
+                s = np.add.reduce(y.reshape(dst.partitions, -1), axis=1, dtype=np.float32)
+                x.write(acc, s.reshape(acc.shape))
+
+        if c.attrs["func"] in nm.COSTLY_ACTIVATIONS and t.size >= nm.OFFLOAD_MIN:
+            return finish  # a transcendental function over a large tile: on a host thread
+        finish()
+        return None
 
     cost_attrs = ("func",)
 

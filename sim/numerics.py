@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import ml_dtypes
@@ -66,9 +68,26 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="nxsat-sim")
 
 
+_local = threading.local()
+
+
+@contextmanager
+def alone() -> Iterator[None]:
+    """The block runs beside other host threads (the executor's, finishing what instructions left):
+    its numpy calls are not split again."""
+    was = getattr(_local, "alone", False)
+    _local.alone = True
+    try:
+        yield
+    finally:
+        _local.alone = was
+
+
 def threads() -> int:
     """Host threads for the executor's large numpy calls: NXSAT_SIM_THREADS, by default the cores this
-    process may use."""
+    process may use (one inside :func:`alone`)."""
+    if getattr(_local, "alone", False):
+        return 1
     try:
         n = int(os.environ.get("NXSAT_SIM_THREADS", "0"))
     except ValueError:
@@ -102,6 +121,7 @@ def _f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.nd
         parallel_map(part, [flat[s] for s in spans], [dst[s] for s in spans])
         return out
 
+    run.costly = True  # type: ignore[attr-defined]
     return run
 
 
@@ -147,6 +167,11 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "erf": _f64(special.erf),
     "arctan": _f64(np.arctan),  # ISA 1.1 (NKI's ScalarE has arctan): atan2's core, correctly rounded
 }
+# The functions that cost the host more than a pass over memory (the executor runs them beside the rest
+# of the program when the tile is large).
+COSTLY_ACTIVATIONS = frozenset(name for name, fn in ACTIVATIONS.items() if getattr(fn, "costly", False))
+OFFLOAD_MIN = 1 << 15  # elements of a costly function (~0.3 ms in float64) worth a host thread of its own
+
 # Functions added after ISA 1.0: a program of an older version that uses one is refused.
 ACTIVATION_SINCE: dict[str, tuple[int, int]] = {"arctan": (1, 1)}
 
@@ -157,7 +182,7 @@ def matmul(s: np.ndarray, m: np.ndarray) -> np.ndarray:
     rounding, so the result is the same on every host. numpy's fp32 matmul sums in its BLAS kernel's
     order: OpenBLAS's AVX-512 and AVX2 kernels put mobilenet_v2's batch-norm gradients up to 30% apart
     (docs/compiling.md, "Checking a training step")."""
-    return np.matmul(s.astype(np.float64), m.astype(np.float64)).astype(F32)
+    return np.matmul(s.astype(np.float64, copy=False), m.astype(np.float64, copy=False)).astype(F32)
 
 
 def _cmp(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:

@@ -69,6 +69,17 @@ class Linked:
     templates: int = 0  # distinct (stream, opcode, operands, attributes): LInstr.template < templates
 
     @cached_property
+    def scratch_touches(self) -> dict[int, tuple[str, ...]]:
+        """The scratch tensors each instruction touches (those that touch any), for the executor, which
+        makes each at its first access and frees it after its last."""
+        out = {}
+        for i, c in enumerate(self.instrs):
+            names = {ra.name for ra in (*c.reads, *c.writes) if ra.tensor.kind == "scratch"}
+            if names:
+                out[i] = tuple(sorted(names))
+        return out
+
+    @cached_property
     def template_ids(self) -> np.ndarray:
         """Each instruction's template, as an array (for per-template sums over the program)."""
         return np.fromiter((c.template for c in self.instrs), dtype=np.int64, count=len(self.instrs))
