@@ -1,5 +1,7 @@
 """Compile benchmark: per model, compile seconds per stage, peak memory, instructions, simulated latency,
-roofline and their ratio (trn1, -O2, --auto-cast matmult, bf16 unless told otherwise).
+roofline and their ratio (trn1, -O2, --auto-cast matmult, bf16 unless told otherwise), and from the
+profile: TensorE's utilization (PE%), the part of the run with a DMA transfer under way (DMA%) and the
+part of TensorE's busy time with one (PE&DMA%: data movement hidden behind compute).
 
     python bench/compile_bench.py                       # the issue's models
     python bench/compile_bench.py --models mha_block_1x12x128x64_bf16 --auto-cast none
@@ -71,7 +73,7 @@ def main() -> None:
     print(f"target {args.target}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); seconds, MB, us")
     print(f"{'model':<18} {'variant':>12} {'wall':>6} {'front':>6} {'satur':>6} {'extr':>6} {'lower':>6} "
           f"{'sched':>6} {'neff':>6} {'sim':>6} {'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} "
-          f"{'ratio':>8} {'vs first':>8}")
+          f"{'ratio':>8} {'vs first':>8} {'PE%':>5} {'DMA%':>5} {'PE&DMA%':>7}")
     for name in args.models.split(","):
         path = MODELS.get(name, Path(name))
         first = None
@@ -86,7 +88,8 @@ def main() -> None:
             print(f"{name:<18} {label:>12} {r['wall_s']:6.1f} {s['frontend']:6.2f} {s['saturate']:6.2f} "
                   f"{s['extract']:6.2f} {s['lower']:6.2f} {s['schedule']:6.2f} {s['neff']:6.2f} {s['simulate']:6.2f} "
                   f"{r['peak_rss_mb']:6.0f} {r['instructions']:9,} {r['latency_us']:11.1f} "
-                  f"{r['roofline_us']:10.2f} {r['latency_over_roofline']:8.1f} {r['latency_us'] / first:8.4f}",
+                  f"{r['roofline_us']:10.2f} {r['latency_over_roofline']:8.1f} {r['latency_us'] / first:8.4f} "
+                  f"{r['engines']['pe']:5.1%} {r['overlap']['dma_of_run']:5.1%} {r['overlap']['pe_with_dma']:7.1%}",
                   flush=True)
 
 

@@ -306,6 +306,7 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
         "sbuf_peak_bytes": summary["sbuf"]["peak_bytes"],
         "psum_peak_bytes": summary["psum"]["peak_bytes"],
         "mfu": summary["mfu"],
+        "overlap": summary["overlap"],
         "distribution_strategy": opts.distribution_strategy,
     }
 

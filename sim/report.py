@@ -10,7 +10,7 @@ import numpy as np
 
 from nxsat.sim.asm import format_instr
 from nxsat.sim.program import ENGINE_STREAMS, stream_kind, stream_order
-from nxsat.sim.timing import Timeline
+from nxsat.sim.timing import PS, Timeline
 from nxsat.sim.verify import Linked, flops_total
 
 
@@ -81,6 +81,53 @@ def _live_peak(lk: Linked, tl: Timeline, memory: str) -> int:
     return peak
 
 
+def _union(spans: np.ndarray) -> np.ndarray:
+    """[start, end) intervals merged where they touch or overlap, sorted: shape (n, 2)."""
+    if not len(spans):
+        return np.zeros((0, 2), dtype=np.int64)
+    iv = spans[np.argsort(spans[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(iv[:, 1])
+    new = np.ones(len(iv), dtype=bool)
+    new[1:] = iv[1:, 0] > reach[:-1]
+    starts = iv[new, 0]
+    ends = reach[np.r_[np.flatnonzero(new)[1:] - 1, len(iv) - 1]]
+    return np.stack([starts, ends], axis=1)
+
+
+def _intersection_ps(a: np.ndarray, b: np.ndarray) -> int:
+    """Total length of the intersection of two merged, sorted interval sets."""
+    if not len(a) or not len(b):
+        return 0
+    cuts = np.unique(np.concatenate([a.ravel(), b.ravel()]))
+    left = cuts[:-1]
+
+    def inside(iv: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(iv[:, 0], left, side="right") - 1
+        return (k >= 0) & (left < iv[np.maximum(k, 0), 1])
+
+    return int(np.diff(cuts)[inside(a) & inside(b)].sum())
+
+
+def overlap(tl: Timeline) -> dict[str, float]:
+    """How far data movement hides behind TensorE: the time TensorE is busy, the time some DMA transfer
+    is under way, and the time both are (what a prefetching schedule shows in the trace), in ns and as
+    fractions of TensorE's busy time and of the run."""
+    kinds = np.array([stream_kind(s) for s in tl.streams] or [""])
+    sp = tl.spans
+    stream = sp[:, 0].astype(np.int64) if len(sp) else np.zeros(0, dtype=np.int64)
+    pe = _union(sp[kinds[stream] == "pe"][:, 1:3].astype(np.int64))
+    dma = _union(sp[(kinds[stream] == "dma") | (sp[:, 4] == 1)][:, 1:3].astype(np.int64) if len(sp)
+                 else np.zeros((0, 2), dtype=np.int64))
+    pe_ps = int((pe[:, 1] - pe[:, 0]).sum())
+    dma_ps = int((dma[:, 1] - dma[:, 0]).sum())
+    both = _intersection_ps(pe, dma)
+    lat = tl.latency_ps
+    return {"pe_busy_ns": pe_ps / PS, "dma_busy_ns": dma_ps / PS, "both_ns": both / PS,
+            "pe_with_dma": round(both / pe_ps, 6) if pe_ps else 0.0,
+            "dma_of_run": round(dma_ps / lat, 6) if lat else 0.0,
+            "both_of_run": round(both / lat, 6) if lat else 0.0}
+
+
 def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
     """The profile as a JSON-ready dict (numbers per rank; SPMD ranks run the same timeline)."""
     t = lk.target
@@ -118,6 +165,7 @@ def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
         "psum": {"peak_bytes": psum_peak, "capacity": t.partitions * t.psum_bytes,
                  "utilization": round(psum_peak / (t.partitions * t.psum_bytes), 6)},
         "spill_bytes": int(tl.spill_bytes),
+        "overlap": {k: (round(v, 3) if k.endswith("_ns") else v) for k, v in overlap(tl).items()},
     }
 
 
@@ -138,10 +186,12 @@ def format_summary(s: dict[str, Any]) -> str:
         f"SBUF peak      {s['sbuf']['peak_bytes']} bytes ({s['sbuf']['utilization']:.1%})",
         f"PSUM peak      {s['psum']['peak_bytes']} bytes ({s['psum']['utilization']:.1%})",
         f"spill          {s['spill_bytes']} bytes",
+        f"overlap        DMA under way for {s['overlap']['dma_of_run']:.1%} of the run and "
+        f"{s['overlap']['pe_with_dma']:.1%} of TensorE's busy time (both busy {s['overlap']['both_of_run']:.1%})",
         "engine         instrs      busy us   util",
     ]
     for k, e in s["engines"].items():
-        lines.append(f"  {k:<6} {e['name'][:12]:<12} {e['instructions']:>6} {e['busy_ns'] / 1000:>12.3f} "
+        lines.append(f"  {k:<6} {e['name'][:13]:<13} {e['instructions']:>6} {e['busy_ns'] / 1000:>11.3f} "
                      f"{e['utilization']:>6.1%}")
     return "\n".join(lines)
 
