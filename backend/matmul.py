@@ -111,26 +111,35 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
             _matmul_joint(lw, L[b], R[b], out[b], groups, mt, out_t, b % 2 == 0,
                           {"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {})
             continue
-        for m0 in range(0, M, plan.m_tile):
-            mn = min(plan.m_tile, M - m0)
+        def moving(ko: int, k0: int, kn: int, n: int, n0: int, nn: int, b: int = b) -> list[Ref]:
+            return _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma)
 
-            def stationary(ko: int, k0: int, kn: int, n: int, b: int = b, m0: int = m0, mn: int = mn) -> list[Ref]:
-                return _load_ktiles(lw, L[b, m0:m0 + mn, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma)
+        # N in blocks whose moving tiles are loaded once for every M tile (plan.n_block), or one block
+        # whose moving tiles are loaded per M tile
+        width = plan.n_block * plan.n_tile or N
+        for nb0 in range(0, N, width):
+            n_tiles = [(n0, min(plan.n_tile, N - n0)) for n0 in range(nb0, min(N, nb0 + width), plan.n_tile)]
+            kept = {n0: [mv for grp in groups for mv in moving(*grp, n0, nn)] for n0, nn in n_tiles} \
+                if plan.n_block else None
+            for m0 in range(0, M, plan.m_tile):
+                mn = min(plan.m_tile, M - m0)
 
-            resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
-            for n0 in range(0, N, plan.n_tile):
-                nn = min(plan.n_tile, N - n0)
-                acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
-                j = 0
-                for ko, k0, kn, n in groups:
-                    sts = resident[j:j + n] if resident is not None else stationary(ko, k0, kn, n)
-                    mvs = _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma)
-                    for st, mv in zip(sts, mvs):
-                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
-                              **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
-                        j += 1
-                _store(lw, out[b, m0:m0 + mn, n0:n0 + nn], acc, out_t, evac % 2 == 0)
-                evac += 1
+                def stationary(ko: int, k0: int, kn: int, n: int, b: int = b, m0: int = m0, mn: int = mn) -> list[Ref]:
+                    return _load_ktiles(lw, L[b, m0:m0 + mn, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma)
+
+                resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
+                for n0, nn in n_tiles:
+                    acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
+                    j = 0
+                    for ko, k0, kn, n in groups:
+                        sts = resident[j:j + n] if resident is not None else stationary(ko, k0, kn, n)
+                        mvs = kept[n0][j:j + n] if kept is not None else moving(ko, k0, kn, n, n0, nn)
+                        for st, mv in zip(sts, mvs):
+                            g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
+                                  **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
+                            j += 1
+                    _store(lw, out[b, m0:m0 + mn, n0:n0 + nn], acc, out_t, evac % 2 == 0)
+                    evac += 1
 
 
 def _store(lw: Lowering, dst: Ref, acc: Ref, out_t: dt.DType, on_act: bool) -> None:

@@ -307,7 +307,8 @@ class CostModel:
                   ahead: tuple[bool, bool] = (False, False)) -> float:
         """``B`` products ``[M, K] @ [K, N]`` as backend/matmul.py emits them, tiled by
         :func:`matmul_plan`: per M tile the stationary operand's K tiles (once if resident, else once
-        per N tile), per (M, N) tile the moving operand's, ``ceil(K / k_tile)`` matmuls accumulating in
+        per N tile), per (M, N) tile the moving operand's (once per N tile when the plan keeps them
+        across the M tiles, the stationary then once per block), ``ceil(K / k_tile)`` matmuls accumulating in
         one PSUM bank, evacuated by ScalarE and VectorE in turn and stored. An operand whose
         contiguous dimension is K is loaded in rows and transposed on TensorE (fp32 into PSUM, copied
         out by VectorE); otherwise one DMA of rows of M (N) elements. A joint plan (both operands
@@ -321,8 +322,12 @@ class CostModel:
         lt = lhs_k_contiguous and pe_t and min(M, K) >= PE_MIN
         rt = rhs_k_contiguous and pe_t and min(N, K) >= PE_MIN
         joint = plan.joint and lt and rt
-        st_loads = 1 if plan.resident or joint else ntiles  # times the stationary operand is loaded
-        mv_loads = 1 if joint else mtiles
+        # times each operand is loaded: the stationary once per M tile if resident (once per N block
+        # when the moving one is kept across the M tiles), else once per N tile; the moving once per
+        # M tile, or once when kept
+        blocks = -(-ntiles // plan.n_block) if plan.n_block else 1
+        st_loads = 1 if joint else blocks if plan.resident else ntiles
+        mv_loads = 1 if joint or plan.n_block else mtiles
         pe = dve = act = 0.0
         for mn, mc in _tiles(M, plan.m_tile):
             for nn, nc in _tiles(N, plan.n_tile):
@@ -353,7 +358,7 @@ class CostModel:
             p, v = transposed(N, 1, rhs.dtype)
             pe, dve = pe + p, dve + v
         elif rt:
-            p, v = transposed(N, mtiles, rhs.dtype)
+            p, v = transposed(N, mv_loads, rhs.dtype)
             pe, dve = pe + p, dve + v
         elif rhs.dtype != mt and not ahead[1]:
             dve += mv_loads * self.instr_ns("dve", "tensor_copy", ntiles * ktiles, N=min(N, plan.n_tile))
@@ -366,8 +371,14 @@ class CostModel:
         store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
         tiles = B * mtiles * ntiles
-        return self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles) \
-            + 2 * self.dma_fixed
+        steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
+        if plan.n_block and not joint:
+            # a block's kept moving tiles and the first M tiles' stationary ones (one per free DMA queue)
+            # start together and share the engines: TensorE starts when that first wave has arrived
+            queues = int(t.dma["queues"]) - 2
+            first = K * min(N, plan.n_block * plan.n_tile) * rs + min(mtiles, queues) * min(M, plan.m_tile) * K * ls
+            steady = max(steady, self.dma_ns(first, min(st_run, mv_run)) + pe)
+        return steady + 2 * self.dma_fixed
 
     def _weight_gradient_ns(self, x: Value, w: Value, result: Value, d: Any, window: tuple, bgc: int,
                             mt: str) -> float:

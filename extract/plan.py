@@ -31,6 +31,10 @@ class MatmulPlan:
     # one N tile and at most JOINT_M_TILES M tiles: K-contiguous operands are transposed with their rows
     # stacked (fewer TensorE transposes), each M tile accumulating in its own PSUM bank
     joint: bool = False
+    # N tiles whose moving operand is loaded once and kept for every M tile (0: loaded per M tile): the
+    # N dimension in blocks of this many tiles, the M tiles inside each block, so the moving operand
+    # is read once and the stationary one once per block
+    n_block: int = 0
 
     def k_tiles(self, K: int) -> int:
         return -(-K // self.k_tile)
@@ -45,6 +49,8 @@ class MatmulPlan:
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
 STATIONARY_SBUF_SHARE = 1 / 8
+# The share of SBUF a block of N tiles' moving operand may keep resident across the M tiles.
+MOVING_SBUF_SHARE = 1 / 4
 # PSUM banks the M tiles of a joint matmul may hold at once (of eight; transposes use the others).
 JOINT_M_TILES = 4
 # Bytes per partition a grouped operand load moves at least: the size from which a DMA runs at full
@@ -62,10 +68,17 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     n_bank = target.psum_bank_bytes // 4
     m, k, n = min(M, mm["cols"]), min(K, mm["rows"]), min(N, mm["max_moving"], n_bank)
     size = dt.by_name(dtype).itemsize
-    stationary = -(-K // k) * m * size  # bytes per partition
+    ktiles, mtiles, ntiles = -(-K // k), -(-M // m), -(-N // n)
+    stationary = ktiles * m * size  # bytes per partition
     resident = stationary <= STATIONARY_SBUF_SHARE * target.sbuf_bytes
-    group = max(1, min(-(-K // k), LOAD_BYTES // (n * size)))
-    return MatmulPlan(m, k, n, resident, group, joint=N <= n and -(-M // m) <= JOINT_M_TILES)
+    group = max(1, min(ktiles, LOAD_BYTES // (n * size)))
+    # Several M tiles read the same moving operand: keep it for as many N tiles as fit MOVING_SBUF_SHARE
+    # when that moves fewer bytes (a 2048 x 2048 x 2048 bf16 dot re-read its moving operand for each of
+    # its 16 M tiles: 151 MB of DMA for 25 MB of operands, TensorE busy 30% of the time)
+    # (always fewer bytes: blocks x M + N against M + N x M tiles, blocks being at most N / n_tile)
+    block = min(ntiles, int(MOVING_SBUF_SHARE * target.sbuf_bytes) // (ktiles * n * size)) \
+        if mtiles > 1 and resident else 0
+    return MatmulPlan(m, k, n, resident, group, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block)
 
 
 def segments_pay(ko: int, ki: int, target: Target) -> bool:

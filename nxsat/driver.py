@@ -276,13 +276,19 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
     flops = sum(info.flops.get(k, 0) for k in ("dot", "convolution"))
     from nxsat.sim.target import physical_cores
 
-    matmul_type = matmul_precision(opts)
-    # The logical core's ideal: every physical core's TensorE and DMA engines busy on the model.
+    # The logical core's ideal: every physical core's TensorE and DMA engines busy on the model, its
+    # FLOPs in the types TensorE runs them in (the program's split: a bf16 model compiled with
+    # --auto-cast none multiplies in bf16, not in the flag's fp32)
     cores = physical_cores(target)
-    peak = cores * target.peak_flops(matmul_type if target.supports_matmul_dtype(matmul_type) else "f32")
+    split = {p: f for p, f in summary["flops"].items() if f and target.peak_flops(p)}
+    if not split:
+        mt = matmul_precision(opts)
+        split = {mt if target.supports_matmul_dtype(mt) else "f32": 1}
+    matmul_type = max(split, key=lambda p: (split[p], p))
+    share = sum(split.values())
     io_bytes = sum(nbytes * (cores if shard is not None else 1) for nbytes, shard in io) \
         + sum(int(v.nbytes) for v in constants.values())
-    compute_ns = flops / peak if peak else 0.0
+    compute_ns = sum(flops * f / share / (cores * target.peak_flops(p)) for p, f in split.items())
     memory_ns = io_bytes / (cores * target.memory_bw)
     roof = max(compute_ns, memory_ns)
     lat = summary["latency_ns"]

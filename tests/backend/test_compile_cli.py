@@ -207,3 +207,22 @@ def test_the_progress_line_says_the_exact_extractor_may_take_a_while() -> None:
         buf = io.StringIO()
         compile_model(str(MLP), CompileOptions(optlevel=level), progress=Progress(buf, enabled=True, interval=0))
         assert ("extract (exact ILP: up to 60 s)" in buf.getvalue()) == shown
+
+
+@pytest.mark.parametrize("auto_cast", ["none", "matmult"])
+def test_the_roofline_uses_the_type_tensore_multiplies_in(tmp_path: Path, auto_cast: str) -> None:
+    """A bf16 model compiled with --auto-cast none multiplies in bf16: its roofline is held to the bf16
+    peak, not the flag's fp32 one (which put a 2048^3 bf16 dot's latency at 0.9 of its "roofline");
+    an fp32 model under --auto-cast none stays fp32."""
+    from nxsat.driver import CompileOptions, compile_model
+
+    for dtype, want in (("bf16", "bf16"), ("f32", "f32" if auto_cast == "none" else "bf16")):
+        src = tmp_path / f"{dtype}.hlo"
+        src.write_text(f"HloModule d\n\nENTRY main {{\n  a = {dtype}[512,512] parameter(0)\n"
+                       f"  b = {dtype}[512,512] parameter(1)\n  ROOT d = {dtype}[512,512] dot(a, b), "
+                       "lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n")
+        r = compile_model(str(src), CompileOptions(auto_cast=auto_cast)).report
+        t = sim.load_target("trn1")
+        assert r["roofline"]["matmul_precision"] == want
+        assert r["roofline"]["compute_us"] == round(2 * 512**3 / t.peak_flops(want) / 1000, 3)
+        assert r["latency_over_roofline"] >= 1.0
