@@ -30,18 +30,13 @@ MODELS = {
     "layer_norm": ROOT / "tests/data/hlo/layer_norm_1x4096x768_bf16.hlo",
     "transformer_layer": ROOT / "tests/data/jax/transformer_layer.hlo",
     "bert_base_l12": ROOT / "tests/data/bert/bert_base_l12.hlo",
-    "matmul_bf16_2048": None,  # made here: a large bf16 matmul-bound model (the issue's TensorE utilization target)
+    # written for the benchmark: a large bf16 matmul-bound model (the issue's TensorE utilization target)
+    "matmul_bf16_2048": ROOT / "bench/data/matmul_bf16_2048.hlo",
 }
-SYNTHETIC = {"matmul_bf16_2048": "HloModule matmul_bf16_2048\n\nENTRY main {\n  a = bf16[2048,2048] parameter(0)\n"
-                                 "  b = bf16[2048,2048] parameter(1)\n  ROOT d = bf16[2048,2048] dot(a, b), "
-                                 "lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n"}
 
 
-def compile_one(path: Path | str, args: argparse.Namespace, level: int, extractor: str | None = None) -> dict:
+def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        if isinstance(path, str):  # a synthetic model's text
-            (src := Path(tmp) / "model.hlo").write_text(path)
-            path = src
         rep = Path(tmp) / "r.json"
         cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(Path(tmp) / "m.neff"), "--report",
                str(rep), "--logfile", "", "--verbose", "error", "--target", args.target, f"-O{level}",
@@ -82,7 +77,7 @@ def main() -> None:
           f"{'sched':>6} {'neff':>6} {'sim':>6} {'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} "
           f"{'ratio':>8} {'vs first':>8} {'PE%':>5} {'DMA%':>5} {'PE&DMA%':>7}")
     for name in args.models.split(","):
-        path = SYNTHETIC.get(name) or MODELS.get(name) or Path(name)
+        path = MODELS.get(name, Path(name))
         first = None
         for level, extractor in variants:
             label = f"O{level}" + (f":{extractor}" if extractor else "")

@@ -43,7 +43,7 @@ def main() -> None:
           f"{'cost us':>12} {'vs input':>8}  ilp")
     bad = 0
     for name in args.models.split(","):
-        path = MODELS.get(name) or Path(name)
+        path = MODELS.get(name, Path(name))
         if not path.exists():
             print(f"{name:18} missing: {path}")
             continue

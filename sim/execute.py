@@ -136,14 +136,14 @@ class _Streams:
         self.lk = lk
         self.ctxs = ctxs
         self.shared = shared
-        self.instrs = lk.program.instrs
-        self.step = [0] * len(self.instrs)  # place in the verifier's order: priority among ready ones
+        self.linked = lk.instrs
+        self.step = [0] * len(self.linked)  # place in the verifier's order: priority among ready ones
         for n, i in enumerate(lk.order):
             self.step[i] = n
         self.lists = [lk.by_stream[s] for s in lk.streams]
         self.head = [0] * len(self.lists)  # next to start, per stream
         self.retired = [0] * len(self.lists)  # finished and signalled, per stream (a prefix)
-        self.finished = bytearray(len(self.instrs))
+        self.finished = bytearray(len(self.linked))
         self.flying: list[list[int]] = [[] for _ in self.lists]  # started, still writing, per stream
         self.stalled = [False] * len(self.lists)  # its next instruction touches what one of those writes
         self.count = dict.fromkeys(lk.program.semaphores, 0)  # signals of retired instructions
@@ -180,18 +180,18 @@ class _Streams:
         if h == len(lst):
             return False
         i = lst[h]
-        for w in self.instrs[i].waits:
+        for w in self.linked[i].instr.waits:
             if self.count[w.sem] < w.value:
                 heapq.heappush(self.parked[w.sem], (w.value, k))
                 return False
-        if self.flying[k] and _touches(self.lk.instrs[i], self.flying[k], self.lk.instrs):
+        if self.flying[k] and _touches(self.linked[i], self.flying[k], self.linked):
             self.stalled[k] = True
             return False
         return True
 
     def advance(self, k: int, helpers: _Helpers) -> None:
         """Run stream ``k``'s instructions while each is ready and the earliest ready."""
-        lst, flying, linked = self.lists[k], self.flying[k], self.lk.instrs
+        lst, flying, linked = self.lists[k], self.flying[k], self.linked
         while True:
             i = lst[self.head[k]]
             self.head[k] += 1
@@ -240,7 +240,7 @@ class _Streams:
             self.retired[k] = r
             if j in self.scratch:
                 self.free(j)
-            for sig in self.instrs[j].signals:
+            for sig in self.linked[j].instr.signals:
                 n = self.count[sig] + 1
                 self.count[sig] = n
                 p = self.parked.get(sig)
@@ -420,13 +420,11 @@ def private_tensors(lk: Linked) -> set[str]:
     return private
 
 
-def scratch_lives(lk: Linked, weight: Callable[[Tensor], int] = lambda t: 1
-                  ) -> tuple[dict[int, list[Tensor]], dict[int, list[Tensor]], int]:
-    """The scratch tensors each step of the verifier's order creates (zeros, at their first access) and
-    frees (after their last), and the most bytes they hold at once (each counted ``weight`` times): the
-    executor's memory check (its own order differs where streams run side by side). A compiled training
-    step keeps every intermediate in a scratch tensor of its own: mobilenet_v2's add up to 24 GiB, far
-    more than are live at any one time."""
+def scratch_peak(lk: Linked, weight: Callable[[Tensor], int] = lambda t: 1) -> int:
+    """The most bytes scratch tensors hold at once in the verifier's order, each existing from its first
+    access to its last and counted ``weight`` times: the executor's memory check (its own order differs
+    where streams run side by side). A compiled training step keeps every intermediate in a scratch
+    tensor of its own: mobilenet_v2's add up to 24 GiB, far more than are live at any one time."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     touches = lk.scratch_touches
@@ -434,21 +432,16 @@ def scratch_lives(lk: Linked, weight: Callable[[Tensor], int] = lambda t: 1
         for name in touches.get(i, ()):
             first.setdefault(name, step)
             last[name] = step
-    tensors = lk.program.tensors
-    born: dict[int, list[Tensor]] = defaultdict(list)
-    dies: dict[int, list[Tensor]] = defaultdict(list)
     change: dict[int, int] = defaultdict(int)
-    for name in sorted(first, key=first.__getitem__):
-        t = tensors[name]
-        born[first[name]].append(t)
-        dies[last[name]].append(t)
-        change[first[name]] += t.nbytes * weight(t)
+    for name, step in first.items():
+        t = lk.program.tensors[name]
+        change[step] += t.nbytes * weight(t)
         change[last[name] + 1] -= t.nbytes * weight(t)
     live = peak = 0
     for step in sorted(change):
         live += change[step]
         peak = max(peak, live)
-    return born, dies, peak
+    return peak
 
 
 def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, np.ndarray],
@@ -461,10 +454,10 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     ranks = 1 if identical_ranks(lk) else prog.ranks
     private = private_tensors(lk) if ranks > 1 else set()
     copies = {name: ranks if name in private else 1 for name in prog.tensors}
-    _, _, scratch_peak = scratch_lives(lk, lambda t: copies[t.name])
+    scratch = scratch_peak(lk, lambda t: copies[t.name])
     hbm_bytes = sum(t.nbytes * copies[t.name] for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
     onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
-    need = hbm_bytes + scratch_peak + ranks * onchip
+    need = hbm_bytes + scratch + ranks * onchip
     if need > max_host_bytes():
         raise error("NCC_ERUN001", f"simulating this program needs {need / 2**30:.1f} GiB of host memory; "
                     f"the limit is {max_host_bytes() / 2**30:.1f} GiB", hint="raise NXSAT_SIM_MAX_BYTES")

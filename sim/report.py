@@ -112,12 +112,10 @@ def overlap(tl: Timeline) -> dict[str, float]:
     """How far data movement hides behind TensorE: the time TensorE is busy, the time some DMA transfer
     is under way, and the time both are (what a prefetching schedule shows in the trace), in ns and as
     fractions of TensorE's busy time and of the run."""
-    kinds = np.array([stream_kind(s) for s in tl.streams] or [""])
-    sp = tl.spans
-    stream = sp[:, 0].astype(np.int64) if len(sp) else np.zeros(0, dtype=np.int64)
-    pe = _union(sp[kinds[stream] == "pe"][:, 1:3].astype(np.int64))
-    dma = _union(sp[(kinds[stream] == "dma") | (sp[:, 4] == 1)][:, 1:3].astype(np.int64) if len(sp)
-                 else np.zeros((0, 2), dtype=np.int64))
+    sp = np.asarray(tl.spans, dtype=np.int64).reshape(-1, 5)
+    kind = np.array([stream_kind(s) for s in tl.streams] + [""])[sp[:, 0]]
+    pe = _union(sp[kind == "pe"][:, 1:3])
+    dma = _union(sp[(kind == "dma") | (sp[:, 4] == 1)][:, 1:3])
     pe_ps = int((pe[:, 1] - pe[:, 0]).sum())
     dma_ps = int((dma[:, 1] - dma[:, 0]).sum())
     both = _intersection_ps(pe, dma)
