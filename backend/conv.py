@@ -46,8 +46,9 @@ import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
+from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.graph import Graph, Ref
-from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
+from nxsat.backend.lower import Lowering, device_dtype, hosts, lowers, onchip_dtype
 from nxsat.backend.matmul import operand_type
 from nxsat.backend.tiles import Operand, Tiles
 from nxsat.builder import Builder, infer_type
@@ -128,6 +129,7 @@ class Conv:
     mt: dt.DType  # the multiply type
     out_t: dt.DType
     window: tuple[WindowDim, ...]
+    ep: Epilogue  # where result tiles go: Y, and the elementwise cluster reading it (backend/epilogue.py)
     evac: int = 0
     weights: dict = field(default_factory=dict)
     masks: dict = field(default_factory=dict)
@@ -149,6 +151,9 @@ def _stride_one(lw: Lowering, r: Ref, dim: int) -> bool:
     """Is dimension ``dim`` of the HBM access ``r`` contiguous (and larger than one)?"""
     dims = r.ap.dims
     return r.shape[dim] > 1 and dims[dim][1] == 1
+
+
+hosts("convolution")
 
 
 @lowers("convolution")
@@ -187,7 +192,9 @@ def convolution(lw: Lowering, node: Node) -> None:
                     f"({taps} taps per output, {math.prod(Y.shape)} outputs: a weight gradient over whole images?), "
                     f"more than the backend emits for one operator ({MAX_MATMULS})", node.loc,
                     "see docs/backend.md, 'Convolution and windows'")
-    cv = Conv(lw, node, X, W, Y, geo, plan, mt, out_t, window)
+    perm = (d.output_batch, d.output_feature, *d.output_spatial)
+    ep = epilogue(lw, node, lambda r: r.permute(*perm))
+    cv = Conv(lw, node, X, W, Y, geo, plan, mt, out_t, window, ep)
     Np = geo.batch
     if bgc > 1:
         jobs = [Job(b * Np, 0, C, b * geo.out_channels, geo.out_channels, 1) for b in range(bgc)]
@@ -917,8 +924,9 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
         a = cls.first + ja * cls.step
         qkeys.append(slice(a, a + (jn - 1) * cls.step + 1, cls.step))
     if cv.plan.transpose_out == "dma" or cv.nsp == 0:
-        dst = cv.Y[(slice(n0, n0 + nb), slice(o0, o0 + on), *qkeys)].permute(1, 0, *range(2, cv.nsp + 2))
-        g.add("dma", "dma", dst, res)
+        key = (slice(n0, n0 + nb), slice(o0, o0 + on), *qkeys)
+        perm = (1, 0, *range(2, cv.nsp + 2))
+        cv.ep.tile(lambda y: y[key].permute(*perm), res)
         return
     # channels-last result: blocks of up to 128 positions transposed on TensorE into one PSUM bank, one
     # copy out of it and one DMA of whole channel vectors
@@ -927,10 +935,13 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
     npos = math.prod(jn for _, jn in sp)
     flat_ok = True
     flats = []
+    def positions(y: Ref, n: int) -> Ref:
+        """Batch element ``n0 + n`` of the block in ``y`` (framed) as ``[positions, channels]``."""
+        return y[(n0 + n, slice(o0, o0 + on), *qkeys)].permute(*range(1, nsp + 1), 0).reshape(npos, on)
+
     for n in range(nb):
-        dst = cv.Y[(n0 + n, slice(o0, o0 + on), *qkeys)]
         try:
-            flat = dst.permute(*range(1, nsp + 1), 0).reshape(npos, on)
+            flat = positions(cv.Y, n)
             flat.shape  # noqa: B018 - resolves the chain: positions that do not merge need rows
         except (AccessError, IndexError):
             flat_ok = False
@@ -939,7 +950,7 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
     if flat_ok:
         bp = out_block(npos)
         per_bank = max(1, bank // on)
-        for n, flat in enumerate(flats):
+        for n in range(len(flats)):
             src = res[:, n].reshape(on, npos) if nsp > 1 else res[:, n]
             p0 = 0
             while p0 < npos:
@@ -950,7 +961,7 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
                     g.add("pe", "transpose", ps, src[:, p0:npos])
                     tmp = g.tile((pn, on), cv.out_t, "sbuf", "cvtout").ref()
                     _evacuate(cv, tmp, ps)
-                    g.add("dma", "dma", flat[p0:npos], tmp)
+                    cv.ep.tile(lambda y, n=n, p0=p0: positions(y, n)[p0:npos], tmp)
                     break
                 ps = g.tile((bp, full, on), dt.F32, "psum", "cvtps").ref()
                 for k in range(full):
@@ -958,7 +969,8 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
                     g.add("pe", "transpose", ps[:, k], src[:, a:a + bp])
                 tmp = g.tile((bp, full, on), cv.out_t, "sbuf", "cvtout").ref()
                 _evacuate(cv, tmp, ps)
-                g.add("dma", "dma", flat[p0:p0 + full * bp].reshape(full, bp, on).permute(1, 0, 2), tmp)
+                cv.ep.tile(lambda y, n=n, p0=p0, full=full: positions(y, n)[p0:p0 + full * bp].reshape(
+                    full, bp, on).permute(1, 0, 2), tmp)
                 p0 += full * bp
         return
     valid = [(0, jn) for _, jn in sp]
@@ -978,14 +990,13 @@ def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], 
         q = qkeys[-1]
         dkey.append(slice(q.start + w0 * q.step, q.start + (w1 - 1) * q.step + 1, q.step))
         rkey.append(slice(w0, w1))
-        dst = cv.Y[tuple(dkey)]  # [on, (rows), w]
         blk = res[tuple(rkey)]  # [on, (rows), w]
         ps = g.tile((seg, rn, on), dt.F32, "psum", "cvtps").ref()
         for k in range(rn):
             g.add("pe", "transpose", ps[:, k], blk[:, k] if nsp > 1 else blk)
         tmp = g.tile((seg, rn, on), cv.out_t, "sbuf", "cvtout").ref()
         _evacuate(cv, tmp, ps)
-        g.add("dma", "dma", dst.reshape(on, rn, seg).permute(2, 1, 0), tmp)
+        cv.ep.tile(lambda y, dkey=tuple(dkey), rn=rn, seg=seg: y[dkey].reshape(on, rn, seg).permute(2, 1, 0), tmp)
 
 
 # --- windows on VectorE/GpSimd (reduce-window, select-and-scatter) ---------------------------------

@@ -67,6 +67,7 @@ class Cluster:
     shape: tuple[int, ...]
     members: list[Node] = field(default_factory=list)
     first: int = 0  # post-order position of the first member
+    host: int | None = None  # the node whose lowering ran it on its result's tiles (backend/epilogue.py)
 
 
 def is_elementwise(node: Node) -> bool:
@@ -76,6 +77,54 @@ def is_elementwise(node: Node) -> bool:
         return False
     return all(isinstance(o.type, TensorType) and o.shape == node.shape for o in node.operands) or \
         node.op not in SHAPE_CHANGING
+
+
+EARLY_ELEMENTS = 1 << 16  # a value computed from the model's inputs alone this small is computed first
+EARLY_VIEWS = frozenset({"parameter", "constant", "reshape", "broadcast", "transpose", "slice", "bitcast", "copy"})
+
+
+def lowering_order(order: list[Node]) -> list[Node]:
+    """The post-order ``order`` rearranged for clusters, which take only operands computed before they
+    start: small values computed from parameters and constants alone are moved. One that is broadcast
+    (a batch-norm scale ``gamma * rsqrt(var + eps)``) goes to the front, with the views of parameters:
+    then the cluster applying it to a convolution's or a dot's result can start with that result and
+    run as its epilogue (backend/epilogue.py). Any other (a causal mask's comparison, a weight's cast)
+    goes just before its first reader: an elementwise reader of its shape computes it in its pass,
+    after whatever else the pass reads."""
+    fixed: set[int] = set()  # computed from parameters and constants alone: views, small elementwise values
+    readers: dict[int, list[Node]] = {}
+    for n in order:
+        for o in n.operands:
+            readers.setdefault(o.id, []).append(n)
+        if all(o.id in fixed for o in n.operands) and (
+                n.op in EARLY_VIEWS or is_elementwise(n) and math.prod(n.shape) <= EARLY_ELEMENTS):
+            fixed.add(n.id)
+    early = set(fixed)
+    for n in reversed(order):  # an elementwise value moves to the front only to be viewed (broadcast)
+        rs = readers.get(n.id, ())
+        if n.id in early and n.op not in EARLY_VIEWS and (not any(r.id in early for r in rs) or any(
+                r.id not in early and is_elementwise(r) and r.shape == n.shape for r in rs)):
+            early.discard(n.id)
+    for n in order:  # a view of a value that moves later moves with it
+        if n.id in early and not all(o.id in early for o in n.operands):
+            early.discard(n.id)
+    out = [n for n in order if n.id in early]
+    placed = set(early)
+
+    def place(n: Node) -> None:
+        for o in n.operands:
+            if o.id not in placed:
+                place(o)
+        placed.add(n.id)
+        out.append(n)
+
+    for n in order:
+        if n.id not in placed and n.id not in fixed:
+            place(n)
+    for n in order:  # a moved value nothing reads (a model output)
+        if n.id not in placed:
+            place(n)
+    return out
 
 
 def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
@@ -371,7 +420,7 @@ def narrow(t: Tiles, v: Ref, want: dt.DType) -> Ref:
 def elementwise(lw: Lowering, node: Node) -> None:
     """Lower the cluster ``node`` starts (its other members are lowered with it)."""
     cl = lw.cluster_of[node.id]
-    if node is not cl.members[0]:
+    if node is not cl.members[0] or cl.host is not None:
         return
     lower_cluster(lw, cl, lw.consumers)
 

@@ -354,6 +354,13 @@ class Graph:
                             f"the device has {self.hbm_limit:,}", hint="shard the model or use a larger target")
         return b
 
+    def drop(self, buf: Buf) -> None:
+        """Remove a buffer no instruction uses (made before its lowering knew it would not be needed)."""
+        assert not buf.users, f"{buf.name} is in use"
+        self.bufs = [b for b in self.bufs if b is not buf]
+        if not buf.onchip:
+            self.hbm_bytes -= buf.nbytes
+
     def tile(self, shape: Iterable[int], dtype: dt.DType, mem: str = "sbuf", name: str = "t") -> Buf:
         return self.buf(name, mem, dtype, shape)
 

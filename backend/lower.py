@@ -32,6 +32,9 @@ Lower = Callable[["Lowering", Node], None]
 LOWERINGS: dict[str, Lower] = {}
 Planner = Callable[["Lowering", list[Node]], None]
 PLANNERS: list[Planner] = []
+# Operators whose lowering can run the elementwise cluster that reads their result on its tiles
+# (backend/epilogue.py): lowered when something first reads them, not at their post-order turn.
+HOSTS: set[str] = set()
 
 DEVICE_TYPES = {"s64": dt.S32, "u64": dt.U32}
 REFUSED_TYPES = {"f64": "the NeuronCore has no 64-bit floats; convert the model to f32"}
@@ -48,6 +51,13 @@ def lowers(*ops: str) -> Callable[[Lower], Lower]:
         return fn
 
     return wrap
+
+
+def hosts(*ops: str) -> None:
+    """Declare operators whose lowering takes an epilogue (backend/epilogue.py): each is lowered just
+    before the first node that reads it, so every other input of the cluster reading it (a bias, a
+    batch-norm scale computed after it in post-order) is computed by then."""
+    HOSTS.update(ops)
 
 
 def plans(fn: Planner) -> Planner:
@@ -112,6 +122,13 @@ class Lowering:
     def set(self, node: Node, value: Any) -> None:
         self.values[node.id] = value
         self._fresh.append(value)
+
+    def drop(self, node: Node) -> None:
+        """Forget the result buffer made for ``node`` before anything wrote it (an epilogue computes what
+        reads it instead)."""
+        r = self.values.pop(node.id)
+        self._fresh = [v for v in self._fresh if v is not r]
+        self.graph.drop(r.buf)
 
     def scalar(self, node: Node) -> float | int | None:
         """The value of a node that is one number however it is shaped (a scalar constant, or a
@@ -186,13 +203,50 @@ class Lowering:
         return b.ref()
 
     # --- the driver -----------------------------------------------------------------------------
+    def _lower(self, node: Node) -> None:
+        fn = LOWERINGS.get(node.op)
+        if fn is None:
+            raise error("NCC_EUOC002", f"operator {node.op} ({node.name}) cannot run on the NeuronCore yet",
+                        node.loc, "see `nxsat list-operators --all`")
+        for d in _types(node):
+            if d.name in ("s64", "u64"):
+                self.warnings.warn("NCC_WTYP001", "64-bit integers are computed as 32-bit on the device "
+                                   "(high bits dropped)", node.loc)
+        self.graph.origin = _origin(node)
+        fn(self, node)
+        # What this operator computed is written completely: read only from now on (Graph.seal).
+        while self._fresh:
+            v = self._fresh.pop()
+            if isinstance(v, tuple):
+                self._fresh.extend(v)
+            elif isinstance(v, Ref) and v.buf.kind in ("scratch", "output"):
+                self.graph.seal(v.buf)
+
+    def _reads(self, node: Node) -> list[Node]:
+        """What lowering ``node`` reads: its operands, and for the first member of an elementwise cluster
+        (which lowers the whole cluster) every member's."""
+        cl = self.cluster_of.get(node.id)
+        ops = [o for m in cl.members for o in m.operands] if cl is not None and cl.members and \
+            cl.members[0] is node else list(node.operands)
+        out: list[Node] = []
+        for o in ops:  # an absorbed node is computed by its reader: its operands are read
+            out.extend(self._reads(o) if o.id in self.absorbed else [o])
+        return out
+
+    def _lower_deferred(self, nodes: list[Node], deferred: dict[int, Node]) -> None:
+        """Lower the deferred hosts among ``nodes`` (and first the deferred hosts they read)."""
+        for n in nodes:
+            if deferred.pop(n.id, None) is not None:
+                self._lower_deferred(self._reads(n), deferred)
+                self._lower(n)
+
     def run(self) -> None:
         from nxsat.backend import families  # noqa: F401 - registers every lowering
-        from nxsat.backend.elementwise import clusters
+        from nxsat.backend.elementwise import clusters, lowering_order
 
         entry = self.module.entry
         self.graph.hbm_limit = self.target.hbm_bytes
-        order = entry.post_order()
+        order = lowering_order(entry.post_order())
         for node in order:
             for o in node.operands:
                 self.consumers.setdefault(o.id, set()).add(node.id)
@@ -238,26 +292,17 @@ class Lowering:
                 self.element_outputs.setdefault((leaf.id, elem), []).append(b)
         for planner in PLANNERS:
             planner(self, order)
+        deferred: dict[int, Node] = {}
         for node in order:
             if node.op == "parameter" or node.id in self.values or node.id in self.absorbed:
                 continue
-            fn = LOWERINGS.get(node.op)
-            if fn is None:
-                raise error("NCC_EUOC002", f"operator {node.op} ({node.name}) cannot run on the NeuronCore yet",
-                            node.loc, "see `nxsat list-operators --all`")
-            for d in _types(node):
-                if d.name in ("s64", "u64"):
-                    self.warnings.warn("NCC_WTYP001", "64-bit integers are computed as 32-bit on the device "
-                                       "(high bits dropped)", node.loc)
-            self.graph.origin = _origin(node)
-            fn(self, node)
-            # What this operator computed is written completely: read only from now on (Graph.seal).
-            while self._fresh:
-                v = self._fresh.pop()
-                if isinstance(v, tuple):
-                    self._fresh.extend(v)
-                elif isinstance(v, Ref) and v.buf.kind in ("scratch", "output"):
-                    self.graph.seal(v.buf)
+            if node.op in HOSTS and any(c in self.cluster_of for c in self.consumers.get(node.id, ())):
+                deferred[node.id] = node
+                continue
+            self._lower_deferred(self._reads(node), deferred)
+            self._lower(node)
+        for node in list(deferred.values()):
+            self._lower_deferred([node], deferred)
         self.graph.origin = None
         # Outputs a node did not write itself (a parameter, a constant, a view, a value returned twice).
         for k, (leaf, elem) in enumerate(leaves):

@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 
 from nxsat import dtypes as dt
+from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, is_tf32_rounding, lowers, onchip_dtype
+from nxsat.backend.lower import Lowering, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
 from nxsat.extract.plan import matmul_plan, segments_pay
 from nxsat.ir import Node
 from nxsat.sim.program import AccessError
@@ -34,6 +35,9 @@ def operand_type(a: dt.DType, b: dt.DType, lw: Lowering) -> dt.DType:
     if {a.name, b.name} <= {"bf16", "f16", "f32"} and a is not b:
         return dt.F32
     return dt.F32
+
+
+hosts("dot")
 
 
 @lowers("dot")
@@ -56,17 +60,18 @@ def dot(lw: Lowering, node: Node) -> None:
     if rhs.id in lw.absorbed:
         rhs = rhs.operands[0]
     Lp, Rp = lw.ref(lhs).permute(*lb, *lf, *lc), lw.ref(rhs).permute(*rb, *rc, *rf)
-    out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
     if device_dtype(node.dtype).is_int and Lp.dtype.is_int and Rp.dtype.is_int:
+        out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
         L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
         return int_matmul(lw, L, lw.view(Rp, lambda r: r.reshape(B, K, N), node), out)
+    ep = epilogue(lw, node, lambda r: r.reshape(B, M, N))
     split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target)
     if split is None:
         L = lw.view(Lp, lambda r: r.reshape(B, M, 1, K), node)
         R = lw.view(Rp, lambda r: r.reshape(B, 1, K, N), node)
     else:
         L, R = split
-    matmul(lw, node, L, R, out, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
+    matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
 
 
 def _split_contraction(L: Ref, R: Ref, B: int, M: int, N: int, kdims: list[int], target: Target
@@ -89,11 +94,12 @@ def _split_contraction(L: Ref, R: Ref, B: int, M: int, N: int, kdims: list[int],
     return None
 
 
-def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = "fp32",
+def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: str = "fp32",
            mt: dt.DType | None = None) -> None:
     """``out[b] = L[b] @ R[b]`` for every batch: L ``[B, M, Ko, Ki]``, R ``[B, Ko, Ki, N]``, out
     ``[B, M, N]``, contracting over ``Ko`` segments of ``Ki`` (K tiles never cross a segment); the
-    operands are multiplied in ``mt`` (default: their common TensorE type), cast on chip."""
+    operands are multiplied in ``mt`` (default: their common TensorE type), cast on chip. Each result
+    tile goes to ``ep`` (stored, and through the elementwise cluster that reads it)."""
     g = lw.graph
     B, M, Ko, Ki = L.shape
     N = R.shape[3]
@@ -108,7 +114,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
     joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
     for b in range(B):
         if joint:
-            _matmul_joint(lw, L[b], R[b], out[b], groups, mt, out_t, b % 2 == 0,
+            _matmul_joint(lw, L[b], R[b], ep, b, groups, mt, out_t, b % 2 == 0,
                           {"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {})
             continue
         def moving(ko: int, k0: int, kn: int, n: int, n0: int, nn: int, b: int = b) -> list[Ref]:
@@ -138,19 +144,22 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, out: Ref, precision: str = 
                             g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
                                   **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                             j += 1
-                    _store(lw, out[b, m0:m0 + mn, n0:n0 + nn], acc, out_t, evac % 2 == 0)
+                    _store(lw, ep, (b, m0, n0), acc, out_t, evac % 2 == 0)
                     evac += 1
 
 
-def _store(lw: Lowering, dst: Ref, acc: Ref, out_t: dt.DType, on_act: bool) -> None:
-    """A PSUM accumulator evacuated into SBUF in the result type (by ScalarE or VectorE, callers
-    alternating them) and stored by one DMA."""
+def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t: dt.DType, on_act: bool) -> None:
+    """A PSUM accumulator (the ``[mn, nn]`` tile at ``[b, m0:, n0:]`` of the ``[B, M, N]`` result) evacuated
+    into SBUF in the result type (by ScalarE or VectorE, callers alternating them) and handed to the
+    epilogue."""
     res = lw.graph.tile(acc.shape, out_t, "sbuf", "mm").ref()
     if on_act:
         lw.graph.add("act", "activation", res, acc)
     else:
         lw.graph.add("dve", "tensor_copy", res, acc)
-    lw.graph.add("dma", "dma", dst, res)
+    b, m0, n0 = at
+    mn, nn = acc.shape
+    ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res)
 
 
 def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> bool:
@@ -160,7 +169,7 @@ def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> 
         _k_contiguous(r) and _pe_transposable(r, mt, transpose_dma) for r in (Lk, Rk))
 
 
-def _matmul_joint(lw: Lowering, L: Ref, R: Ref, out: Ref, groups: list[tuple[int, int, int, int]],
+def _matmul_joint(lw: Lowering, L: Ref, R: Ref, ep: Epilogue, b: int, groups: list[tuple[int, int, int, int]],
                   mt: dt.DType, out_t: dt.DType, on_act: bool, attrs: dict[str, str]) -> None:
     """``out = L @ R`` (:attr:`~nxsat.extract.plan.MatmulPlan.joint`: R one N tile, L a few M tiles)
     when both operands lie K-contiguous: each K block of both is transposed by TensorE with their rows
@@ -181,8 +190,8 @@ def _matmul_joint(lw: Lowering, L: Ref, R: Ref, out: Ref, groups: list[tuple[int
                 g.add("pe", "matmul", acc, tile[:, i, m0:m0 + mn], tile[:, i, M:M + N], start=j == 0,
                       stop=j == last, **attrs)
             j += 1
-    for k, (acc, (m0, mn)) in enumerate(zip(accs, m_tiles)):
-        _store(lw, out[m0:m0 + mn, :], acc, out_t, on_act == (k % 2 == 0))
+    for k, (acc, (m0, _)) in enumerate(zip(accs, m_tiles)):
+        _store(lw, ep, (b, m0, 0), acc, out_t, on_act == (k % 2 == 0))
 
 
 # Rows of L per tile and contraction elements per pass of the exact integer product.

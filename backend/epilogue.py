@@ -1,0 +1,163 @@
+"""Epilogues: the elementwise cluster that reads an operator's result, computed on the result's tiles as
+they leave PSUM instead of after a round trip through HBM.
+
+A dot's result tile is evacuated from PSUM into SBUF and stored; the cluster that reads it (a bias add,
+an activation, a residual add, a cast: BERT's ``dense -> + bias -> gelu``) would load it back, tile by
+tile, and store its own results. When the cluster has the dot's shape and every other value it reads is
+computed before the dot (lowering defers a dot until something reads it, ``lower.hosts``, so a bias
+reshaped and broadcast after it in post-order is), :func:`epilogue` makes the dot run the cluster on each
+evacuated tile: the cluster's other inputs are loaded in the tile's place of the result (once per
+distinct access: a bias repeated along M is loaded once per N tile), its members emitted as
+:mod:`nxsat.backend.elementwise` emits them, and only the values something else reads are stored (the
+dot's own result too, when something outside the cluster reads it). The cost model already prices a
+dot's elementwise readers as fused with it (extract/cost.py ``elementwise_ns``: no load of a computed
+operand of the same shape); this makes the backend do what it priced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nxsat.backend.elementwise import Cluster, Kernel, emit
+from nxsat.backend.graph import Ref
+from nxsat.backend.lower import Lowering, device_dtype, onchip_dtype
+from nxsat.backend.tiles import Operand, Tiles, is_num
+from nxsat.ir import Node
+from nxsat.sim.program import AccessError
+
+
+@dataclass
+class Epilogue:
+    """Where the tiles of an operator's result go: stored to ``out`` (when anything but the cluster reads
+    the result) and, with a ``cluster``, through its members. Values of the result's shape are held
+    as seen in the operator's ``frame`` (a dot's ``[B, M, N]``, a convolution's ``[N, C, spatial...]``);
+    a tile's place is a view of that."""
+
+    lw: Lowering
+    node: Node
+    frame: Callable[[Ref], Ref]
+    out: Ref | None = None
+    cluster: Cluster | None = None
+    inputs: dict[int, Operand] = field(default_factory=dict)  # operand id -> framed view, or a number
+    stores: dict[int, Ref] = field(default_factory=dict)  # member id -> framed view of its result
+    _loaded: dict[tuple, Ref] = field(default_factory=dict)  # distinct accesses -> the tile holding them
+
+    def tile(self, place: Callable[[Ref], Ref], res: Ref) -> None:
+        """``res`` is an evacuated tile of the result (``[partitions, *free]``), in its type, at
+        ``place(framed value)``."""
+        lw, g = self.lw, self.lw.graph
+        if self.out is not None:
+            g.add("dma", "dma", place(self.out), res)
+        cl = self.cluster
+        if cl is None:
+            return
+        shape = res.shape
+        flat = (shape[0], math.prod(shape[1:]))  # the members run on 2-D tiles, as a fused pass's do
+        k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape)
+        val: dict[int, Operand] = {self.node.id: _flat(res, flat)}
+        for oid, src in self.inputs.items():
+            val[oid] = src if is_num(src) else self._load(oid, place, flat)
+        for m in cl.members:
+            g.origin = _origin(m)
+            val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
+        for mid, dst in self.stores.items():
+            v = val[mid]
+            if is_num(v):
+                m = next(x for x in cl.members if x.id == mid)
+                v = k.t.memset(v, onchip_dtype(device_dtype(m.dtype)))
+            assert isinstance(v, Ref)
+            g.add("dma", "dma", place(dst), v if len(shape) == 2 else v.reshape(*shape))
+        g.origin = _origin(self.node)
+
+    def _load(self, oid: int, place: Callable[[Ref], Ref], flat: tuple[int, int]) -> Ref:
+        """Input ``oid``'s tile at ``place``, loaded once per distinct access (a bias repeated along M: once
+        per N tile); a value repeated along the free axes (a per-row statistic, a per-channel scale) as a
+        column read through a stride-0 view (a DMA of stride-0 elements is a descriptor per element).
+        Where the place's view cannot be expressed on the input's access pattern, a contiguous copy of
+        the input is read instead (made once)."""
+        g = self.lw.graph
+        src = self.inputs[oid]
+        assert isinstance(src, Ref)
+        try:
+            view = place(src)
+            view.ap  # noqa: B018 - resolved: raises where the strides do not merge
+        except AccessError:
+            node = next(o for m in self.cluster.members for o in m.operands if o.id == oid)  # type: ignore[union-attr]
+            self.inputs[oid] = src = self.frame(self.lw.contiguous(self.lw.ref(node), node))
+            view = place(src)
+        shape = view.shape
+        column = flat[1] > 1 and all(n == 1 or st == 0 for n, st in view.ap.dims[1:])
+        part = view[(slice(None), *([slice(0, 1)] * (len(shape) - 1)))].reshape(shape[0], 1) if column else view
+        key = (part.buf.name, part.ap.offset, part.ap.dims)
+        tile = self._loaded.get(key)
+        if tile is None:
+            tile = g.tile(part.shape, onchip_dtype(src.dtype), "sbuf", "epin").ref()
+            g.add("dma", "dma", tile, part)
+            self._loaded[key] = tile
+        return tile.broadcast(1, flat[1]) if column else _flat(tile, flat)
+
+
+def _flat(tile: Ref, flat: tuple[int, int]) -> Ref:
+    return tile if len(tile.shape) == 2 else tile.reshape(*flat)
+
+
+def epilogue(lw: Lowering, node: Node, frame: Callable[[Ref], Ref]) -> Epilogue:
+    """The epilogue of ``node`` (an operator ``lower.hosts`` names) whose lowering sees values of its
+    result's shape as ``frame`` does: its elementwise reader's cluster when that can run on the result's
+    tiles, else just the store. A result buffer the lowering made already is dropped when only the
+    cluster reads the result."""
+    cl = _reader(lw, node)
+    ep = Epilogue(lw, node, frame, None, cl)
+    if cl is not None and (any(m.op == "iota" for m in cl.members) or not _bind(lw, ep, cl)):
+        ep.cluster, ep.inputs, ep.stores = None, {}, {}
+    ep_cl = ep.cluster
+    readers = lw.consumers.get(node.id, set())
+    outside = ep_cl is None or node.id in lw.output_of or any(lw.cluster_of.get(c) is not ep_cl for c in readers)
+    made = lw.values.get(node.id)
+    if outside:
+        ep.out = frame(made) if isinstance(made, Ref) else lw.view(lw.result(node), frame, node)
+    elif isinstance(made, Ref):
+        lw.drop(node)
+    if ep_cl is not None:
+        ep_cl.host = node.id
+    return ep
+
+
+def _reader(lw: Lowering, node: Node) -> Cluster | None:
+    """The first cluster of ``node``'s shape that reads it and has not yet run."""
+    found = [c for c in (lw.cluster_of.get(r) for r in lw.consumers.get(node.id, ())) if c is not None
+             and c.shape == node.shape and c.host is None and c.members]
+    return min(found, key=lambda c: c.first) if found else None
+
+
+def _bind(lw: Lowering, ep: Epilogue, cl: Cluster) -> bool:
+    """Find every input of the cluster in the frame (or as a number) and its results' places; False when
+    one is not computed yet or its access pattern cannot be framed."""
+    ids = {m.id for m in cl.members}
+    try:
+        for m in cl.members:
+            for o in m.operands:
+                if o.id in ids or o.id == ep.node.id or o.id in ep.inputs:
+                    continue
+                s = lw.scalar(o)
+                if s is not None:
+                    ep.inputs[o.id] = s
+                    continue
+                if not isinstance(lw.values.get(o.id), Ref):
+                    return False  # not computed yet (or a tuple)
+                ep.inputs[o.id] = ep.frame(lw.ref(o))
+                ep.inputs[o.id].ap  # noqa: B018 - resolved: raises where the strides do not merge
+        for m in cl.members:
+            if m.id in lw.output_of or lw.consumers.get(m.id, set()) - ids:
+                ep.stores[m.id] = ep.frame(lw.result(m))
+    except AccessError:
+        return False
+    return True
+
+
+def _origin(node: Node) -> str:
+    from nxsat.backend.lower import _origin as origin
+
+    return origin(node)

@@ -1,0 +1,139 @@
+"""Epilogues (backend/epilogue.py): the elementwise cluster reading a dot's or a convolution's result runs
+on the result's tiles as they leave PSUM. Each case matches the reference interpreter on the simulator,
+and the ones that fuse write no intermediate to HBM (no scratch tensor holds the producer's result)."""
+
+from __future__ import annotations
+
+import pytest
+from harness import assert_device_matches, module_of
+
+from nxsat import sim
+from nxsat.backend import compile_graph
+
+DENSE = """HloModule dense
+
+ENTRY main {
+  x = f32[256,384] parameter(0)
+  w = f32[384,640] parameter(1)
+  bias = f32[640] parameter(2)
+  r = f32[256,640] parameter(3)
+  d = f32[256,640] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  b = f32[256,640] broadcast(bias), dimensions={1}
+  a = f32[256,640] add(d, b)
+  t = f32[256,640] tanh(a)
+  m = f32[256,640] multiply(t, a)
+  ROOT out = f32[256,640] add(m, r)
+}
+"""
+
+# the sum of two dots: the cluster can run only once both are computed (on the second's tiles)
+TWO_DOTS = """HloModule two
+
+ENTRY main {
+  x = f32[128,256] parameter(0)
+  w1 = f32[256,300] parameter(1)
+  w2 = f32[256,300] parameter(2)
+  d1 = f32[128,300] dot(x, w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  d2 = f32[128,300] dot(x, w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT s = f32[128,300] add(d1, d2)
+}
+"""
+
+# the dot is read by a reduction too (softmax's max) and returned: it is stored as well
+READ_TWICE = """HloModule twice
+
+max_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+
+ENTRY main {
+  q = f32[2,128,64] parameter(0)
+  k = f32[2,64,200] parameter(1)
+  s = f32[2,128,200] dot(q, k), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0},
+    rhs_contracting_dims={1}
+  c = f32[] constant(0.125)
+  cb = f32[2,128,200] broadcast(c), dimensions={}
+  sc = f32[2,128,200] multiply(s, cb)
+  ninf = f32[] constant(-inf)
+  mx = f32[2,128] reduce(s, ninf), dimensions={2}, to_apply=max_f32
+  e = f32[2,128,200] exponential(sc)
+  ROOT t = (f32[2,128,200], f32[2,128], f32[2,128,200]) tuple(e, mx, s)
+}
+"""
+
+# a causal mask (iotas, computed on their own) selected on the dot's tiles
+MASKED = """HloModule masked
+
+ENTRY main {
+  q = f32[160,64] parameter(0)
+  k = f32[64,160] parameter(1)
+  s = f32[160,160] dot(q, k), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  i = s32[160,160] iota(), iota_dimension=0
+  j = s32[160,160] iota(), iota_dimension=1
+  keep = pred[160,160] compare(j, i), direction=LE
+  lo = f32[] constant(-1e9)
+  lob = f32[160,160] broadcast(lo), dimensions={}
+  ROOT m = f32[160,160] select(keep, s, lob)
+}
+"""
+
+
+def _conv(labels: str, x: str, w: str, y: str, channels: str) -> str:
+    return f"""HloModule conv
+
+ENTRY main {{
+  x = f32{x} parameter(0)
+  w = f32{w} parameter(1)
+  bias = f32[24] parameter(2)
+  gamma = f32[24] parameter(3)
+  var = f32[24] parameter(4)
+  c = f32{y} convolution(x, w), window={{size=3x3 pad=1_1x1_1}}, dim_labels={labels}
+  bb = f32{y} broadcast(bias), dimensions={{{channels}}}
+  a = f32{y} add(c, bb)
+  eps = f32[] constant(0.001)
+  epsb = f32[24] broadcast(eps), dimensions={{}}
+  ve = f32[24] add(var, epsb)
+  rs = f32[24] rsqrt(ve)
+  sc = f32[24] multiply(rs, gamma)
+  scb = f32{y} broadcast(sc), dimensions={{{channels}}}
+  m = f32{y} multiply(a, scb)
+  z = f32[] constant(0)
+  zb = f32{y} broadcast(z), dimensions={{}}
+  ROOT r = f32{y} maximum(m, zb)
+}}
+"""
+
+
+# a batch-norm scale computed after the convolution in post-order, from the parameters alone: hoisted,
+# so the whole bias / scale / relu cluster is the convolution's epilogue
+CONV_NHWC = _conv("b01f_01io->b01f", "[1,20,20,16]", "[3,3,16,24]", "[1,20,20,24]", "3")
+CONV_NCHW = _conv("bf01_oi01->bf01", "[2,16,12,12]", "[24,16,3,3]", "[2,24,12,12]", "1")
+
+# the scratch tensors each program keeps: the convolutions' small batch-norm scale (its own pass), the
+# mask, the first of two dots; never the producer the epilogue runs on
+FUSED = {"dense": (DENSE, []), "masked": (MASKED, ["i", "j", "keep"]), "conv_nhwc": (CONV_NHWC, ["sc"]),
+         "conv_nchw": (CONV_NCHW, ["sc"]), "two_dots": (TWO_DOTS, ["d1"])}
+
+
+def _scratch(text: str, target: str) -> list[str]:
+    t = sim.load_target(target)
+    c = compile_graph(module_of(text), t)
+    return sorted(n for n, tn in c.program.tensors.items() if tn.kind == "scratch")
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("case", sorted(FUSED))
+def test_epilogue_matches_and_keeps_the_result_on_chip(case: str, target: str) -> None:
+    text, scratch = FUSED[case]
+    assert_device_matches(module_of(text), target=target, rtol=2e-5, atol_scale=2e-5)
+    assert _scratch(text, target) == scratch
+
+
+def test_a_result_read_outside_the_cluster_is_stored_too() -> None:
+    assert_device_matches(module_of(READ_TWICE), rtol=2e-5, atol_scale=2e-5)
+    t = sim.load_target("trn1")
+    c = compile_graph(module_of(READ_TWICE), t)
+    # the scaled exponential runs on the dot's tiles: nothing holds the product sc in HBM
+    assert not any(n.startswith("sc") for n, tn in c.program.tensors.items() if tn.kind == "scratch")
