@@ -85,12 +85,12 @@ EARLY_VIEWS = frozenset({"parameter", "constant", "reshape", "broadcast", "trans
 
 def lowering_order(order: list[Node]) -> list[Node]:
     """The post-order ``order`` rearranged for clusters, which take only operands computed before they
-    start: small values computed from parameters and constants alone are moved. One that is broadcast
-    (a batch-norm scale ``gamma * rsqrt(var + eps)``) goes to the front, with the views of parameters:
-    then the cluster applying it to a convolution's or a dot's result can start with that result and
-    run as its epilogue (backend/epilogue.py). Any other (a causal mask's comparison, a weight's cast)
-    goes just before its first reader: an elementwise reader of its shape computes it in its pass,
-    after whatever else the pass reads."""
+    start. A small value computed from parameters and constants alone that is broadcast (a batch-norm
+    scale ``gamma * rsqrt(var + eps)``) goes to the front, with the views of parameters: then the
+    cluster applying it to a convolution's or a dot's result can start with that result and run as its
+    epilogue (backend/epilogue.py). Every other elementwise operator goes just before its first reader
+    (a causal mask's comparison, layernorm's ``x - mean`` once the variance is known): a reader of its
+    shape computes it in its pass, after whatever else the pass reads."""
     fixed: set[int] = set()  # computed from parameters and constants alone: views, small elementwise values
     readers: dict[int, list[Node]] = {}
     for n in order:
@@ -110,16 +110,25 @@ def lowering_order(order: list[Node]) -> list[Node]:
             early.discard(n.id)
     out = [n for n in order if n.id in early]
     placed = set(early)
+    late = fixed | {n.id for n in order if is_elementwise(n)}
 
-    def place(n: Node) -> None:
-        for o in n.operands:
-            if o.id not in placed:
-                place(o)
-        placed.add(n.id)
-        out.append(n)
+    def place(n: Node) -> None:  # n after the operands not placed yet (iterative: chains are long)
+        stack = [(n, 0)]
+        while stack:
+            m, k = stack.pop()
+            if m.id in placed:
+                continue
+            if k < len(m.operands):
+                stack.append((m, k + 1))
+                o = m.operands[k]
+                if o.id not in placed:
+                    stack.append((o, 0))
+                continue
+            placed.add(m.id)
+            out.append(m)
 
     for n in order:
-        if n.id not in placed and n.id not in fixed:
+        if n.id not in placed and n.id not in late:
             place(n)
     for n in order:  # a moved value nothing reads (a model output)
         if n.id not in placed:

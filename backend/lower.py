@@ -266,6 +266,7 @@ class Lowering:
         # Only where the dot multiplies in the cast's type (both operands of it), so the on-chip cast is
         # the same rounding.
         cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
+                 and not _fused_source(n)
                  and self.target.supports_matmul_dtype(n.dtype.name) and self.consumers.get(n.id)
                  and all(nodes[c].op == "dot" and all(o.dtype is n.dtype for o in nodes[c].operands)
                          for c in self.consumers[n.id])}
@@ -320,6 +321,15 @@ def _no_empty(node: Node, t: TensorType) -> None:
     if 0 in t.shape:
         raise error("NCC_EUOC002", f"{node.name} is {t}: a model input or output without elements cannot be "
                     "declared on the NeuronCore (no empty tensors)", node.loc, "see docs/backend.md, Reductions")
+
+
+def _fused_source(cast: Node) -> bool:
+    """Is the cast's source computed by an elementwise pass of its shape (which can write the narrower
+    type itself: half the bytes stored, and half read by every dot that reads it)?"""
+    from nxsat.backend.elementwise import is_elementwise
+
+    src = cast.operands[0]
+    return is_elementwise(src) and src.shape == cast.shape
 
 
 def is_tf32_rounding(node: Node) -> bool:

@@ -63,7 +63,7 @@ ENTRY main {
 }
 """
 
-# a causal mask (iotas, computed on their own) selected on the dot's tiles
+# a causal mask (iotas computed on their own, the comparison on the dot's tiles) selected on the dot's tiles
 MASKED = """HloModule masked
 
 ENTRY main {
@@ -112,8 +112,8 @@ CONV_NHWC = _conv("b01f_01io->b01f", "[1,20,20,16]", "[3,3,16,24]", "[1,20,20,24
 CONV_NCHW = _conv("bf01_oi01->bf01", "[2,16,12,12]", "[24,16,3,3]", "[2,24,12,12]", "1")
 
 # the scratch tensors each program keeps: the convolutions' small batch-norm scale (its own pass), the
-# mask, the first of two dots; never the producer the epilogue runs on
-FUSED = {"dense": (DENSE, []), "masked": (MASKED, ["i", "j", "keep"]), "conv_nhwc": (CONV_NHWC, ["sc"]),
+# mask's iotas, the first of two dots; never the producer the epilogue runs on
+FUSED = {"dense": (DENSE, []), "masked": (MASKED, ["i", "j"]), "conv_nhwc": (CONV_NHWC, ["sc"]),
          "conv_nchw": (CONV_NCHW, ["sc"]), "two_dots": (TWO_DOTS, ["d1"])}
 
 
