@@ -47,16 +47,21 @@ class Epilogue:
     def tile(self, place: Callable[[Ref], Ref], res: Ref) -> None:
         """``res`` is an evacuated tile of the result (``[partitions, *free]``), in its type, at
         ``place(framed value)``."""
-        lw, g = self.lw, self.lw.graph
         if self.out is not None:
-            g.add("dma", "dma", place(self.out), res)
+            self.lw.graph.add("dma", "dma", place(self.out), res)
+        if self.cluster is not None:
+            self.compute(place, res.shape, res)
+
+    def compute(self, place: Callable[[Ref], Ref], shape: tuple[int, ...], res: Ref | None = None
+                ) -> dict[int, Operand]:
+        """The cluster on the tile of ``shape`` at ``place`` (``res``: the producer's value there), its
+        values needed elsewhere stored; every member's value, on 2-D ``[partitions, free]`` tiles."""
+        lw, g = self.lw, self.lw.graph
         cl = self.cluster
-        if cl is None:
-            return
-        shape = res.shape
+        assert cl is not None
         flat = (shape[0], math.prod(shape[1:]))  # the members run on 2-D tiles, as a fused pass's do
         k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape)
-        val: dict[int, Operand] = {self.node.id: _flat(res, flat)}
+        val: dict[int, Operand] = {} if res is None else {self.node.id: _flat(res, flat)}
         for oid, src in self.inputs.items():
             val[oid] = src if is_num(src) else self._load(oid, place, flat)
         for m in cl.members:
@@ -70,6 +75,7 @@ class Epilogue:
             assert isinstance(v, Ref)
             g.add("dma", "dma", place(dst), v if len(shape) == 2 else v.reshape(*shape))
         g.origin = _origin(self.node)
+        return val
 
     def _load(self, oid: int, place: Callable[[Ref], Ref], flat: tuple[int, int]) -> Ref:
         """Input ``oid``'s tile at ``place``, loaded once per distinct access (a bias repeated along M: once
@@ -88,15 +94,29 @@ class Epilogue:
             self.inputs[oid] = src = self.frame(self.lw.contiguous(self.lw.ref(node), node))
             view = place(src)
         shape = view.shape
-        column = flat[1] > 1 and all(n == 1 or st == 0 for n, st in view.ap.dims[1:])
-        part = view[(slice(None), *([slice(0, 1)] * (len(shape) - 1)))].reshape(shape[0], 1) if column else view
+        dims = view.ap.dims
+        # free dimensions repeated (stride 0) at the end of the tile: loaded once, then repeated on chip
+        # (a DMA of stride-0 elements is a descriptor per element)
+        rep = len(shape)
+        while rep > 1 and (shape[rep - 1] == 1 or dims[rep - 1][1] == 0):
+            rep -= 1
+        part = view if rep == len(shape) else view[(*[slice(None)] * rep, *[slice(0, 1)] * (len(shape) - rep))]
         key = (part.buf.name, part.ap.offset, part.ap.dims)
         tile = self._loaded.get(key)
         if tile is None:
             tile = g.tile(part.shape, onchip_dtype(src.dtype), "sbuf", "epin").ref()
             g.add("dma", "dma", tile, part)
             self._loaded[key] = tile
-        return tile.broadcast(1, flat[1]) if column else _flat(tile, flat)
+        if rep == len(shape):
+            return _flat(tile, flat)
+        if rep == 1:  # one value per partition: a column read through a stride-0 view
+            return tile.reshape(shape[0], 1).broadcast(1, flat[1])
+        full = g.tile(flat, tile.dtype, "sbuf", "eprep").ref()
+        wide = tile
+        for d in range(rep, len(shape)):
+            wide = wide.broadcast(d, shape[d])
+        g.add("dve", "tensor_copy", full.reshape(*shape), wide)
+        return full
 
 
 def _flat(tile: Ref, flat: tuple[int, int]) -> Ref:
@@ -125,6 +145,14 @@ def epilogue(lw: Lowering, node: Node, frame: Callable[[Ref], Ref]) -> Epilogue:
     return ep
 
 
+def prologue(lw: Lowering, host: Node, cl: Cluster, served: frozenset[int]) -> Epilogue | None:
+    """The cluster ``cl`` computed tile by tile by ``host``, which reads one of its members (a reduction
+    computing its source instead of loading it): values are seen in their own shape; None when an
+    input is not computed yet."""
+    ep = Epilogue(lw, host, lambda r: r, None, cl)
+    return ep if _bind(lw, ep, cl, served | {host.id}) else None
+
+
 def _reader(lw: Lowering, node: Node) -> Cluster | None:
     """The first cluster of ``node``'s shape that reads it and has not yet run."""
     found = [c for c in (lw.cluster_of.get(r) for r in lw.consumers.get(node.id, ())) if c is not None
@@ -132,10 +160,11 @@ def _reader(lw: Lowering, node: Node) -> Cluster | None:
     return min(found, key=lambda c: c.first) if found else None
 
 
-def _bind(lw: Lowering, ep: Epilogue, cl: Cluster) -> bool:
-    """Find every input of the cluster in the frame (or as a number) and its results' places; False when
-    one is not computed yet or its access pattern cannot be framed."""
-    ids = {m.id for m in cl.members}
+def _bind(lw: Lowering, ep: Epilogue, cl: Cluster, served: frozenset[int] = frozenset()) -> bool:
+    """Find every input of the cluster in the frame (or as a number) and its results' places (a result
+    buffer made already is used; ``served``: readers the host computes itself, which need no store);
+    False when an input is not computed yet or its access pattern cannot be framed."""
+    ids = {m.id for m in cl.members} | served
     try:
         for m in cl.members:
             for o in m.operands:
@@ -151,7 +180,8 @@ def _bind(lw: Lowering, ep: Epilogue, cl: Cluster) -> bool:
                 ep.inputs[o.id].ap  # noqa: B018 - resolved: raises where the strides do not merge
         for m in cl.members:
             if m.id in lw.output_of or lw.consumers.get(m.id, set()) - ids:
-                ep.stores[m.id] = ep.frame(lw.result(m))
+                made = lw.values.get(m.id)
+                ep.stores[m.id] = ep.frame(made if isinstance(made, Ref) else lw.result(m))
     except AccessError:
         return False
     return True

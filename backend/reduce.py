@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.backend.elementwise import EMITTERS, Kernel, emit
+from nxsat.backend.elementwise import EMITTERS, Kernel, emit, lower_cluster
+from nxsat.backend.epilogue import Epilogue, prologue
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype, plans
+from nxsat.backend.lower import HOSTS, Lowering, device_dtype, lowers, onchip_dtype, plans
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
 from nxsat.ir import Computation, Node, TensorType, TupleType
@@ -465,6 +466,35 @@ def plan_reductions(lw: Lowering, order: list[Node]) -> None:
             lw.plan[n.id] = note
 
 
+@plans
+def plan_prologues(lw: Lowering, order: list[Node]) -> None:
+    """A reduction whose source a fused elementwise pass computes (layernorm's ``(x - mean)^2``), when
+    nothing reads that pass's values before the reduction: the reduction computes the pass on its own
+    tiles (``epilogue.prologue``) and the pass stores only what others read, instead of storing the
+    source for the reduction to load back. A pass that reads a dot's or a convolution's result is left
+    to be that producer's epilogue."""
+    position = {n.id: k for k, n in enumerate(order)}
+    for n in order:
+        if n.op != "reduce" or isinstance(n.type, TupleType) or len(n.operands) != 2:
+            continue
+        note = lw.plan.get(n.id, {})
+        x = n.operands[0]
+        src = note.get("input", x)
+        cl = lw.cluster_of.get(src.id)
+        if (x.id in lw.absorbed and "input" not in note) or cl is None or cl.host is not None or \
+                cl.shape != src.shape or any(m.op == "iota" for m in cl.members):
+            continue
+        ids = {m.id for m in cl.members}
+        served = frozenset({n.id, x.id})
+        if any(position[c] < position[n.id] for m in cl.members for c in lw.consumers.get(m.id, ())
+               if c not in ids and c not in served):
+            continue
+        if any(o.op in HOSTS for m in cl.members for o in m.operands if o.id not in ids):
+            continue
+        cl.host = n.id
+        lw.plan[n.id] = {**note, "prologue": (cl, src, served)}
+
+
 def _leave_cluster(lw: Lowering, node: Node) -> None:
     """Take ``node`` out of its fused elementwise cluster (a reduction computes it; nothing in the cluster
     reads it)."""
@@ -500,9 +530,22 @@ def reduce(lw: Lowering, node: Node) -> None:
                 src = src.broadcast(d, s)
             lw.graph.add("dma", "dma", o, src)
         return
+    pro: tuple[Epilogue, Node] | None = None
+    if "prologue" in note:  # the pass computing the source runs on this reduction's tiles
+        cl, src_node, served = note["prologue"]
+        lw.result(src_node)  # the source's layout (a buffer kept only if something else reads it)
+        ep = prologue(lw, node, cl, served)
+        if ep is None:  # an input not computed yet: the pass on its own
+            lw.drop(src_node)
+            cl.host = None
+            lower_cluster(lw, cl, lw.consumers)
+        else:
+            pro = (ep, src_node)
     sources: list[Ref | Iota] = []
     for x in xs:
-        if "input" in note:
+        if pro is not None:
+            sources.append(lw.ref(pro[1]))
+        elif "input" in note:
             sources.append(lw.ref(note["input"]))  # the convert's operand: read through it
         elif x.id in lw.absorbed:
             src = iota_source(x)
@@ -517,7 +560,9 @@ def reduce(lw: Lowering, node: Node) -> None:
     groups = merge_groups(views, kept, dims, shape, merge=not any(isinstance(s, Iota) for s in sources))
     itemsize = max(t.itemsize for t in src_types)
     lay = choose_layout(groups, red, itemsize, bool(lw.target.spec["transpose"]["exact"]))
-    Reduction(lw, node, red, lay, sources, src_types, inits, outs, out_types, shape, perm).run()
+    Reduction(lw, node, red, lay, sources, src_types, inits, outs, out_types, shape, perm, pro).run()
+    if pro is not None and pro[1].id not in pro[0].stores:
+        lw.drop(pro[1])
 
 
 class Reduction:
@@ -525,8 +570,9 @@ class Reduction:
 
     def __init__(self, lw: Lowering, node: Node, red: Reducer, lay: Layout, sources: list[Ref | Iota],
                  src_types: list[dt.DType], inits: list[Node], outs: list[Ref], out_types: list[dt.DType],
-                 shape: tuple[int, ...], perm: list[int]) -> None:
+                 shape: tuple[int, ...], perm: list[int], prologue: tuple[Epilogue, Node] | None = None) -> None:
         self.lw, self.g, self.node, self.red, self.lay = lw, lw.graph, node, red, lay
+        self.prologue = prologue  # the pass that computes the (one) source on each tile, and the source
         self.sources, self.src_types, self.inits = sources, src_types, inits
         self.out_types = out_types
         self.shape, self.perm = shape, perm
@@ -534,13 +580,8 @@ class Reduction:
         # every operand as [pg, others in free order] (B not yet split off)
         self.others = [j for j in lay.free if j != -1]
         order = [lay.pg, *self.others]
-        self.views: list[Ref | None] = []
-        for s in sources:
-            if isinstance(s, Iota):
-                self.views.append(None)
-                continue
-            v = s.permute(*perm).reshape(*[gr.size for gr in gs]) if gs else s
-            self.views.append(v.permute(*order))
+        self.order = order
+        self.views: list[Ref | None] = [None if isinstance(s, Iota) else self.frame(s) for s in sources]
         kept_groups = [i for i, gr in enumerate(gs) if gr.kept]
         korder = ([lay.pg] if lay.part.kept else []) + [j for j in self.others if gs[j].kept]
         self.outs = [o.reshape(*[gs[i].size for i in kept_groups]).permute(*[kept_groups.index(i) for i in korder])
@@ -550,6 +591,12 @@ class Reduction:
         self.budget = budget
         self.ones: dict[str, Ref] = {}
         self.turn = 0
+
+    def frame(self, s: Ref) -> Ref:
+        """A value of the operand's shape as ``[pg, others in free order]``."""
+        gs = self.lay.groups
+        v = s.permute(*self.perm).reshape(*[gr.size for gr in gs]) if gs else s
+        return v.permute(*self.order)
 
     # pieces: 0 = the main [A, B] split of the partition group, 1 = its remainder
     def pieces(self) -> list[int]:
@@ -664,6 +711,9 @@ class Reduction:
         tshape = (pn, *[s.stop - s.start for s in key])
         out = []
         for s, v, t, acc in zip(self.sources, self.views, self.src_types, self.red.acc):
+            if self.prologue is not None:
+                out.append(self.computed(piece, key, tshape, t))
+                continue
             tile = self.g.tile(tshape, t, "sbuf", "redin").ref()
             if isinstance(s, Iota):
                 self.iota(tile, s, piece, key)
@@ -674,6 +724,22 @@ class Reduction:
                 tile = copy_new(self.lw, tile, acc)  # widened: exact 32-bit arithmetic on GpSimd
             out.append(tile)
         return out
+
+    def computed(self, piece: int, key: tuple[slice, ...], tshape: tuple[int, ...], t: dt.DType) -> Ref:
+        """The source's tile, computed by the prologue's pass (a float: no widening needed)."""
+        assert self.prologue is not None
+        ep, src = self.prologue
+        val = ep.compute(lambda r: self.piece_view(self.frame(r), piece)[(slice(None), *key)], tshape)
+        v = val[src.id]
+        flat = (tshape[0], math.prod(tshape[1:]))
+        if is_num(v) or v.ops:  # a number, or a view of an input (a column repeated along the row)
+            tile = self.g.tile(flat, t, "sbuf", "redin").ref()
+            if is_num(v):
+                self.g.add("pool" if t.is_int else "dve", "memset", tile, value=v)
+            else:
+                self.g.add("dve", "tensor_copy", tile, v)
+            v = tile
+        return v.reshape(*tshape) if len(tshape) != 2 else v
 
     def iota(self, tile: Ref, s: Iota, piece: int, key: tuple[slice, ...]) -> None:
         """The index along operand dimension ``s.dim`` of every element of the tile."""

@@ -1,6 +1,7 @@
 """Epilogues (backend/epilogue.py): the elementwise cluster reading a dot's or a convolution's result runs
-on the result's tiles as they leave PSUM. Each case matches the reference interpreter on the simulator,
-and the ones that fuse write no intermediate to HBM (no scratch tensor holds the producer's result)."""
+on the result's tiles as they leave PSUM; a reduction computes the cluster that makes its source on its
+own tiles (a prologue). Each case matches the reference interpreter on the simulator, and the ones that
+fuse write no intermediate to HBM (no scratch tensor holds the producer's result or the source)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,38 @@ ENTRY main {
 """
 
 
+# layernorm: the variance's reduction computes (x - mean)^2 on its own tiles; x - mean is stored for the
+# normalization, the square never is
+LAYERNORM = """HloModule ln
+
+add_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+
+ENTRY main {
+  x = f32[3,200,96] parameter(0)
+  zero = f32[] constant(0)
+  s1 = f32[3,200] reduce(x, zero), dimensions={2}, to_apply=add_f32
+  n = f32[] constant(96)
+  nb = f32[3,200] broadcast(n), dimensions={}
+  mean = f32[3,200] divide(s1, nb)
+  mb = f32[3,200,96] broadcast(mean), dimensions={0,1}
+  d = f32[3,200,96] subtract(x, mb)
+  sq = f32[3,200,96] multiply(d, d)
+  s2 = f32[3,200] reduce(sq, zero), dimensions={2}, to_apply=add_f32
+  var = f32[3,200] divide(s2, nb)
+  eps = f32[] constant(1e-5)
+  eb = f32[3,200] broadcast(eps), dimensions={}
+  ve = f32[3,200] add(var, eb)
+  r = f32[3,200] rsqrt(ve)
+  rb = f32[3,200,96] broadcast(r), dimensions={0,1}
+  ROOT y = f32[3,200,96] multiply(d, rb)
+}
+"""
+
+
 def _conv(labels: str, x: str, w: str, y: str, channels: str) -> str:
     return f"""HloModule conv
 
@@ -114,7 +147,8 @@ CONV_NCHW = _conv("bf01_oi01->bf01", "[2,16,12,12]", "[24,16,3,3]", "[2,24,12,12
 # the scratch tensors each program keeps: the convolutions' small batch-norm scale (its own pass), the
 # mask's iotas, the first of two dots; never the producer the epilogue runs on
 FUSED = {"dense": (DENSE, []), "masked": (MASKED, ["i", "j"]), "conv_nhwc": (CONV_NHWC, ["sc"]),
-         "conv_nchw": (CONV_NCHW, ["sc"]), "two_dots": (TWO_DOTS, ["d1"])}
+         "conv_nchw": (CONV_NCHW, ["sc"]), "two_dots": (TWO_DOTS, ["d1"]),
+         "layernorm": (LAYERNORM, ["d", "mean", "r", "s1", "s2"])}
 
 
 def _scratch(text: str, target: str) -> list[str]:
