@@ -32,7 +32,7 @@ from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
 from nxsat.extract.plan import MAX_COLS, WIDE_COLS, WIDE_TILES, max_cols  # noqa: F401 - the tiles' widths
-from nxsat.ir import Node, TensorType
+from nxsat.ir import Node, TensorType, post_order
 
 MAX_CLUSTER = 48  # operators in one fused pass (each live result holds a tile)
 
@@ -112,27 +112,12 @@ def lowering_order(order: list[Node]) -> list[Node]:
     placed = set(early)
     late = fixed | {n.id for n in order if is_elementwise(n)}
 
-    def place(n: Node) -> None:  # n after the operands not placed yet (iterative: chains are long)
-        stack = [(n, 0)]
-        while stack:
-            m, k = stack.pop()
-            if m.id in placed:
-                continue
-            if k < len(m.operands):
-                stack.append((m, k + 1))
-                o = m.operands[k]
-                if o.id not in placed:
-                    stack.append((o, 0))
-                continue
-            placed.add(m.id)
-            out.append(m)
-
-    for n in order:
+    for n in order:  # each after the moved values it reads (post_order skips what is placed)
         if n.id not in placed and n.id not in late:
-            place(n)
+            out.extend(post_order(n, seen=placed))
     for n in order:  # a moved value nothing reads (a model output)
         if n.id not in placed:
-            place(n)
+            out.extend(post_order(n, seen=placed))
     return out
 
 

@@ -183,9 +183,10 @@ class Computation:
         return f"<computation {self.name}>"
 
 
-def post_order(root: Node, params: Iterable[Node] = ()) -> list[Node]:
-    """Iterative DFS post-order (no recursion: graphs have tens of thousands of nodes)."""
-    seen: set[int] = set()
+def post_order(root: Node, params: Iterable[Node] = (), seen: set[int] | None = None) -> list[Node]:
+    """Iterative DFS post-order (no recursion: graphs have tens of thousands of nodes); the ids in
+    ``seen`` are taken as placed already (and it gains the ids placed now)."""
+    seen = set() if seen is None else seen
     order: list[Node] = []
     for p in params:
         if p.id not in seen:
