@@ -46,6 +46,7 @@ import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
+from nxsat.backend.elementwise import Cluster, lower_cluster
 from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, device_dtype, hosts, lowers, onchip_dtype
@@ -164,12 +165,15 @@ def convolution(lw: Lowering, node: Node) -> None:
     fgc = int(node.attrs.get("feature_group_count", 1) or 1)
     bgc = int(node.attrs.get("batch_group_count", 1) or 1)
     if plane_weight_gradient(node):
+        _cast_weights(lw, rhs)
         _plane_weight_gradient(lw, node)
         return
     X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
-    W = lw.ref(rhs).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+    # a cast of the weights the lowering absorbed (lower.py): the weight tiles are converted on chip
+    wsrc = rhs.operands[0] if rhs.id in lw.absorbed else rhs
+    W = lw.ref(wsrc).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
     Y = lw.result(node).permute(d.output_batch, d.output_feature, *d.output_spatial)
-    mt = operand_type(onchip_dtype(X.dtype), onchip_dtype(W.dtype), lw)
+    mt = operand_type(onchip_dtype(X.dtype), onchip_dtype(device_dtype(rhs.dtype)), lw)
     out_t = onchip_dtype(device_dtype(node.dtype))
     N, C = X.shape[0], X.shape[1]
     O = W.shape[0]
@@ -183,6 +187,8 @@ def convolution(lw: Lowering, node: Node) -> None:
     plan = conv_plan(geo, lw.target)
     dw = depthwise_plan(geo, plan, lw.target)
     if dw is not None and dw.pays:
+        if _cast_weights(lw, rhs):  # the vector engines multiply in the weights' type: cast them first
+            W = lw.ref(rhs).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
         _depthwise(lw, X, W, Y, window, dw, out_t)
         return
     matmuls = plan.matmuls(geo)
@@ -204,6 +210,16 @@ def convolution(lw: Lowering, node: Node) -> None:
                     min(plan.pack, fgc - g0)) for g0 in range(0, fgc, plan.pack)]
     for job in jobs:
         _job(cv, job)
+
+
+def _cast_weights(lw: Lowering, rhs: Node) -> bool:
+    """Compute a weight cast the lowering absorbed (lower.py: the implicit GEMM converts the weight tiles
+    it loads) as a pass of its own, for a path that reads the weights in their cast type; True if so."""
+    if rhs.id not in lw.absorbed:
+        return False
+    lw.absorbed.discard(rhs.id)
+    lower_cluster(lw, Cluster(rhs.shape, [rhs]), lw.consumers)
+    return True
 
 
 # --- depthwise on the vector engines ---------------------------------------------------------------

@@ -270,6 +270,14 @@ class Lowering:
                  and self.target.supports_matmul_dtype(n.dtype.name) and self.consumers.get(n.id)
                  and all(nodes[c].op == "dot" and all(o.dtype is n.dtype for o in nodes[c].operands)
                          for c in self.consumers[n.id])}
+        # Casts of a model input (weights) that only convolutions read as their kernel, in the type of
+        # their input: the convolution converts the weight tiles it loads (backend/conv.py), one read of
+        # the fp32 weights instead of a cast pass through HBM.
+        cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
+                 and n.operands[0].op == "parameter" and self.consumers.get(n.id)
+                 and self.target.supports_matmul_dtype(n.dtype.name)
+                 and all(nodes[c].op == "convolution" and nodes[c].operands[1] is n
+                         and nodes[c].operands[0].dtype is n.dtype for c in self.consumers[n.id])}
         self.absorbed = cand
         self.cluster_of = clusters(self, order)
         for p in entry.params:

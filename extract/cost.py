@@ -438,12 +438,17 @@ class CostModel:
             itemsize=_itemsize(mt), channels_last_in=bool(window) and d.input_feature == len(x.shape) - 1,
             channels_last_out=bool(window) and d.output_feature == len(result.shape) - 1,
             rows_contiguous=rows_contiguous)
-        convert = 0.0
+        convert = convert_x = 0.0
+        w_wide = w
         if mt != "f32" and x.dtype == w.dtype == "f32":
             # the precision policy's converts: each operand through VectorE and back to HBM, side by side
-            # (their transfers share the DMA engines; the trigger latencies overlap)
-            convert = sum(self.elementwise_ns("convert", registry.VECTOR, [v], Value(v.shape, mt), [True])
-                          for v in (x, w)) - 2 * self.dma_fixed
+            # (their transfers share the DMA engines; the trigger latencies overlap); the implicit GEMM
+            # absorbs the weights' (backend/lower.py: it converts the fp32 weight tiles it loads)
+            # (one trigger latency per pass hides under its neighbour's)
+            convert_x = self.elementwise_ns("convert", registry.VECTOR, [x], Value(x.shape, mt), [True]) \
+                - self.dma_fixed
+            convert = convert_x + self.elementwise_ns(
+                "convert", registry.VECTOR, [w], Value(w.shape, mt), [True]) - self.dma_fixed
             x, w = Value(x.shape, mt), Value(w.shape, mt)
         if _weight_gradient(window, fgc, result, d):
             return convert + self._weight_gradient_ns(x, w, result, d, window, bgc, mt)
@@ -455,13 +460,13 @@ class CostModel:
         dw = depthwise_plan(geo, plan, self.target)
         xs, ws, ys = (_canonical_strides(v.shape, dims) for v, dims in ((x, xdims), (w, wdims), (result, ydims)))
         cache = self._conv_cache
-        key = (geo, x.dtype, w.dtype, result.dtype, xs, ws, ys)
+        key = (geo, x.dtype, w_wide.dtype, result.dtype, xs, ws, ys)
         if key not in cache:
             if dw is not None and dw.pays:
                 cache[key] = self._depthwise_ns(geo, dw, x, w, result, xs, ys)
             else:
-                cache[key] = self._gemm_ns(geo, plan, x, w, result, xs, ws, ys)
-        return convert + cache[key]
+                cache[key] = self._gemm_ns(geo, plan, x, w_wide, result, xs, ws, ys)
+        return (convert if dw is not None and dw.pays else convert_x) + cache[key]
 
     # -- convolution parts ------------------------------------------------------------------------------
 
@@ -601,6 +606,10 @@ class CostModel:
                         r1, r2 = weight_load(ck, on)
                         w_res += r1 * nblk
                         w_lat = max(w_lat, r2)
+                        if wsz != geo.itemsize and plan.pack == 1:  # fp32 weights converted on chip
+                            per = math.prod(ksize) // (ksize[fd] if folding else 1) * on
+                            dve += op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": per,
+                                                                     "P": ck * nblk})
                         if plan.pack > 1:
                             dve += math.prod(ksize) * op_ns(t, "select", "dve", **{**_FORMULA_DEFAULTS,
                                                                                   "N": on})
