@@ -9,9 +9,12 @@ reshaped and broadcast after it in post-order is), :func:`epilogue` makes the do
 evacuated tile: the cluster's other inputs are loaded in the tile's place of the result (once per
 distinct access: a bias repeated along M is loaded once per N tile), its members emitted as
 :mod:`nxsat.backend.elementwise` emits them, and only the values something else reads are stored (the
-dot's own result too, when something outside the cluster reads it). The cost model already prices a
-dot's elementwise readers as fused with it (extract/cost.py ``elementwise_ns``: no load of a computed
-operand of the same shape); this makes the backend do what it priced.
+dot's own result too, when something outside the cluster reads it). A convolution does the same on its
+three store paths. A reduction uses the same machinery the other way round (:func:`prologue`): it
+computes the cluster that makes its source on its own tiles instead of loading the source back. The
+cost model already prices an operator's elementwise readers as fused with it (extract/cost.py
+``elementwise_ns``: no load of a computed operand of the same shape); this makes the backend do what
+it priced.
 """
 
 from __future__ import annotations
