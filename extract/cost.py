@@ -353,7 +353,7 @@ class CostModel:
             p, v = transposed(M, st_loads, lhs.dtype)
             pe, dve = pe + p, dve + v
         elif lhs.dtype != mt and not ahead[0]:  # a prefetched operand is converted ahead too
-            dve += st_loads * self.instr_ns("dve", "tensor_copy", mtiles * ktiles, N=min(M, plan.m_tile))
+            act += st_loads * self.instr_ns("act", "activation", mtiles * ktiles, N=min(M, plan.m_tile))
         if joint:
             p, v = transposed(N, 1, rhs.dtype)
             pe, dve = pe + p, dve + v
@@ -361,7 +361,7 @@ class CostModel:
             p, v = transposed(N, mv_loads, rhs.dtype)
             pe, dve = pe + p, dve + v
         elif rhs.dtype != mt and not ahead[1]:
-            dve += mv_loads * self.instr_ns("dve", "tensor_copy", ntiles * ktiles, N=min(N, plan.n_tile))
+            act += mv_loads * self.instr_ns("act", "activation", ntiles * ktiles, N=min(N, plan.n_tile))
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
         st_bytes = M * K * ls * st_loads
         mv_bytes = K * N * rs * mv_loads
