@@ -171,7 +171,8 @@ def convolution(lw: Lowering, node: Node) -> None:
     X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
     # a cast of the weights the lowering absorbed (lower.py): the weight tiles are converted on chip
     wsrc = rhs.operands[0] if rhs.id in lw.absorbed else rhs
-    W = lw.ref(wsrc).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+    kernel = (d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+    W = lw.ref(wsrc).permute(*kernel)
     Y = lw.result(node).permute(d.output_batch, d.output_feature, *d.output_spatial)
     mt = operand_type(onchip_dtype(X.dtype), onchip_dtype(device_dtype(rhs.dtype)), lw)
     out_t = onchip_dtype(device_dtype(node.dtype))
@@ -188,7 +189,7 @@ def convolution(lw: Lowering, node: Node) -> None:
     dw = depthwise_plan(geo, plan, lw.target)
     if dw is not None and dw.pays:
         if _cast_weights(lw, rhs):  # the vector engines multiply in the weights' type: cast them first
-            W = lw.ref(rhs).permute(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
+            W = lw.ref(rhs).permute(*kernel)
         _depthwise(lw, X, W, Y, window, dw, out_t)
         return
     matmuls = plan.matmuls(geo)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from nxsat.backend.elementwise import Cluster, Kernel, emit
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, onchip_dtype
+from nxsat.backend.lower import Lowering, _origin, device_dtype, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.ir import Node
 from nxsat.sim.program import AccessError
@@ -189,8 +189,3 @@ def _bind(lw: Lowering, ep: Epilogue, cl: Cluster, served: frozenset[int] = froz
         return False
     return True
 
-
-def _origin(node: Node) -> str:
-    from nxsat.backend.lower import _origin as origin
-
-    return origin(node)

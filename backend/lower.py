@@ -261,23 +261,13 @@ class Lowering:
                 if any(not all(o.id in cand for o in nodes[c].operands) for c in self.consumers[i]):
                     cand.discard(i)
                     changed = True
-        # Casts to a TensorE type that only feed dots: the dot converts the tile it loads (one HBM read
-        # of the source instead of a cast written to scratch and read back).
-        # Only where the dot multiplies in the cast's type (both operands of it), so the on-chip cast is
-        # the same rounding.
+        # Casts to a TensorE type whose readers convert the tiles they load themselves (_absorbs): one
+        # HBM read of the source instead of a cast written to scratch and read back; not where a fused
+        # pass computes the source (it writes the narrow type itself).
         cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
                  and not _fused_source(n)
                  and self.target.supports_matmul_dtype(n.dtype.name) and self.consumers.get(n.id)
-                 and all(nodes[c].op == "dot" and all(o.dtype is n.dtype for o in nodes[c].operands)
-                         for c in self.consumers[n.id])}
-        # Casts of a model input (weights) that only convolutions read as their kernel, in the type of
-        # their input: the convolution converts the weight tiles it loads (backend/conv.py), one read of
-        # the fp32 weights instead of a cast pass through HBM.
-        cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
-                 and n.operands[0].op == "parameter" and self.consumers.get(n.id)
-                 and self.target.supports_matmul_dtype(n.dtype.name)
-                 and all(nodes[c].op == "convolution" and nodes[c].operands[1] is n
-                         and nodes[c].operands[0].dtype is n.dtype for c in self.consumers[n.id])}
+                 and all(_absorbs(nodes[c], n) for c in self.consumers[n.id])}
         self.absorbed = cand
         self.cluster_of = clusters(self, order)
         for p in entry.params:
@@ -329,6 +319,17 @@ def _no_empty(node: Node, t: TensorType) -> None:
     if 0 in t.shape:
         raise error("NCC_EUOC002", f"{node.name} is {t}: a model input or output without elements cannot be "
                     "declared on the NeuronCore (no empty tensors)", node.loc, "see docs/backend.md, Reductions")
+
+
+def _absorbs(reader: Node, cast: Node) -> bool:
+    """Does ``reader`` convert its loaded tiles of the cast's source itself, multiplying in the cast's
+    type (so the on-chip cast is the same rounding)? A dot whose operands both have the cast's type; a
+    convolution whose weights (a model input) are cast to its input's type (backend/conv.py: the
+    implicit GEMM converts the weight tiles; its other paths compute the cast first)."""
+    if reader.op == "dot":
+        return all(o.dtype is cast.dtype for o in reader.operands)
+    return (reader.op == "convolution" and reader.operands[1] is cast and reader.operands[0].dtype is cast.dtype
+            and cast.operands[0].op == "parameter")
 
 
 def _fused_source(cast: Node) -> bool:

@@ -441,10 +441,9 @@ class CostModel:
         convert = convert_x = 0.0
         w_wide = w
         if mt != "f32" and x.dtype == w.dtype == "f32":
-            # the precision policy's converts: each operand through VectorE and back to HBM, side by side
-            # (their transfers share the DMA engines; the trigger latencies overlap); the implicit GEMM
-            # absorbs the weights' (backend/lower.py: it converts the fp32 weight tiles it loads)
-            # (one trigger latency per pass hides under its neighbour's)
+            # the precision policy's converts: an operand through VectorE and back to HBM, one trigger
+            # latency of each pass hidden under its neighbour's; the implicit GEMM absorbs the weights'
+            # (backend/lower.py: it converts the fp32 weight tiles it loads), the depthwise path does not
             convert_x = self.elementwise_ns("convert", registry.VECTOR, [x], Value(x.shape, mt), [True]) \
                 - self.dma_fixed
             convert = convert_x + self.elementwise_ns(
