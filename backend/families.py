@@ -5,6 +5,7 @@ from nxsat.backend import (  # noqa: F401
     conv,
     elementwise,
     elementwise_ext,
+    fused,
     indexing,
     matmul,
     movement,

@@ -35,7 +35,8 @@ MODELS = {
 }
 
 
-def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str | None = None) -> dict:
+def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str | None = None,
+                model_type: str = "generic", extra: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "r.json"
         cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(Path(tmp) / "m.neff"), "--report",
@@ -43,6 +44,9 @@ def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str
                "--auto-cast", args.auto_cast, "--auto-cast-type", args.auto_cast_type, "--fill-elided-constants"]
         if extractor:
             cmd += ["--extractor", extractor]
+        if model_type != "generic":
+            cmd += ["--model-type", model_type]
+        cmd += extra or []
         t0 = time.perf_counter()
         with open(os.devnull, "w") as out, tempfile.TemporaryFile("w+") as err:
             p = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, NXSAT_PROGRESS="0"))

@@ -45,6 +45,7 @@ from nxsat.extract.plan import (
     max_cols,
     op_ns,
     out_block,
+    softmax_rows,
 )
 from nxsat.ops import registry
 from nxsat.rules import terms
@@ -164,6 +165,8 @@ class CostModel:
             return NODE_NS + self.conv_ns(attrs, operands, result)
         if op == "transpose":
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
+        if op == "softmax" and operands and operands[0] is not None:
+            return NODE_NS + self.softmax_ns(operands[0])
         od = registry.get(op)
         engine = od.engine if od is not None else registry.DMA
         flags = list(inputs) + [False] * (len(operands) - len(inputs))
@@ -213,6 +216,28 @@ class CostModel:
             shadow = 2 * self.dma_ns(result.nbytes, cols * size, rows)
             return max(0.0, compute - shadow) + compute / tiles
         return self.pipelined((load, compute, store), (load + store, compute), tiles) + fixed
+
+    def softmax_ns(self, x: Value) -> float:
+        """A fused softmax (backend/fused.py): tiles of ``[128, k, L]`` (:func:`softmax_rows`), each
+        loaded once and stored once; per tile VectorE's row maxima, ScalarE's exp with the sum
+        accumulated (one instruction per row), VectorE's reciprocals, ScalarE's multiply per row."""
+        L = x.shape[-1] if x.shape else 1
+        R = max(1, x.size // max(1, L))
+        k = softmax_rows(L, R, self.P)
+        tiles = max(1, -(-R // (self.P * k)))
+        rows = tiles * k  # rows per partition over the whole softmax
+        half = int(x.dtype in ("bf16", "f16"))
+        dve = (self.instr_ns("dve", "tensor_reduce", tiles, N=k * L, half=half)
+               + self.instr_ns("dve", "tensor_scalar", tiles, N=k) + self.instr_ns("dve", "activation", tiles, N=k))
+        act = self.instr_ns("act", "activation", rows, N=L, accum=1) + self.instr_ns("act", "activation", rows, N=L)
+        parts = min(self.P, R)
+        load = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
+        store = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
+        # the loads are issued together and share the DMA engines, so they land together: compute starts
+        # after all of them, unless the stores (the DMA's other half) are what bound it
+        landed = load + max(dve, act) + (min(dve, act) + store) / tiles
+        return max(self.pipelined((load, dve + act, store), (load + store, dve, act), tiles), landed) \
+            + 2 * self.dma_fixed
 
     def reduce_ns(self, attrs: dict[str, Any], src: Value, result: Value) -> float:
         """A reduction (backend/reduce.py): the source in tiles of 128 rows, reduced along the free axis

@@ -313,6 +313,19 @@ def _product(ranges: list) -> list[tuple[int, ...]]:
     return out
 
 
+# --- softmax (backend/fused.py) ---------------------------------------------------------------------
+
+SOFTMAX_TILE = 16 * 1024  # bytes per partition of a tile's fp32 exponentials
+SOFTMAX_TILES = 4  # tiles a softmax is cut into at least, when it has the rows: loads overlap compute
+SOFTMAX_MAX_ROW = 8192  # elements of a row one partition holds (the transformer rule's guard says the same)
+
+
+def softmax_rows(L: int, R: int, partitions: int) -> int:
+    """Rows per partition of one softmax tile (``[P, k, L]``) for ``R`` rows of ``L`` elements."""
+    by_budget = max(1, SOFTMAX_TILE // (4 * L))
+    return max(1, min(by_budget, R // (partitions * SOFTMAX_TILES)))
+
+
 TILE_BUDGET = 32 * 1024  # bytes per partition of one input tile (room to double-buffer)
 PSUM_BANKS = 4  # PSUM banks one block of outputs fills: one input tile, evacuation and store serve them all
 WEIGHT_BUDGET = 48 * 1024  # bytes per partition of the weights kept on chip for one output-channel tile

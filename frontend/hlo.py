@@ -27,6 +27,7 @@ from nxsat.builder import infer_type
 from nxsat.diagnostics import Loc, NxsatError, Warnings, error
 from nxsat.ir import SHAPE_LIMITS_HINT, Computation, Module, Node, TensorType, TupleType, Type, shape_limit_problem
 from nxsat.ops import registry
+from nxsat.ops.fused import FUSED
 
 # --- raw syntax ------------------------------------------------------------------------------
 
@@ -823,6 +824,9 @@ class _ModuleBuilder:
                 raise error("NCC_EPRS003", f"{opcode} needs attribute {key}", loc)
             return v
 
+        if opcode in FUSED:
+            raise error("NCC_EUOC002", f"unsupported operator {opcode}: HLO has no such opcode (nxsat's fused "
+                        f"{opcode} is introduced by --model-type rule sets only)", loc)
         if literals and opcode not in ("parameter", "constant"):
             raise error("NCC_EPRS001", f"{opcode} operands must be names, not literals", literals[0].loc)
         if opcode == "parameter":

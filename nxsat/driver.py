@@ -178,7 +178,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     rep = sat.report
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
-              "stop_reason": rep.stop_reason}
+              "stop_reason": rep.stop_reason, "model_type_rules": _model_type_matches(opts.model_type, rep.matches)}
     st.dump("03-egraph.json", json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
                                          sort_keys=True))
     extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
@@ -269,6 +269,15 @@ def matmul_precision(opts: CompileOptions) -> str:
     return {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8_e4m3": "f8e4m3fn"}[opts.auto_cast_type]
 
 
+def _model_type_matches(model_type: str, matches: dict[str, int]) -> dict[str, int]:
+    """How often each rule of the model type's own sets (beyond generic) matched: what --model-type did."""
+    from nxsat.rules.catalog import catalog
+
+    cat = catalog()
+    own = {r.name for r in cat.set_rules([s for s in cat.sets_for(model_type) if s != "generic"])}
+    return {k: v for k, v in sorted(matches.items()) if k in own and v}
+
+
 def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any], seconds: dict[str, float],
             egraph: dict[str, Any], prec: Any, io: list[tuple[int, int | None]], constants: dict[str, Any],
             module: Module) -> dict[str, Any]:
@@ -293,6 +302,12 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
     roof = max(compute_ns, memory_ns)
     lat = summary["latency_ns"]
     engines = {k: e["utilization"] for k, e in summary["engines"].items()}
+    from nxsat.ops.fused import FUSED
+
+    fused: dict[str, int] = {}
+    for n in module.entry.post_order():
+        if n.op in FUSED:
+            fused[n.op] = fused.get(n.op, 0) + 1
     return {
         "model": module.name, "target": target.name, "lnc": target.lnc, "optlevel": opts.optlevel,
         "model_type": opts.model_type, "auto_cast": opts.auto_cast, "auto_cast_type": opts.auto_cast_type,
@@ -314,6 +329,7 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
         "mfu": summary["mfu"],
         "overlap": summary["overlap"],
         "distribution_strategy": opts.distribution_strategy,
+        "fused": dict(sorted(fused.items())),
     }
 
 
@@ -333,6 +349,11 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['egraph']['iterations']} iterations ({r['egraph']['stop_reason']})",
         "  stages       " + ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items()),
     ]
+    if r["model_type"] != "generic":
+        fired = r["egraph"].get("model_type_rules", {})
+        lines.insert(-1, "  model type   " + (", ".join(f"{k} x{v}" for k, v in r["fused"].items())
+                                                 or "no fused operator") + " extracted; its rules matched: "
+                     + (", ".join(f"{k} {v}" for k, v in fired.items()) or "none"))
     return "\n".join(lines)
 
 

@@ -79,16 +79,7 @@ def splat_text(value: Any, dtype: dt.DType) -> str:
         return "1" if bool(value) else "0"
     if dtype.is_int:
         return str(int(value))
-    f = float(np.asarray(value).astype(np.float64))
-    if math.isnan(f):
-        return "nan"
-    if math.isinf(f):
-        return "inf" if f > 0 else "-inf"
-    if f == 0:
-        return "-0" if math.copysign(1.0, f) < 0 else "0"
-    if f.is_integer() and abs(f) < 2**53:
-        return str(int(f))
-    return repr(f)
+    return terms.number_text(float(np.asarray(value).astype(np.float64)))
 
 
 def splat_array(text: str, dtype: dt.DType, shape: Sequence[int]) -> np.ndarray:

@@ -9,6 +9,7 @@ Reject (the checker draws again); patterns it cannot build raise Untestable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from nxsat.rules import terms
 from nxsat.rules.catalog import Rule
 from nxsat.rules.egraph import splat_array
 from nxsat.rules.sexp import Atom, SExp, SList
+from nxsat.rules.terms import REDUCERS
 
 SHAPES: tuple[tuple[int, ...], ...] = ((), (3,), (2, 3), (3, 2), (2, 2), (2, 3, 4), (4, 1, 3), (1, 3), (3, 3))
 DTYPES = (dt.F32, dt.F32, dt.S32, dt.BF16, dt.PRED, dt.F16, dt.U8)
@@ -51,6 +53,8 @@ class _Env:
     list_vars: dict[str, list[Node]] = field(default_factory=dict)
     attr_vars: dict[str, Any] = field(default_factory=dict)
     bindings: dict[str, SExp] = field(default_factory=dict)  # var -> pattern it stands for
+    splats: tuple[Any, ...] = SPLATS  # constants leaves take: SPLATS and the ones the rule's guards name
+    var_splats: dict[str, float] = field(default_factory=dict)  # var -> the splat its guard asks for
 
 
 def _is_var(x: SExp) -> bool:
@@ -76,12 +80,16 @@ def _literal(x: SExp, sort: str) -> tuple[bool, Any]:
     return False, None
 
 
-def _leaf(env: _Env, t: TensorType) -> Node:
-    """A parameter, or (sometimes) a constant, of type t."""
+def _leaf(env: _Env, t: TensorType, guard: float | None = None) -> Node:
+    """A parameter, or (sometimes) a constant, of type t; mostly the constant ``guard`` when the rule's
+    guard asks this variable to be that splat."""
     rng = env.rng
-    if t.dtype.storage and rng.random() < 0.3:
-        if rng.random() < 0.7:
-            v = SPLATS[rng.integers(len(SPLATS))]
+    if t.dtype.storage and (rng.random() < 0.3 or (guard is not None and rng.random() < 0.6)):
+        pick = guard is not None and rng.random() < 0.8
+        if pick or rng.random() < 0.7:
+            v = guard if pick else env.splats[rng.integers(len(env.splats))]
+            if not t.dtype.is_float and not math.isfinite(float(v)):  # type: ignore[arg-type]
+                v = 1
             if t.dtype.is_pred:
                 v = int(v == 1)
             elif not t.dtype.is_float:
@@ -206,9 +214,26 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         else:
             cands = _factor_shapes(xt.size) if xt.size else [xt.shape]
             plan["shape"] = cands[int(rng.integers(len(cands)))]
+    elif ctor == "Reduce":
+        r = xt.rank
+        plan["types"] = [xt, TensorType(xt.dtype, ())]
+        if r and rng.random() < 0.6:  # the last dimension: what softmax and the norms reduce
+            plan["dimensions"] = (r - 1,)
+        else:
+            plan["dimensions"] = tuple(i for i in range(r) if rng.random() < 0.5)
+        plan.update(reducer=REDUCERS[int(rng.integers(len(REDUCERS)))], reducer_dtype=xt.dtype.name)
+    elif ctor == "Softmax":
+        r = max(1, xt.rank)
+        plan.update(dimension=r - 1 if rng.random() < 0.7 else int(rng.integers(r)),
+                    scale=SPLATS[int(rng.integers(len(SPLATS)))])
     elif ctor == "Broadcast":
         r = xt.rank
-        if rng.random() < 0.25:
+        red = _reduction_under(x)
+        if red is not None and rng.random() < 0.6:  # a reduction broadcast back over what it reduced
+            dims = red.attrs["dimensions"]
+            plan.update(shape=red.operands[0].shape,
+                        dimensions=tuple(i for i in range(red.operands[0].type.rank) if i not in dims))
+        elif rng.random() < 0.25:
             plan.update(shape=xt.shape, dimensions=tuple(range(r)))
         elif rng.random() < 0.2 and r > 1:  # a broadcast that only permutes (same shape when x is square)
             dims = _perm(rng, r)
@@ -255,6 +280,13 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         n = len(x.type.elements) if x is not None and isinstance(x.type, TupleType) else 1
         plan["index"] = int(rng.integers(n))
     return plan
+
+
+def _reduction_under(x: Node | None) -> Node | None:
+    """The reduction ``x`` is, or converts."""
+    while x is not None and x.op == "convert":
+        x = x.operands[0]
+    return x if x is not None and x.op == "reduce" else None
 
 
 def _family(d: dt.DType) -> str:
@@ -386,7 +418,7 @@ def _gen(p: SExp, env: _Env, want: TensorType | None) -> Node:
         if name in env.bindings:
             node = _gen(env.bindings[name], env, want)
         else:
-            node = _leaf(env, want or _random_type(env))
+            node = _leaf(env, want or _random_type(env), env.var_splats.get(name))
         env.t_vars[name] = node
         return node
     if not _is_pattern(p):
@@ -506,6 +538,25 @@ def rule_patterns(rule: Rule) -> tuple[list[SExp], dict[str, SExp]]:
     return roots, bindings
 
 
+def _guard_splats(rule: Rule) -> dict[str, float]:
+    """The splat values the rule's guards ask of its variables (``(= (splat z) "-inf")``)."""
+    out: dict[str, float] = {}
+    for f in rule.facts:
+        if isinstance(f, SList) and f.head == "=" and len(f.items) == 3:
+            a, b = f.items[1], f.items[2]
+            if isinstance(a, SList) and a.head == "splat" and len(a.items) == 2 and _is_var(a.items[1]) \
+                    and isinstance(b, Atom) and b.kind == "str":
+                try:
+                    out[a.items[1].text] = float(str(b.value))  # type: ignore[union-attr]
+                except ValueError:
+                    continue
+    return out
+
+
+def _among(v: float, pool: Sequence[Any]) -> bool:
+    return any(v == w or (math.isnan(v) and math.isnan(float(w))) for w in pool)
+
+
 def _vars(x: SExp) -> set[str]:
     if _is_var(x):
         return {x.text}  # type: ignore[union-attr]
@@ -524,7 +575,9 @@ def instantiate(rule: Rule, rng: np.random.Generator, pattern: tuple[list[SExp],
     if not roots:
         raise Untestable("the rule has no operator pattern to instantiate")
     shape = SHAPES[int(rng.integers(len(SHAPES)))]
-    env = _Env(rng, TensorType(DTYPES[int(rng.integers(len(DTYPES)))], shape), [], [], bindings=dict(bindings))
+    env = _Env(rng, TensorType(DTYPES[int(rng.integers(len(DTYPES)))], shape), [], [], bindings=dict(bindings),
+               splats=SPLATS + tuple(v for v in _guard_splats(rule).values() if not _among(v, SPLATS)),
+               var_splats=_guard_splats(rule))
     out = [_gen(r, env, None) for r in roots]
     return out, env.params, env.nodes
 

@@ -13,13 +13,15 @@ Constructor arguments are always operands first, then attributes, in HLO's order
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from nxsat import dtypes as dt
 from nxsat.attrs import DotDims, PadDim, SliceDim
-from nxsat.ir import TensorType
+from nxsat.ir import Computation, Node, TensorType
 
 I64, STRING, IVEC = "i64", "String", "IVec"
 T, TLIST = "T", "TList"
@@ -104,6 +106,54 @@ def _tensor_type(v: Any) -> tuple:
     return (v.dtype.name, tuple(v.shape))
 
 
+# The scalar bodies a Reduce term can spell: one binary operator of its two parameters, either order.
+REDUCERS = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
+
+
+def _reducer(v: Any) -> tuple:
+    """(operator, element type) of a reduction body ``(a, b) -> a op b``; anything else stays Opaque."""
+    if not isinstance(v, Computation) or len(v.params) != 2:
+        raise NotRepresentable(v)
+    root, (a, b) = v.root, v.params
+    if root.op not in REDUCERS or len(root.operands) != 2 or {o.id for o in root.operands} != {a.id, b.id}:
+        raise NotRepresentable(v)
+    t = root.type
+    if not isinstance(t, TensorType) or t.shape or a.type != t or b.type != t:
+        raise NotRepresentable(v)
+    return (root.op, t.dtype.name)
+
+
+@cache
+def reducer_body(op: str, dtype: str) -> Computation:
+    """The canonical body of a Reduce term (one per operator and type, shared, so output is deterministic)."""
+    if op not in REDUCERS:
+        raise ValueError(f"no reducer {op!r}")
+    t = TensorType(dt.by_name(dtype), ())
+    a = Node("parameter", (), {"index": 0, "type": t}, t, "a")
+    b = Node("parameter", (), {"index": 1, "type": t}, t, "b")
+    root = Node(op, (a, b), {}, t, op)
+    return Computation(f"reducer_{op}_{dtype}", [a, b], root, [a, b, root])
+
+
+def number_text(f: float) -> str:
+    """How the splat analysis spells a float: "0", "1", "-1", "0.5", "inf", "-inf", "nan", "-0"."""
+    if math.isnan(f):
+        return "nan"
+    if math.isinf(f):
+        return "inf" if f > 0 else "-inf"
+    if f == 0:
+        return "-0" if math.copysign(1.0, f) < 0 else "0"
+    if f.is_integer() and abs(f) < 2**53:
+        return str(int(f))
+    return repr(f)
+
+
+def _number(v: Any) -> tuple:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise NotRepresentable(v)
+    return (number_text(float(v)),)
+
+
 INT = Codec((I64,), _int, lambda s: s[0])
 DIMS = Codec((IVEC,), _dims, lambda s: tuple(s[0]))
 DTYPE = Codec((STRING,), _dtype, lambda s: dt.by_name(s[0]))
@@ -116,6 +166,8 @@ SLICE = Codec((IVEC, IVEC, IVEC), _slice,
 PADDING = Codec((IVEC, IVEC, IVEC), _padding,
                 lambda s: tuple(PadDim(a, b, c) for a, b, c in zip(s[0], s[1], s[2])))
 TENSOR_TYPE = Codec((STRING, IVEC), _tensor_type, lambda s: TensorType(dt.by_name(s[0]), tuple(s[1])))
+REDUCER = Codec((STRING, STRING), _reducer, lambda s: reducer_body(s[0], s[1]))
+NUMBER = Codec((STRING,), _number, lambda s: float(s[0]), 1.0, True)  # a float, spelled as splats are
 
 
 @dataclass(frozen=True)
@@ -236,6 +288,13 @@ def _terms() -> list[Term]:
              slot_names=("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch", "dtype",
                          "lhs_precision", "rhs_precision"),
              doc="general dot; result = batch, lhs free, rhs free; dtype \"\" = default"),
+        Term("Reduce", "reduce", 2, attrs=(("dimensions", DIMS), ("to_apply", REDUCER)),
+             slot_names=("dimensions", "reducer", "reducer_dtype"),
+             doc="reduce(x, init) over dimensions with one binary operator (add, maximum, ...) of type "
+                 "reducer_dtype; other bodies and multi-operand reductions stay Opaque"),
+        Term("Softmax", "softmax", 1, attrs=(("dimension", INT), ("scale", NUMBER)), slot_names=("dimension", "scale"),
+             elementwise=True, doc="fused: softmax of scale * x along dimension, scale spelled as splats are "
+                                   "(\"1\", \"0.125\"); transformer rule set"),
         Term("Tuple", "tuple", 0, True, doc="groups values"),
         Term("GetTupleElement", "get-tuple-element", 1, attrs=(("index", INT),), slot_names=("index",),
              doc="element index of a tuple"),

@@ -305,6 +305,9 @@ ENTRY e {
     ("HloModule m\nENTRY e {\n  ROOT x = f8e4m3fnuz[2] parameter(0)\n}\n", "NCC_EVRF005", "3:12"),
     ("HloModule m\nENTRY e {\n  ROOT x = s4[2] parameter(0)\n}\n", "NCC_ESPP004", "3:12"),
     ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] frobnicate(x)\n}\n", "NCC_EUOC002", "4:8"),
+    # nxsat's fused operators are not HLO: only a model-type rule set makes one
+    ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] softmax(x), dimension=0\n}\n", "NCC_EUOC002",
+     "4:8"),
     ("HloModule m\nENTRY e {\n  ROOT y = f32[2] negate(x)\n}\n", "NCC_EPRS002", "3:26"),
     ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] negate(x\n}\n", "NCC_EPRS001", "5:1"),
     ("HloModule m\nENTRY e {\n  x = f32[2] parameter(0)\n  x = f32[2] parameter(1)\n}\n", "NCC_EPRS002", "4:3"),

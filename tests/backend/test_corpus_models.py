@@ -110,8 +110,23 @@ def _ulp_of(dtype: np.dtype) -> float:
 
 @pytest.mark.parametrize("case,target", _params(CASES))
 def test_model_compiles_and_matches_the_interpreter(case: Case, target: str) -> None:
+    _compiles_and_matches(case, target, "generic")
+
+
+# The corpus's transformers under --model-type transformer (fused softmaxes, their scale folded in)
+TRANSFORMERS = [c for c in CASES if c.id in ("mha_block_1x12x128x64_bf16", "layer_norm_1x4096x768_bf16",
+                                               "gemma3_1b_flax_call", "gpt2_extract")] + [Case("bert/bert_base_l2.hlo")]
+
+
+@pytest.mark.parametrize("case,target", [p for p in _params(TRANSFORMERS)
+                                         if p.values[1] == "trn1" or not p.values[0].slow])  # type: ignore
+def test_transformer_model_type_matches_the_interpreter(case: Case, target: str) -> None:
+    _compiles_and_matches(case, target, "transformer")
+
+
+def _compiles_and_matches(case: Case, target: str, model_type: str) -> None:
     opts = CompileOptions(target=target, optlevel=2, relay_constants=str(DATA / case.consts) if case.consts else None,
-                          fill_elided_constants=0 if case.fill else None)
+                          fill_elided_constants=0 if case.fill else None, model_type=model_type)
     result = compile_model(str(DATA / case.path), opts, keep_model=not case.reload)
     model = sim.load(result.neff, verify=True) if case.reload else result.model
     inputs, want = _reference(case)

@@ -30,7 +30,17 @@ def test_every_jax_model_is_here() -> None:
 @pytest.mark.parametrize("target,opt", [("trn1", 1), ("trn1", 2), ("trn1", 3), ("trn2", 2)])
 @pytest.mark.parametrize("name", CASES)
 def test_jax_model_matches_xla(name: str, target: str, opt: int) -> None:
-    result = compile_model(str(DATA / "jax" / f"{name}.hlo"), CompileOptions(target=target, optlevel=opt))
+    _matches_xla(name, CompileOptions(target=target, optlevel=opt))
+
+
+@pytest.mark.parametrize("model_type", ["transformer", "unet-inference"])
+@pytest.mark.parametrize("name", CASES)
+def test_jax_model_matches_xla_under_each_model_type(name: str, model_type: str) -> None:
+    _matches_xla(name, CompileOptions(target="trn1", optlevel=2, model_type=model_type))
+
+
+def _matches_xla(name: str, opts: CompileOptions) -> None:
+    result = compile_model(str(DATA / "jax" / f"{name}.hlo"), opts)
     model = sim.load(result.neff, verify=True)
     inputs, expected = _xla(name)
     got = model.run(inputs)

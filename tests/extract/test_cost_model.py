@@ -260,3 +260,25 @@ def test_in_a_program_a_dots_weight_loads_and_casts_leave_its_critical_path():
         bf16 = ahead.op_ns("dot", attrs, [x, w], y, flags, multiply_in="bf16")
         assert (f32 > 1.5 * bf16) == weight_input
         assert f32 <= alone.op_ns("dot", attrs, [x, w], y, flags)
+
+
+def _softmax(shape: tuple[int, ...], t: str) -> Module:
+    """A fused softmax over the last dimension (no HLO spells it: a rule set introduces it)."""
+    from nxsat import dtypes as dt
+    from nxsat.builder import Builder
+
+    b = Builder("e")
+    x = b.param(dt.by_name(t), shape)
+    return Module("m", b.build(b.op("softmax", [x], dimension=len(shape) - 1)))
+
+
+SOFTMAX_CASES = [((12, 128, 128), "bf16"), ((4096, 1024), "f32"), ((16, 8), "f32"), ((2048, 4096), "bf16"),
+                 ((8, 12, 128, 512), "f32"), ((300, 77), "f32")]
+
+
+@pytest.mark.parametrize("shape,t", SOFTMAX_CASES,
+                         ids=[f"softmax-{'x'.join(map(str, s))}-{t}" for s, t in SOFTMAX_CASES])
+def test_softmax_within_tolerance(shape, t):
+    module = _softmax(shape, t)
+    pred, simulated = predicted_us(module, "none"), simulated_us(module, "none")
+    assert abs(pred / simulated - 1) <= TOLERANCE, f"predicted {pred:.2f} us, simulated {simulated:.2f} us"

@@ -18,6 +18,9 @@ def test_list(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {"name", "set", "tag", "description"} <= set(rows[0])
     assert any(r["name"] == "constant-fold" and r["where"] == "built in" for r in rows)
+    assert {r["name"] for r in rows if r["set"] == "transformer"} >= {"softmax", "softmax-scale"}
+    assert main(["rules", "list", "--model-type", "generic", "--json"]) == 0
+    assert not any(r["set"] == "transformer" for r in json.loads(capsys.readouterr().out))
     assert main(["rules", "list", "--model-type", "no-such-type"]) == 1
     assert "NCC_ERUL003" in capsys.readouterr().err
 

@@ -173,6 +173,13 @@ def _convert_broadcast() -> Module:
     return b.module(b.op("convert", [y], dtype=dt.F16))
 
 
+def _reshape_convert() -> Module:
+    b = Builder("rc")  # reshape(convert(reshape(y))) is convert(y)
+    y = b.op("reshape", [b.param(F32, (2, 3))], shape=(2, 3, 1))
+    c = b.op("convert", [y], dtype=dt.BF16)
+    return b.module(b.op("reshape", [c], shape=(2, 3)))
+
+
 def _dot_transpose_lhs() -> Module:
     b = Builder("dtl")
     a, c = b.param(F32, (3, 2)), b.param(F32, (3, 4))
@@ -269,6 +276,8 @@ CASES: dict[str, Callable[[], Module]] = {
     "and-true": binary_const("and", True, PRED),
     "or-true": binary_const("or", True, PRED),
     "maximum-self": binary_self("maximum"),
+    "maximum-neg-inf": binary_const("maximum", -np.inf),
+    "minimum-inf": binary_const("minimum", np.inf),
     "minimum-self": binary_self("minimum"),
     "and-self": binary_self("and", PRED),
     "or-self": binary_self("or", S32),
@@ -308,6 +317,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "convert-convert": _convert_convert,
     "convert-convert-to-float": _convert_convert_to_float,
     "convert-broadcast": _convert_broadcast,
+    "reshape-convert-reshape": _reshape_convert,
     "dot-transpose-lhs": _dot_transpose_lhs,
     "dot-transpose-rhs": _dot_transpose_rhs,
     "dot-swap-operands": _dot_swap,
@@ -325,11 +335,12 @@ CASES: dict[str, Callable[[], Module]] = {
 # Rules whose right-hand side is smaller: extraction must pick it (the graph shrinks).
 SHRINKS = {"add-zero-right", "add-zero-left", "subtract-zero", "multiply-one-right", "multiply-one-left",
            "multiply-zero-int", "divide-one", "power-one", "or-zero", "xor-zero", "and-zero", "and-true", "or-true",
-           "maximum-self", "minimum-self", "and-self", "or-self", "select-same", "select-true", "select-false",
+           "maximum-self", "minimum-self", "maximum-neg-inf", "minimum-inf",
+           "and-self", "or-self", "select-same", "select-true", "select-false",
            "negate-negate", "not-not", "copy-elide", "abs-abs", "abs-negate", "add-negate", "negate-subtract",
            "transpose-transpose", "transpose-identity", "reshape-reshape", "reshape-identity",
            "broadcast-broadcast", "broadcast-identity", "convert-identity", "convert-convert",
-           "convert-convert-to-float",
+           "convert-convert-to-float", "reshape-convert-reshape",
            "dot-transpose-lhs", "dot-transpose-rhs", "slice-identity", "slice-concatenate-first",
            "concatenate-single", "slice-pad-inverse", "slice-pad-inside", "tuple-get-first",
            "constant-fold"}

@@ -1,0 +1,75 @@
+"""Model-type benchmark (issue: model-type rule sets): each model of a family compiled under generic, under
+its family's --model-type and under the other family's, on trn1 at -O2 with --auto-cast matmult (bf16).
+Prints the simulated latency of each beside the roofline, the speed-up of the family's type over generic
+(the target: >= 1.3x, or within 1.1x of the roofline), the other type's slowdown (the target: <= 2%), and
+the fused operators and model-type rules of the family's compile.
+
+    python bench/model_types.py
+    python bench/model_types.py --models mha_block --family transformer
+
+Each compile runs in a fresh process (`nxsat compile --report`), as bench/compile_bench.py does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compile_bench import ROOT, compile_one  # noqa: E402
+
+FAMILIES = {
+    "transformer": {
+        "transformer_layer": ROOT / "tests/data/jax/transformer_layer.hlo",
+        "mha_block": ROOT / "tests/data/hlo/mha_block_1x12x128x64_bf16.hlo",
+        "gemma3_1b": ROOT / "tests/data/hlo/gemma3_1b_flax_call.hlo",
+        "bert_base_l12": ROOT / "tests/data/bert/bert_base_l12.hlo",
+        "gpt2_extract": ROOT / "tests/data/relay/gpt2_extract.relay",
+    },
+    "unet-inference": {
+        "unet_tiny": ROOT / "tests/data/jax/unet_tiny.hlo",
+        "resnet50": ROOT / "tests/data/hlo/resnet50_keras_jax_f32.hlo",
+    },
+}
+RELAY_CONSTANTS = {"gpt2_extract": ROOT / "tests/data/relay/gpt2_extract.consts.json"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=sorted(FAMILIES), action="append", help="default: every family")
+    ap.add_argument("--models", default=None, help="names of FAMILIES' models, comma-separated (default: all)")
+    ap.add_argument("--target", default="trn1")
+    ap.add_argument("-O", type=int, default=2)
+    ap.add_argument("--auto-cast", default="matmult")
+    ap.add_argument("--auto-cast-type", default="bf16")
+    args = ap.parse_args()
+    wanted = set(args.models.split(",")) if args.models else None
+    print(f"target {args.target}, -O{args.O}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); us")
+    print(f"{'model':<18} {'family':<15} {'generic':>11} {'family':>11} {'other':>11} {'roofline':>10} "
+          f"{'speed-up':>8} {'fam/roof':>8} {'other/gen':>9} {'met':>4}  fused / rules")
+    for family in args.family or sorted(FAMILIES):
+        other = next(f for f in FAMILIES if f != family)
+        for name, path in FAMILIES[family].items():
+            if wanted and name not in wanted:
+                continue
+            runs = {}
+            for mt in ("generic", family, other):
+                extra = ["--relay-constants", str(RELAY_CONSTANTS[name])] if name in RELAY_CONSTANTS else []
+                runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra)
+            bad = next((r for r in runs.values() if "error" in r), None)
+            if bad:
+                print(f"{name:<18} {family:<15} failed: {bad['error'][:150]}")
+                continue
+            g, f, o = (runs[k]["latency_us"] for k in ("generic", family, other))
+            roof = runs[family]["roofline_us"]
+            met = g / f >= 1.3 or f / roof <= 1.1
+            fused = ", ".join(f"{k} x{v}" for k, v in runs[family].get("fused", {}).items()) or "-"
+            rules = ", ".join(f"{k} {v}" for k, v in runs[family]["egraph"].get("model_type_rules", {}).items())
+            print(f"{name:<18} {family:<15} {g:11.1f} {f:11.1f} {o:11.1f} {roof:10.2f} {g / f:8.3f} {f / roof:8.2f} "
+                  f"{o / g - 1:+9.2%} {'yes' if met else 'no':>4}  {fused}" + (f" / {rules}" if rules else ""),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Fused operators: what the model-type rule sets (rules/sets/transformer.egg, ...) rewrite whole HLO
+patterns into. No source graph spells them (the HLO front end refuses their names); a rule introduces
+one only where the e-graph proves it equal to the pattern, and the extraction keeps it only where the
+cost model says it pays.
+
+softmax(x, dimension, scale): the softmax of ``scale * x`` along ``dimension`` (``exp(y - max(y)) /
+sum(exp(y - max(y)))``, ``y = scale * x``; scale 1 unless a rule folded a multiply in), computed in fp32
+(fp64 here) and rounded once to x's type. The patterns it replaces round at every step (a bf16
+model's exp, sum and division each in bf16): equal over the reals, and closer to them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from nxsat.ir import Type
+from nxsat.ops.common import check_kind, count, tensors, to_dtype
+from nxsat.ops.registry import SCALAR, Ctx, ShapeError, op
+
+
+def _dimension(attrs: dict[str, Any], rank: int, name: str) -> int:
+    d = attrs.get("dimension")
+    if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < rank:
+        raise ShapeError(f"{name}: dimension {d!r} is not a dimension of a rank-{rank} operand")
+    return d
+
+
+def _softmax_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
+    (x,) = args
+    d = int(attrs["dimension"])
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf rows give NaN, as the pattern does
+        xw = np.asarray(x).astype(np.float64) * float(attrs.get("scale", 1.0))
+        e = np.exp(xw - xw.max(axis=d, keepdims=True))
+        y = e / e.sum(axis=d, keepdims=True)
+    return to_dtype(y, ctx.node.tensor.dtype)
+
+
+@op("softmax", engine=SCALAR, arity=(1, 1), impl=_softmax_impl, neuron=("Softmax",),
+    flops=lambda types, out, attrs: 5 * tensors(types)[0].size,
+    notes="fused (transformer rule set): softmax of scale * x along dimension, in fp32; never in a source "
+          "graph")
+def _softmax(types: list[Type], attrs: dict) -> Type:
+    count(types, 1, "softmax")
+    (x,) = tensors(types)
+    check_kind(x.dtype, "f", "softmax")
+    _dimension(attrs, x.rank, "softmax")
+    scale = attrs.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+        raise ShapeError(f"softmax: scale {scale!r} is not a finite number")
+    return x
+
+
+FUSED = frozenset({"softmax"})  # the operators of this module: the front ends refuse these names

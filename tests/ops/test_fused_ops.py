@@ -1,0 +1,56 @@
+"""The fused operators' declarations (nxsat/ops/fused.py): shape rules and reference semantics against
+numpy/scipy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import special
+
+from nxsat import dtypes as dt
+from nxsat.builder import Builder
+from nxsat.diagnostics import NxsatError
+from nxsat.interpreter import run_module
+from nxsat.ir import Module
+
+
+def _run(x: np.ndarray, d: dt.DType, **attrs) -> np.ndarray:
+    b = Builder("e")
+    p = b.param(d, x.shape)
+    (out,) = run_module(Module("m", b.build(b.op("softmax", [p], **attrs))), [x])
+    return out
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("scale", [1.0, 0.125, -2.0])
+def test_softmax_is_scipys_softmax_of_the_scaled_operand(axis, scale):
+    x = np.random.default_rng(0).standard_normal((3, 4, 5)).astype(np.float32) * 5
+    got = _run(x, dt.F32, dimension=axis, scale=scale)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, special.softmax(x.astype(np.float64) * scale, axis=axis), rtol=1e-6, atol=1e-7)
+
+
+def test_softmax_rounds_once_to_the_operand_type():
+    x = dt.cast(np.random.default_rng(1).standard_normal((4, 9)), dt.BF16)
+    got = _run(x, dt.BF16, dimension=1)
+    want = dt.cast(special.softmax(x.astype(np.float64), axis=1), dt.BF16)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_softmax_of_a_row_of_minus_infinity_is_nan():
+    x = np.array([[-np.inf, -np.inf], [0.0, -np.inf]], np.float32)
+    got = _run(x, dt.F32, dimension=1)
+    assert np.isnan(got[0]).all() and got[1].tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("d,attrs,words", [
+    (dt.S32, {"dimension": 0}, "not defined on s32"),
+    (dt.F32, {"dimension": 2}, "not a dimension"),
+    (dt.F32, {"dimension": 0, "scale": float("inf")}, "not a finite number"),
+])
+def test_softmax_shape_rule_refuses(d, attrs, words):
+    b = Builder("e")
+    p = b.param(d, (2, 3))
+    with pytest.raises(NxsatError) as e:
+        b.op("softmax", [p], **attrs)
+    assert e.value.code == "NCC_EVRF064" and words in e.value.message
