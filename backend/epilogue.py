@@ -55,6 +55,9 @@ class Epilogue:
         if self.cluster is not None:
             self.compute(place, res.shape, res)
 
+    def flush(self) -> None:
+        """Emit what the epilogue held back for a later tile (the producer calls it after its last tile)."""
+
     def compute(self, place: Callable[[Ref], Ref], shape: tuple[int, ...], res: Ref | None = None
                 ) -> dict[int, Operand]:
         """The cluster on the tile of ``shape`` at ``place`` (``res``: the producer's value there), its
@@ -126,14 +129,16 @@ def _flat(tile: Ref, flat: tuple[int, int]) -> Ref:
     return tile if len(tile.shape) == 2 else tile.reshape(*flat)
 
 
-def epilogue(lw: Lowering, node: Node, frame: Callable[[Ref], Ref]) -> Epilogue:
+def epilogue(lw: Lowering, node: Node, frame: Callable[[Ref], Ref], served: frozenset[int] = frozenset()
+             ) -> Epilogue:
     """The epilogue of ``node`` (an operator ``lower.hosts`` names) whose lowering sees values of its
     result's shape as ``frame`` does: its elementwise reader's cluster when that can run on the result's
     tiles, else just the store. A result buffer the lowering made already is dropped when only the
-    cluster reads the result."""
+    cluster reads the result. ``served``: readers of the cluster's values the host computes itself (a
+    softmax, backend/fused.py), which need no store."""
     cl = _reader(lw, node)
     ep = Epilogue(lw, node, frame, None, cl)
-    if cl is not None and (any(m.op == "iota" for m in cl.members) or not _bind(lw, ep, cl)):
+    if cl is not None and (any(m.op == "iota" for m in cl.members) or not _bind(lw, ep, cl, served)):
         ep.cluster, ep.inputs, ep.stores = None, {}, {}
     ep_cl = ep.cluster
     readers = lw.consumers.get(node.id, set())

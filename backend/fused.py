@@ -19,17 +19,39 @@ prices too.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from nxsat import dtypes as dt
-from nxsat.backend.lower import Lowering, lowers, onchip_dtype
-from nxsat.extract.plan import softmax_rows
+from nxsat.backend.elementwise import Kernel, elementwise, emits
+from nxsat.backend.epilogue import Epilogue, _reader, epilogue
+from nxsat.backend.graph import Graph, Ref
+from nxsat.backend.lower import Lowering, _origin, device_dtype, lowers, onchip_dtype, plans
+from nxsat.backend.tiles import Operand, is_num
+from nxsat.extract.plan import matmul_plan, softmax_rows
 from nxsat.ir import Node
+from nxsat.ops.fused import ACTIVATIONS
 
 F32 = dt.F32
 
 
+lowers(*ACTIVATIONS)(elementwise)  # lowered with the fused pass (or epilogue) of the cluster holding them
+
+
+@emits(*ACTIVATIONS)
+def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
+    """A fused activation (gelu-tanh, silu): one ScalarE instruction, so it joins fused passes and
+    epilogues as any elementwise operator does."""
+    x = ops[0]
+    if is_num(x):
+        x = k.t.memset(x, F32)
+    return k.t.act(ACTIVATIONS[node.op][1], x, onchip_dtype(device_dtype(node.dtype)))
+
+
 @lowers("softmax")
 def softmax(lw: Lowering, node: Node) -> None:
+    if node.id in lw.values:
+        return  # computed by the dot it reads (plan_softmax_hosts)
     x = node.operands[0]
     shape = x.shape
     if node.attrs["dimension"] != len(shape) - 1:
@@ -58,30 +80,173 @@ def softmax(lw: Lowering, node: Node) -> None:
         tiles.append((r0, pn, k))
         r0 += pn * k
 
-    def maxima(r0: int, pn: int, k: int) -> tuple:
+    def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref]:
         xt = g.tile((pn, k, L), in_t, "sbuf", "smx").ref()
         g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
-        mx = g.tile((pn, k), F32, "sbuf", "smmax").ref()
-        g.add("dve", "tensor_reduce", mx, xt, op="max" if scale >= 0 else "min", axes=(2,))
-        neg = g.tile((pn, k), F32, "sbuf", "smneg").ref()  # -max(scale * x), the exponential's bias
-        g.add("dve", "tensor_scalar", neg, mx, op0="mul", scalar0=-scale)
-        return xt, neg
+        return xt, _maxima(g, xt, scale)
 
     # software-pipelined: the next tile's maxima (VectorE) are issued before this tile's exponentials
     # (ScalarE), so the two engines work on neighbouring tiles at once
-    ahead = maxima(*tiles[0])
+    ahead = load(*tiles[0])
     for i, (r0, pn, k) in enumerate(tiles):
         xt, neg = ahead
         if i + 1 < len(tiles):
-            ahead = maxima(*tiles[i + 1])
-        et = g.tile((pn, k, L), F32, "sbuf", "smexp").ref()
-        sums = g.tile((pn, k), F32, "sbuf", "smsum").ref()
-        for j in range(k):
-            g.add("act", "activation", et[:, j], xt[:, j], func="exp", scale=scale, bias=neg[:, j:j + 1],
-                  accum=sums[:, j:j + 1])
-        rec = g.tile((pn, k), F32, "sbuf", "smrec").ref()
-        g.add("dve", "activation", rec, sums, func="reciprocal")
-        yt = g.tile((pn, k, L), out_t, "sbuf", "smy").ref()
-        for j in range(k):  # ScalarE again (1.4 GHz; VectorE's reduce reads the next tile meanwhile)
-            g.add("act", "activation", yt[:, j], et[:, j], scale=rec[:, j:j + 1], bias=0.0)
-        g.add("dma", "dma", dst[r0:r0 + pn * k].reshape(pn, k, L), yt)
+            ahead = load(*tiles[i + 1])
+        g.add("dma", "dma", dst[r0:r0 + pn * k].reshape(pn, k, L), _normalized(g, xt, neg, scale, out_t))
+
+
+def _maxima(g: Graph, xt: Ref, scale: float) -> Ref:
+    """``-max(scale * x)`` of each row of ``xt`` (``[P, k, L]``): the exponential's bias, ``[P, k]`` fp32."""
+    pn, k, _ = xt.shape
+    mx = g.tile((pn, k), F32, "sbuf", "smmax").ref()
+    g.add("dve", "tensor_reduce", mx, xt, op="max" if scale >= 0 else "min", axes=(2,))
+    neg = g.tile((pn, k), F32, "sbuf", "smneg").ref()
+    g.add("dve", "tensor_scalar", neg, mx, op0="mul", scalar0=-scale)
+    return neg
+
+
+def _normalized(g: Graph, xt: Ref, neg: Ref, scale: float, out_t: dt.DType) -> Ref:
+    """The softmax of each row of ``xt`` (``[P, k, L]``) given its bias, in ``out_t``: ScalarE's exp with
+    the row's sum accumulated, VectorE's reciprocals, ScalarE's multiply by them."""
+    pn, k, L = xt.shape
+    et = g.tile((pn, k, L), F32, "sbuf", "smexp").ref()
+    sums = g.tile((pn, k), F32, "sbuf", "smsum").ref()
+    for j in range(k):
+        g.add("act", "activation", et[:, j], xt[:, j], func="exp", scale=scale, bias=neg[:, j:j + 1],
+              accum=sums[:, j:j + 1])
+    rec = g.tile((pn, k), F32, "sbuf", "smrec").ref()
+    g.add("dve", "activation", rec, sums, func="reciprocal")
+    yt = g.tile((pn, k, L), out_t, "sbuf", "smy").ref()
+    for j in range(k):  # ScalarE again (1.4 GHz; VectorE's reduce reads the next tile meanwhile)
+        g.add("act", "activation", yt[:, j], et[:, j], scale=rec[:, j:j + 1], bias=0.0)
+    return yt
+
+
+# --- a softmax computed by the dot whose result it reads ---------------------------------------------
+
+@dataclass(frozen=True)
+class SoftmaxHost:
+    """The dot computes ``softmax`` on its result tiles: ``source`` is the softmax's operand (the dot
+    itself, or a value of the elementwise cluster the dot runs as its epilogue: BERT's scaled and
+    masked scores), ``chain`` the reshapes between them."""
+
+    softmax: Node
+    source: Node
+    chain: tuple[Node, ...]
+
+    @property
+    def claimed(self) -> set[int]:
+        """The reshapes: views of values that never reach HBM. (The softmax is not claimed: the dot sets
+        its value, and the softmax's own lowering then has nothing to do.)"""
+        return {n.id for n in self.chain}
+
+
+@plans
+def plan_softmax_hosts(lw: Lowering, order: list[Node]) -> None:
+    """A softmax whose operand a dot computes (its result, or a value of the cluster that reads it, through
+    reshapes nothing else reads), when one result tile holds whole rows (the plan's N tile covers the
+    softmax's last dimension): the dot computes the softmax on each tile as it leaves PSUM (attention's
+    scores never go to HBM). The reshapes are claimed (``Lowering.absorbed``); the dot gives them back
+    when its epilogue does not take the cluster after all (:func:`softmax_epilogue`)."""
+    for s in order:
+        if s.op != "softmax" or s.attrs["dimension"] != len(s.shape) - 1:
+            continue
+        chain: list[Node] = []
+        x = s.operands[0]
+        while x.op == "reshape":
+            chain.append(x)
+            x = x.operands[0]
+        seq = [x, *chain[::-1], s]  # source -> reshapes -> softmax: each read by the next alone
+        if any(a.id in lw.output_of or lw.consumers.get(a.id) != {b.id} for a, b in zip(seq, seq[1:])):
+            continue
+        dot = x if x.op == "dot" else _cluster_dot(lw, x)
+        if dot is None or dot.id in lw.plan or not dot.dtype.is_float:
+            continue
+        dims = dot.attrs["dims"]
+        lhs, rhs = dot.operands
+        N = math.prod(n for d, n in enumerate(rhs.shape) if d not in (*dims.rhs_batch, *dims.rhs_contracting))
+        M = math.prod(n for d, n in enumerate(lhs.shape) if d not in (*dims.lhs_batch, *dims.lhs_contracting))
+        K = math.prod(lhs.shape[d] for d in dims.lhs_contracting)
+        if N != s.shape[-1] or N > matmul_plan(M, K, N, _multiply_type(lw, dot), lw.target).n_tile:
+            continue
+        host = SoftmaxHost(s, x, tuple(chain))
+        lw.plan[dot.id] = host
+        lw.absorbed |= host.claimed
+
+
+def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
+    """The dot of ``x``'s shape that ``x``'s elementwise cluster reads (the one that would host it)."""
+    cl = lw.cluster_of.get(x.id)
+    if cl is None:
+        return None
+    dots = [o for m in cl.members for o in m.operands if o.op == "dot" and o.shape == cl.shape]
+    return dots[0] if len({d.id for d in dots}) == 1 else None
+
+
+def _multiply_type(lw: Lowering, dot: Node) -> str:
+    """The type the dot multiplies in, as backend/matmul.py decides it (the plan's tiles depend on it)."""
+    from nxsat.backend.matmul import operand_type
+
+    return operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw).name
+
+
+class SoftmaxEpilogue(Epilogue):
+    """A dot's result tiles (whole rows of the softmax), through the cluster of its epilogue ``inner`` when
+    the softmax reads one of its values, turned into the softmax's and stored to its result."""
+
+    def __init__(self, lw: Lowering, dot: Node, host: SoftmaxHost, inner: Epilogue, frame: Callable[[Ref], Ref]
+                 ) -> None:
+        super().__init__(lw, dot, frame)
+        self.host = host
+        self.inner = inner
+        self.dst = frame(lw.result(host.softmax))
+        self.scale = float(host.softmax.attrs.get("scale", 1.0))
+        self.out_t = onchip_dtype(device_dtype(host.softmax.dtype))
+        self.pending: tuple[Callable[[Ref], Ref], Ref, Ref] | None = None
+
+    def tile(self, place: Callable[[Ref], Ref], res: Ref) -> None:
+        """This tile's maxima now, its exponentials after the next tile's maxima (software-pipelined as
+        the standalone kernel is: VectorE and ScalarE work on neighbouring tiles)."""
+        g = self.lw.graph
+        if self.inner.out is not None:
+            g.add("dma", "dma", place(self.inner.out), res)
+        x = res
+        if self.inner.cluster is not None:
+            v = self.inner.compute(place, res.shape, res)[self.host.source.id]
+            assert isinstance(v, Ref), "a softmax of a constant is folded before lowering"
+            x = v
+        g.origin = _origin(self.host.softmax)
+        mn, nn = res.shape
+        xt = x.reshape(mn, 1, nn)
+        neg = _maxima(g, xt, self.scale)
+        self.flush()
+        self.pending = (place, xt, neg)
+        g.origin = _origin(self.node)
+
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        g = self.lw.graph
+        place, xt, neg = self.pending
+        self.pending = None
+        y = _normalized(g, xt, neg, self.scale, self.out_t)
+        g.add("dma", "dma", place(self.dst), y.reshape(xt.shape[0], xt.shape[2]))
+
+
+def softmax_epilogue(lw: Lowering, dot: Node, frame: Callable[[Ref], Ref]) -> Epilogue:
+    """The dot's epilogue (backend/epilogue.py), computing the softmax :func:`plan_softmax_hosts` gave it
+    too when the softmax's operand is the dot's result or a value of the cluster the epilogue takes;
+    otherwise the softmax and its reshapes are given back to be lowered on their own."""
+    host = lw.plan.get(dot.id)
+    if not isinstance(host, SoftmaxHost):
+        return epilogue(lw, dot, frame)
+    if host.source is dot:  # nothing but the softmax reads the scores: they are not stored
+        return SoftmaxEpilogue(lw, dot, host, Epilogue(lw, dot, frame), frame)
+    cl = _reader(lw, dot)
+    reader = (host.chain[-1] if host.chain else host.softmax).id
+    inner = epilogue(lw, dot, frame, frozenset({reader}) if cl is lw.cluster_of.get(host.source.id) else frozenset())
+    if inner.cluster is None or host.source not in inner.cluster.members:
+        lw.absorbed -= host.claimed
+        del lw.plan[dot.id]
+        return inner
+    return SoftmaxEpilogue(lw, dot, host, inner, frame)

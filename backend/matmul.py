@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 
 from nxsat import dtypes as dt
-from nxsat.backend.epilogue import Epilogue, epilogue
+from nxsat.backend.epilogue import Epilogue
+from nxsat.backend.fused import softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
 from nxsat.extract.plan import matmul_plan, segments_pay
@@ -64,7 +65,7 @@ def dot(lw: Lowering, node: Node) -> None:
         out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
         L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
         return int_matmul(lw, L, lw.view(Rp, lambda r: r.reshape(B, K, N), node), out)
-    ep = epilogue(lw, node, lambda r: r.reshape(B, M, N))
+    ep = softmax_epilogue(lw, node, lambda r: r.reshape(B, M, N))
     split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target)
     if split is None:
         L = lw.view(Lp, lambda r: r.reshape(B, M, 1, K), node)
@@ -146,6 +147,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                             j += 1
                     _store(lw, ep, (b, m0, n0), acc, out_t, evac % 2 == 0)
                     evac += 1
+    ep.flush()
 
 
 def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t: dt.DType, on_act: bool) -> None:

@@ -102,6 +102,8 @@ def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int
     fixed, variadic = operand_layout(node)
     if original is not None and ctor != "Opaque":  # attributes the term language does not carry
         attrs = {**{k: v for k, v in original.attrs.items() if k not in attrs}, **attrs}
+        if "to_apply" in attrs and _same_slots(ctor, original.attrs, node.slots):
+            attrs["to_apply"] = original.attrs["to_apply"]  # the model's own reduction body, not the canonical one
     operands = [k for k in kids[:fixed] if k is not None]
     if variadic:
         operands += [built[k] for k in (lists[fixed] or [])]
@@ -117,3 +119,13 @@ def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int
 
 
 __all__ = ["build_module", "original_nodes"]
+
+
+def _same_slots(ctor: str, attrs: dict, slots: tuple) -> bool:
+    """Do ``attrs`` spell the e-node's attribute slots (so the original node's values may stand for them)?"""
+    from nxsat.rules import terms
+
+    try:
+        return tuple(terms.BY_CTOR[ctor].encode(attrs)) == tuple(slots)
+    except terms.NotRepresentable:
+        return False

@@ -292,6 +292,8 @@ def _terms() -> list[Term]:
              slot_names=("dimensions", "reducer", "reducer_dtype"),
              doc="reduce(x, init) over dimensions with one binary operator (add, maximum, ...) of type "
                  "reducer_dtype; other bodies and multi-operand reductions stay Opaque"),
+        Term("GeluTanh", "gelu-tanh", 1, elementwise=True, doc="fused: GELU's tanh form (transformer rule set)"),
+        Term("Silu", "silu", 1, elementwise=True, doc="fused: x * logistic(x) (transformer rule set)"),
         Term("Softmax", "softmax", 1, attrs=(("dimension", INT), ("scale", NUMBER)), slot_names=("dimension", "scale"),
              elementwise=True, doc="fused: softmax of scale * x along dimension, scale spelled as splats are "
                                    "(\"1\", \"0.125\"); transformer rule set"),

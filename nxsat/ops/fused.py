@@ -3,6 +3,8 @@ patterns into. No source graph spells them (the HLO front end refuses their name
 one only where the e-graph proves it equal to the pattern, and the extraction keeps it only where the
 cost model says it pays.
 
+gelu-tanh(x), silu(x): activation chains ScalarE computes as one function (``ACTIVATIONS``).
+
 softmax(x, dimension, scale): the softmax of ``scale * x`` along ``dimension`` (``exp(y - max(y)) /
 sum(exp(y - max(y)))``, ``y = scale * x``; scale 1 unless a rule folded a multiply in), computed in fp32
 (fp64 here) and rounded once to x's type. The patterns it replaces round at every step (a bf16
@@ -53,4 +55,51 @@ def _softmax(types: list[Type], attrs: dict) -> Type:
     return x
 
 
-FUSED = frozenset({"softmax"})  # the operators of this module: the front ends refuse these names
+# --- activation functions ScalarE computes in one instruction --------------------------------------
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    from scipy import special
+
+    return x * special.expit(x)
+
+
+# name -> (reference, ScalarE's function, description, neuronx-cc's name)
+ACTIVATIONS = {
+    "gelu-tanh": (_gelu_tanh, "gelu_tanh", "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GELU's tanh form",
+                  "Gelu_apprx_tanh"),
+    "silu": (_silu, "silu", "x * logistic(x): SiLU (Swish)", "Silu"),
+}
+
+
+def _activation_impl(fn: Any) -> Any:
+    def impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = fn(np.asarray(args[0]).astype(np.float64))
+        return to_dtype(y, ctx.node.tensor.dtype)
+    return impl
+
+
+def _activation_type(name: str) -> Any:
+    def infer(types: list[Type], attrs: dict) -> Type:
+        count(types, 1, name)
+        (x,) = tensors(types)
+        check_kind(x.dtype, "f", name)
+        return x
+    return infer
+
+
+for _name, (_fn, _func, _doc, _neuron) in ACTIVATIONS.items():
+    op(_name, engine=SCALAR, arity=(1, 1), impl=_activation_impl(_fn), neuron=(_neuron,),
+       flops=lambda types, out, attrs: 8 * tensors(types)[0].size,
+       notes=f"fused (transformer rule set): {_doc}, in fp32 on ScalarE; never in a source graph")(
+        _activation_type(_name))
+
+
+FUSED = frozenset({"softmax", *ACTIVATIONS})  # the operators of this module: the front ends refuse these names

@@ -61,3 +61,99 @@ def test_a_softmax_over_another_dimension_is_refused_cleanly():
     with pytest.raises(NxsatError) as e:
         device_run(_softmax((4, 6), F32, dimension=0), {"p0": np.zeros((4, 6), np.float32)})
     assert e.value.code == "NCC_EUOC002" and "last dimension" in e.value.message
+
+
+def _attention(scale: float, d: dt.DType = BF16, extra_reader: bool = False) -> Module:
+    """softmax(scale * q k^T) v per head, as mha_block's extracted form: reshapes around the softmax."""
+    from nxsat.attrs import DotDims
+
+    b = Builder("e")
+    q, k, v = (b.param(d, (4, 128, 32)) for _ in range(3))
+    s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))  # [4, 128, 128]
+    s4 = b.op("reshape", [s], shape=(1, 4, 128, 128))
+    p = b.op("softmax", [s4], dimension=3, scale=scale)
+    p3 = b.op("reshape", [p], shape=(4, 128, 128))
+    o = b.op("dot", [p3, v], dims=DotDims((2,), (1,), (0,), (0,)))
+    return Module("m", b.build([o, s] if extra_reader else o))
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("scale", [0.125, -0.5])
+def test_a_softmax_reading_a_dot_is_computed_as_the_dot_leaves_psum(scale, target):
+    """The scores never go to HBM: the program's only scratch tensor is the probabilities."""
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _attention(scale)
+    rng = np.random.default_rng(4)
+    inputs = {f"p{i}": dt.cast(rng.standard_normal((4, 128, 32)), BF16) for i in range(3)}
+    assert_device_matches(m, inputs, target, rtol=2 ** -6, atol_scale=2 ** -6)
+    program = compile_graph(m, sim.load_target(target)).program
+    scratch = [tn for tn in program.tensors.values() if tn.kind == "scratch"]
+    assert [tuple(tn.shape) for tn in scratch] == [(1, 4, 128, 128)]
+
+
+def test_scores_another_operator_reads_are_stored_and_the_softmax_runs_alone():
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _attention(0.125, extra_reader=True)
+    rng = np.random.default_rng(5)
+    inputs = {f"p{i}": dt.cast(rng.standard_normal((4, 128, 32)), BF16) for i in range(3)}
+    assert_device_matches(m, inputs, "trn1", rtol=2 ** -6, atol_scale=2 ** -6)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    assert sum(1 for tn in program.tensors.values() if tn.kind == "scratch") == 1  # the probabilities
+    assert any(tn.kind == "output" and tuple(tn.shape) == (4, 128, 128) for tn in program.tensors.values())
+
+
+def _masked_attention(return_probs: bool) -> Module:
+    """BERT's form: the scores divided by 8 and a mask added (the dot's epilogue cluster), the softmax read
+    straight by the second dot (no reshape, no cast: --auto-cast none)."""
+    from nxsat.attrs import DotDims
+
+    b = Builder("e")
+    q, k, v = (b.param(F32, (2, 128, 64)) for _ in range(3))
+    mask = b.param(F32, (128,))
+    s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))
+    scaled = b.op("divide", [s, b.op("broadcast", [b.constant(8.0, F32)], shape=(2, 128, 128), dimensions=())])
+    masked = b.op("add", [scaled, b.op("broadcast", [mask], shape=(2, 128, 128), dimensions=(2,))])
+    p = b.op("softmax", [masked], dimension=2, scale=1.0)
+    o = b.op("dot", [p, v], dims=DotDims((2,), (1,), (0,), (0,)))
+    return Module("m", b.build([o, p] if return_probs else o))
+
+
+@pytest.mark.parametrize("return_probs", [False, True])
+def test_a_softmax_of_the_dots_epilogue_is_computed_there_too(return_probs):
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _masked_attention(return_probs)
+    rng = np.random.default_rng(6)
+    inputs = {f"p{i}": rng.standard_normal((2, 128, 64)).astype(np.float32) for i in range(3)}
+    inputs["p3"] = np.where(rng.random(128) < 0.2, -1e4, 0.0).astype(np.float32)
+    assert_device_matches(m, inputs, "trn1", rtol=1e-5, atol_scale=1e-5)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    scratch = [tuple(tn.shape) for tn in program.tensors.values() if tn.kind == "scratch"]
+    assert scratch == ([] if return_probs else [(2, 128, 128)])  # the probabilities, unless an output
+
+
+@pytest.mark.parametrize("name", ["gelu-tanh", "silu"])
+def test_activations_run_in_a_dense_layers_epilogue(name):
+    """dense + bias + activation: the activation is one ScalarE instruction on each result tile; nothing
+    but the output goes to HBM."""
+    from nxsat import sim
+    from nxsat.attrs import DotDims
+    from nxsat.backend import compile_graph
+
+    b = Builder("e")
+    x, w, bias = b.param(F32, (128, 256)), b.param(F32, (256, 384)), b.param(F32, (384,))
+    y = b.op("dot", [x, w], dims=DotDims((1,), (0,), (), ()))
+    z = b.op("add", [y, b.op("broadcast", [bias], shape=(128, 384), dimensions=(1,))])
+    m = Module("m", b.build(b.op(name, [z])))
+    rng = np.random.default_rng(7)
+    inputs = {"p0": rng.standard_normal((128, 256)).astype(np.float32),
+              "p1": (rng.standard_normal((256, 384)) / 16).astype(np.float32),
+              "p2": rng.standard_normal(384).astype(np.float32)}
+    assert_device_matches(m, inputs, "trn1", rtol=1e-5, atol_scale=1e-5)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    assert not any(tn.kind == "scratch" for tn in program.tensors.values())

@@ -1,9 +1,10 @@
-"""Every rule of the transformer set, shown firing on a small graph, with the e-graph still sound (the
-generic set's test, tests/rules/test_rules_generic.py, does the same for its rules); and the set firing
-on the corpus's transformers, where `--model-type transformer` extracts the fused operators."""
+"""Every rule of the model-type sets (transformer, activations), shown firing on a small graph, with the
+e-graph still sound (tests/rules/test_rules_generic.py does the same for the generic set); and the sets
+firing on the corpus, where `--model-type transformer` (or unet-inference) extracts the fused operators."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from nxsat.builder import Builder
 from nxsat.extract.smallest import extract
 from nxsat.interpreter import run_module
 from nxsat.ir import Module, Node
+from nxsat.ops.fused import FUSED
 from nxsat.rules.catalog import catalog
 from nxsat.rules.checker import verify
 from nxsat.rules.egraph import EGraph
@@ -59,7 +61,44 @@ def _scaled(left: bool) -> Callable[[], Module]:
     return make
 
 
+def _gelu_jax() -> Module:
+    b = Builder("gelu")
+    x = b.param(F32, (2, 5))
+    c = lambda v: _splat(b, v, F32, (2, 5))  # noqa: E731
+    cube = b.op("multiply", [b.op("multiply", [x, x]), x])
+    inner = b.op("multiply", [b.op("add", [x, b.op("multiply", [cube, c(0.044715)])]), c(math.sqrt(2 / math.pi))])
+    half = b.op("multiply", [b.op("add", [b.op("tanh", [inner]), c(1.0)]), c(0.5)])
+    return b.module(b.op("multiply", [x, half]))
+
+
+def _gelu_torch() -> Module:
+    b = Builder("gelu")
+    x = b.param(F32, (2, 5))
+    c = lambda v: _splat(b, v, F32, (2, 5))  # noqa: E731
+    inner = b.op("multiply", [c(math.sqrt(2 / math.pi)),
+                              b.op("add", [x, b.op("multiply", [c(0.044715), b.op("power", [x, c(3.0)])])])])
+    return b.module(b.op("multiply", [b.op("multiply", [c(0.5), x]), b.op("add", [c(1.0), b.op("tanh", [inner])])]))
+
+
+def _silu(form: str) -> Callable[[], Module]:
+    def make() -> Module:
+        b = Builder("silu")
+        x = b.param(F32, (3, 4))
+        if form == "reciprocal":
+            one = _splat(b, 1.0, F32, (3, 4))
+            sig = b.op("divide", [one, b.op("add", [b.op("exponential", [b.op("negate", [x])]), one])])
+            return b.module(b.op("multiply", [x, sig]))
+        sig = b.op("logistic", [x])
+        return b.module(b.op("multiply", [x, sig] if form == "right" else [sig, x]))
+    return make
+
+
 CASES: dict[str, Callable[[], Module]] = {
+    "gelu-tanh": _gelu_jax,
+    "gelu-tanh-torch": _gelu_torch,
+    "silu": _silu("right"),
+    "silu-left": _silu("left"),
+    "silu-reciprocal": _silu("reciprocal"),
     "softmax": _softmax_pattern(F32, False),
     "softmax-f32-sum": _softmax_pattern(BF16, True),
     "softmax-scale": _scaled(False),
@@ -67,8 +106,8 @@ CASES: dict[str, Callable[[], Module]] = {
 }
 
 
-def test_every_transformer_rule_has_a_case():
-    assert {r.name for r in catalog().set_rules(["transformer"])} == set(CASES)
+def test_every_model_type_rule_has_a_case():
+    assert {r.name for r in catalog().set_rules(["transformer", "activations"])} == set(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -84,7 +123,7 @@ def test_rule_fires_and_stays_equivalent(name):
     inputs = [dt.cast(rng.standard_normal(p.type.shape) * 3, p.type.dtype) for p in module.entry.params]
     assert verify(eg, loaded, inputs) is None
     out = extract(eg, loaded)
-    assert [n.op for n in out.entry.post_order()].count("softmax") == 1
+    assert sum(n.op in FUSED for n in out.entry.post_order()) == 1
     for a, b in zip(run_module(module, inputs), run_module(out, inputs), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         tol = 2 ** -7 if a.dtype == BF16.np else 1e-6
@@ -117,3 +156,14 @@ def test_the_corpus_softmaxes_become_one_operator(path, scale, level):
     fused = [n for n in _extracted(path, "transformer", level).entry.post_order() if n.op == "softmax"]
     assert fused and all(n.attrs["scale"] == scale for n in fused)
     assert not any(n.op == "softmax" for n in _extracted(path, "generic", level).entry.post_order())
+
+
+@pytest.mark.parametrize("path,model_type,fused", [
+    (DATA / "jax" / "unet_tiny.hlo", "unet-inference", {"silu": 3}),
+    (DATA / "jax" / "unet_tiny.hlo", "transformer", {"silu": 3}),
+    (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2}),
+], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2"])
+def test_the_corpus_activations_become_one_operator(path, model_type, fused):
+    ops = [n.op for n in _extracted(path, model_type).entry.post_order()]
+    assert {op: ops.count(op) for op in FUSED if op in ops} == fused
+    assert not any(op in FUSED for op in (n.op for n in _extracted(path, "generic").entry.post_order()))
