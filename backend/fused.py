@@ -26,9 +26,10 @@ from nxsat import dtypes as dt
 from nxsat.backend.elementwise import Kernel, elementwise, emits
 from nxsat.backend.epilogue import Epilogue, _reader, epilogue
 from nxsat.backend.graph import Graph, Ref
-from nxsat.backend.lower import Lowering, _origin, device_dtype, lowers, onchip_dtype, plans
+from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, lowers, onchip_dtype, plans
 from nxsat.backend.tiles import Operand, is_num
-from nxsat.extract.plan import matmul_plan, softmax_rows
+from nxsat.diagnostics import error
+from nxsat.extract.plan import BN_STATS_MAX, LAYER_NORM_MAX_ROW, layer_norm_rows, matmul_plan, softmax_rows
 from nxsat.ir import Node
 from nxsat.ops.fused import ACTIVATIONS
 
@@ -55,8 +56,6 @@ def softmax(lw: Lowering, node: Node) -> None:
     x = node.operands[0]
     shape = x.shape
     if node.attrs["dimension"] != len(shape) - 1:
-        from nxsat.diagnostics import error
-
         raise error("NCC_EUOC002", f"softmax {node.name}: only the last dimension is supported on the "
                     f"NeuronCore (dimension {node.attrs['dimension']} of {list(shape)})", node.loc)
     L = shape[-1]
@@ -72,14 +71,7 @@ def softmax(lw: Lowering, node: Node) -> None:
     in_t = onchip_dtype(src.dtype)
     out_t = onchip_dtype(dst.dtype)
     scale = float(node.attrs.get("scale", 1.0))  # max(scale * x) is scale * min(x) when scale < 0
-    tiles = []  # (first row, partitions, rows per partition)
-    r0 = 0
-    while r0 < R:
-        left = R - r0
-        pn, k = (part, min(k_max, left // part)) if left >= part else (left, 1)
-        tiles.append((r0, pn, k))
-        r0 += pn * k
-
+    tiles = _row_tiles(R, part, k_max)
     def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref]:
         xt = g.tile((pn, k, L), in_t, "sbuf", "smx").ref()
         g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
@@ -120,6 +112,80 @@ def _normalized(g: Graph, xt: Ref, neg: Ref, scale: float, out_t: dt.DType) -> R
     for j in range(k):  # ScalarE again (1.4 GHz; VectorE's reduce reads the next tile meanwhile)
         g.add("act", "activation", yt[:, j], et[:, j], scale=rec[:, j:j + 1], bias=0.0)
     return yt
+
+
+# --- layer normalization ----------------------------------------------------------------------------
+
+hosts("layer-norm")
+
+
+@lowers("layer-norm")
+def layer_norm(lw: Lowering, node: Node) -> None:
+    """Rows on the partitions as a softmax's, ``[P, k, L]`` tiles. Per row VectorE's ``bn_stats`` over
+    every 512 elements and ``bn_aggr`` merging them (mean and variance in one pass, Chan's formula); per
+    tile ScalarE's ``rsqrt(var + eps)`` and VectorE's ``-mean * rstd``; per row one ScalarE pass
+    ``x * rstd - mean * rstd`` into the result's type. The elementwise cluster reading the result (a layer
+    norm's scale and shift) runs on each tile as its epilogue (backend/epilogue.py); tiles are
+    software-pipelined as the softmax's (the next tile's statistics before this tile's pass)."""
+    x = node.operands[0]
+    shape = x.shape
+    L = shape[-1]
+    R = math.prod(shape[:-1])
+    if L > LAYER_NORM_MAX_ROW:
+        raise error("NCC_EUOC002", f"layer-norm {node.name}: rows of {L:,} elements are over the "
+                    f"{LAYER_NORM_MAX_ROW:,} one bn_aggr merges", node.loc)
+    ep = epilogue(lw, node, lambda r: r.reshape(R, L))
+    if R == 0 or L == 0:
+        return
+    src = lw.view(lw.ref(x), lambda r: r.reshape(R, L), x)
+    g = lw.graph
+    part = lw.target.partitions
+    k_max = layer_norm_rows(L, R, part)
+    in_t = onchip_dtype(src.dtype)
+    out_t = onchip_dtype(device_dtype(node.dtype))
+    eps = float(node.attrs.get("epsilon", 0.0))
+    chunks = [(c0, min(BN_STATS_MAX, L - c0)) for c0 in range(0, L, BN_STATS_MAX)]
+
+    def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref, Ref]:
+        xt = g.tile((pn, k, L), in_t, "sbuf", "lnx").ref()
+        g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
+        mv = g.tile((pn, k, 2), F32, "sbuf", "lnmv").ref()
+        for j in range(k):
+            st = g.tile((pn, 6 * len(chunks)), F32, "sbuf", "lnst").ref()
+            for c, (c0, cn) in enumerate(chunks):
+                g.add("dve", "bn_stats", st[:, 6 * c:6 * c + 6], xt[:, j, c0:c0 + cn])
+            g.add("dve", "bn_aggr", mv[:, j], st)
+        rstd = g.tile((pn, k), F32, "sbuf", "lnrstd").ref()
+        g.add("act", "activation", rstd, mv[:, :, 1], func="rsqrt", bias=eps)
+        nb = g.tile((pn, k), F32, "sbuf", "lnnb").ref()  # -mean * rstd, the pass's bias
+        g.add("dve", "tensor_tensor", nb, mv[:, :, 0], rstd, op="mul")
+        g.add("dve", "tensor_scalar", nb, nb, op0="mul", scalar0=-1.0)
+        return xt, rstd, nb
+
+    tiles = _row_tiles(R, part, k_max)
+    ahead = load(*tiles[0])
+    for i, (r0, pn, k) in enumerate(tiles):
+        xt, rstd, nb = ahead
+        if i + 1 < len(tiles):
+            ahead = load(*tiles[i + 1])
+        yt = g.tile((pn, k, L), out_t, "sbuf", "lny").ref()
+        for j in range(k):
+            g.add("act", "activation", yt[:, j], xt[:, j], scale=rstd[:, j:j + 1], bias=nb[:, j:j + 1])
+        ep.tile(lambda r, r0=r0, pn=pn, k=k: r[r0:r0 + pn * k].reshape(pn, k, L), yt)
+    ep.flush()
+
+
+def _row_tiles(R: int, part: int, k_max: int) -> list[tuple[int, int, int]]:
+    """(first row, partitions, rows per partition) of each tile: ``[part, k]`` rows while there are that
+    many, the rest ``part`` at a time, then fewer partitions."""
+    tiles = []
+    r0 = 0
+    while r0 < R:
+        left = R - r0
+        pn, k = (part, min(k_max, left // part)) if left >= part else (left, 1)
+        tiles.append((r0, pn, k))
+        r0 += pn * k
+    return tiles
 
 
 # --- a softmax computed by the dot whose result it reads ---------------------------------------------

@@ -33,6 +33,7 @@ from typing import Any
 from nxsat import dtypes as dt
 from nxsat.extract.plan import (
     ADD_ENGINES,
+    BN_STATS_MAX,
     DMA_T_BLOCK,
     MAX_COLS,
     PE_BLOCK,
@@ -41,6 +42,7 @@ from nxsat.extract.plan import (
     DepthwisePlan,
     conv_plan,
     depthwise_plan,
+    layer_norm_rows,
     matmul_plan,
     max_cols,
     op_ns,
@@ -167,6 +169,8 @@ class CostModel:
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
         if op == "softmax" and operands and operands[0] is not None:
             return NODE_NS + self.softmax_ns(operands[0])
+        if op == "layer-norm" and operands and operands[0] is not None:
+            return NODE_NS + self.layer_norm_ns(operands[0])
         od = registry.get(op)
         engine = od.engine if od is not None else registry.DMA
         flags = list(inputs) + [False] * (len(operands) - len(inputs))
@@ -235,6 +239,27 @@ class CostModel:
         store = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
         # the loads are issued together and share the DMA engines, so they land together: compute starts
         # after all of them, unless the stores (the DMA's other half) are what bound it
+        landed = load + max(dve, act) + (min(dve, act) + store) / tiles
+        return max(self.pipelined((load, dve + act, store), (load + store, dve, act), tiles), landed) \
+            + 2 * self.dma_fixed
+
+    def layer_norm_ns(self, x: Value) -> float:
+        """A fused layer norm (backend/fused.py): the softmax's tiles; per row VectorE's bn_stats over every
+        512 elements and a bn_aggr, one ScalarE pass; per tile an rsqrt and two small VectorE steps."""
+        L = x.shape[-1] if x.shape else 1
+        R = max(1, x.size // max(1, L))
+        k = layer_norm_rows(L, R, self.P)
+        tiles = max(1, -(-R // (self.P * k)))
+        rows = tiles * k
+        chunks = -(-L // BN_STATS_MAX)
+        dve = (self.instr_ns("dve", "bn_stats", rows * (L // BN_STATS_MAX), N=BN_STATS_MAX)
+               + (self.instr_ns("dve", "bn_stats", rows, N=L % BN_STATS_MAX) if L % BN_STATS_MAX else 0.0)
+               + self.instr_ns("dve", "bn_aggr", rows, N=2 * chunks)
+               + self.instr_ns("dve", "tensor_tensor", tiles, N=k) + self.instr_ns("dve", "tensor_scalar", tiles, N=k))
+        act = self.instr_ns("act", "activation", rows, N=L) + self.instr_ns("act", "activation", tiles, N=k)
+        parts = min(self.P, R)
+        load = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
+        store = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
         landed = load + max(dve, act) + (min(dve, act) + store) / tiles
         return max(self.pipelined((load, dve + act, store), (load + store, dve, act), tiles), landed) \
             + 2 * self.dma_fixed

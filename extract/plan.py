@@ -320,6 +320,15 @@ SOFTMAX_TILES = 4  # tiles a softmax is cut into at least, when it has the rows:
 SOFTMAX_MAX_ROW = 8192  # elements of a row one partition holds (the transformer rule's guard says the same)
 
 
+BN_STATS_MAX = 512  # elements one bn_stats reads per partition (nki.isa.bn_stats)
+LAYER_NORM_MAX_ROW = 64 * BN_STATS_MAX  # one bn_aggr merges the groups of a row (the rule's guard is looser)
+
+
+def layer_norm_rows(L: int, R: int, partitions: int) -> int:
+    """Rows per partition of one layer-norm tile: as a softmax's (its fp32 result is the largest tile)."""
+    return softmax_rows(L, R, partitions)
+
+
 def softmax_rows(L: int, R: int, partitions: int) -> int:
     """Rows per partition of one softmax tile (``[P, k, L]``) for ``R`` rows of ``L`` elements."""
     by_budget = max(1, SOFTMAX_TILE // (4 * L))

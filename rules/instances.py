@@ -10,7 +10,7 @@ Reject (the checker draws again); patterns it cannot build raise Untestable.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,8 +207,9 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         else:
             plan["dimensions"] = _perm(rng, r)
     elif ctor in ("Reshape", "Bitcast"):
-        if x is not None and x.op in ("reshape", "bitcast") and rng.random() < 0.4:
-            plan["shape"] = x.operands[0].shape
+        below = _under(x, lambda n: n.op in ("reshape", "bitcast"))  # a reshape back, maybe across a chain
+        if below is not None and rng.random() < 0.4 and math.prod(below.operands[0].shape) == xt.size:
+            plan["shape"] = below.operands[0].shape
         elif rng.random() < 0.25:
             plan["shape"] = xt.shape
         else:
@@ -228,11 +229,12 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
                     scale=SPLATS[int(rng.integers(len(SPLATS)))])
     elif ctor == "Broadcast":
         r = xt.rank
-        red = _reduction_under(x)
-        if red is not None and rng.random() < 0.6:  # a reduction broadcast back over what it reduced
-            dims = red.attrs["dimensions"]
-            plan.update(shape=red.operands[0].shape,
-                        dimensions=tuple(i for i in range(red.operands[0].type.rank) if i not in dims))
+        red = _under(x, lambda n: n.op == "reduce")
+        kept = () if red is None else \
+            tuple(i for i in range(red.operands[0].type.rank) if i not in red.attrs["dimensions"])
+        if red is not None and rng.random() < 0.6 and tuple(red.operands[0].shape[i] for i in kept) == xt.shape:
+            # a reduction (or a value computed from one) broadcast back over what it reduced
+            plan.update(shape=red.operands[0].shape, dimensions=kept)
         elif rng.random() < 0.25:
             plan.update(shape=xt.shape, dimensions=tuple(range(r)))
         elif rng.random() < 0.2 and r > 1:  # a broadcast that only permutes (same shape when x is square)
@@ -282,11 +284,15 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
     return plan
 
 
-def _reduction_under(x: Node | None) -> Node | None:
-    """The reduction ``x`` is, or converts."""
-    while x is not None and x.op == "convert":
-        x = x.operands[0]
-    return x if x is not None and x.op == "reduce" else None
+def _under(x: Node | None, want: Callable[[Node], bool], depth: int = 8) -> Node | None:
+    """The first node ``want`` accepts down ``x``'s first operands (a chain of elementwise operators,
+    conversions and reshapes: what a statistic goes through before it is broadcast back)."""
+    while x is not None and depth:
+        if want(x):
+            return x
+        x = x.operands[0] if x.operands else None
+        depth -= 1
+    return None
 
 
 def _family(d: dt.DType) -> str:
@@ -444,6 +450,12 @@ def _gen(p: SExp, env: _Env, want: TensorType | None) -> Node:
     items: list[Node] | None = None
     if l_pos:
         items = _gen_list(args[l_pos[0]], env, next((o.type for o in ops if o is not None), None))
+    if ctor == "Divide" and ops[0] is not None and ops[1] is None and _is_var(args[1]):
+        # a mean: the reduction's element count is what a guard compares the divisor with
+        red = _under(ops[0], lambda n: n.op == "reduce")
+        if red is not None:
+            count = math.prod(red.operands[0].shape[d] for d in red.attrs["dimensions"])
+            env.var_splats.setdefault(args[1].text, float(count))  # type: ignore[union-attr]
     plan_ops = ops if ctor != "Concatenate" else ([items[0]] if items else [None])
     plan = _plan(ctor, list(plan_ops), want, env)
     types = plan.get("types", [])

@@ -168,6 +168,7 @@ PADDING = Codec((IVEC, IVEC, IVEC), _padding,
 TENSOR_TYPE = Codec((STRING, IVEC), _tensor_type, lambda s: TensorType(dt.by_name(s[0]), tuple(s[1])))
 REDUCER = Codec((STRING, STRING), _reducer, lambda s: reducer_body(s[0], s[1]))
 NUMBER = Codec((STRING,), _number, lambda s: float(s[0]), 1.0, True)  # a float, spelled as splats are
+EPSILON = Codec((STRING,), _number, lambda s: float(s[0]), 0.0, True)
 
 
 @dataclass(frozen=True)
@@ -294,6 +295,8 @@ def _terms() -> list[Term]:
                  "reducer_dtype; other bodies and multi-operand reductions stay Opaque"),
         Term("GeluTanh", "gelu-tanh", 1, elementwise=True, doc="fused: GELU's tanh form (transformer rule set)"),
         Term("Silu", "silu", 1, elementwise=True, doc="fused: x * logistic(x) (transformer rule set)"),
+        Term("LayerNorm", "layer-norm", 1, attrs=(("epsilon", EPSILON),), slot_names=("epsilon",), elementwise=True,
+             doc="fused: (x - mean) / sqrt(var + epsilon) over the last dimension (transformer rule set)"),
         Term("Softmax", "softmax", 1, attrs=(("dimension", INT), ("scale", NUMBER)), slot_names=("dimension", "scale"),
              elementwise=True, doc="fused: softmax of scale * x along dimension, scale spelled as splats are "
                                    "(\"1\", \"0.125\"); transformer rule set"),

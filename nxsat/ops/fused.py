@@ -3,6 +3,9 @@ patterns into. No source graph spells them (the HLO front end refuses their name
 one only where the e-graph proves it equal to the pattern, and the extraction keeps it only where the
 cost model says it pays.
 
+layer-norm(x, epsilon): ``(x - mean) / sqrt(var + epsilon)`` over the last dimension (biased variance),
+in fp32; a layer norm's scale and shift stay elementwise (the kernel runs them as its epilogue).
+
 gelu-tanh(x), silu(x): activation chains ScalarE computes as one function (``ACTIVATIONS``).
 
 softmax(x, dimension, scale): the softmax of ``scale * x`` along ``dimension`` (``exp(y - max(y)) /
@@ -20,7 +23,7 @@ import numpy as np
 
 from nxsat.ir import Type
 from nxsat.ops.common import check_kind, count, tensors, to_dtype
-from nxsat.ops.registry import SCALAR, Ctx, ShapeError, op
+from nxsat.ops.registry import SCALAR, VECTOR, Ctx, ShapeError, op
 
 
 def _dimension(attrs: dict[str, Any], rank: int, name: str) -> int:
@@ -52,6 +55,31 @@ def _softmax(types: list[Type], attrs: dict) -> Type:
     scale = attrs.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
         raise ShapeError(f"softmax: scale {scale!r} is not a finite number")
+    return x
+
+
+def _layer_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
+    x = np.asarray(args[0]).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        y = (x - mean) / np.sqrt(var + float(attrs.get("epsilon", 0.0)))
+    return to_dtype(y, ctx.node.tensor.dtype)
+
+
+@op("layer-norm", engine=VECTOR, arity=(1, 1), impl=_layer_norm_impl, neuron=("LayerNorm",),
+    flops=lambda types, out, attrs: 7 * tensors(types)[0].size,
+    notes="fused (transformer rule set): (x - mean) / sqrt(variance + epsilon) over the last dimension "
+          "(biased variance), in fp32; the scale and shift stay elementwise; never in a source graph")
+def _layer_norm(types: list[Type], attrs: dict) -> Type:
+    count(types, 1, "layer-norm")
+    (x,) = tensors(types)
+    check_kind(x.dtype, "f", "layer-norm")
+    if x.rank == 0:
+        raise ShapeError("layer-norm: the operand has no dimension to normalize")
+    eps = attrs.get("epsilon", 0.0)
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps):
+        raise ShapeError(f"layer-norm: epsilon {eps!r} is not a finite number")
     return x
 
 
@@ -102,4 +130,5 @@ for _name, (_fn, _func, _doc, _neuron) in ACTIVATIONS.items():
         _activation_type(_name))
 
 
-FUSED = frozenset({"softmax", *ACTIVATIONS})  # the operators of this module: the front ends refuse these names
+# the operators of this module: the front ends refuse these names
+FUSED = frozenset({"softmax", "layer-norm", *ACTIVATIONS})

@@ -157,3 +157,36 @@ def test_activations_run_in_a_dense_layers_epilogue(name):
     assert_device_matches(m, inputs, "trn1", rtol=1e-5, atol_scale=1e-5)
     program = compile_graph(m, sim.load_target("trn1")).program
     assert not any(tn.kind == "scratch" for tn in program.tensors.values())
+
+
+def _layer_norm(shape: tuple[int, ...], d: dt.DType, affine: bool) -> Module:
+    b = Builder("e")
+    x = b.param(d, shape)
+    y = b.op("layer-norm", [x], epsilon=1e-5)
+    if affine:  # the scale and shift: the kernel's epilogue
+        n = len(shape)
+        g, c = b.param(d, shape[-1:]), b.param(d, shape[-1:])
+        y = b.op("add", [b.op("multiply", [y, b.op("broadcast", [g], shape=shape, dimensions=(n - 1,))]),
+                         b.op("broadcast", [c], shape=shape, dimensions=(n - 1,))])
+    return Module("m", b.build(y))
+
+
+LN_CASES = [((128, 768), F32, True), ((300, 1100), F32, False), ((5, 3), F32, True), ((2, 64, 96), BF16, True),
+            ((4096, 64), F32, False)]
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("shape,d,affine", LN_CASES,
+                         ids=[f"{'x'.join(map(str, s))}-{d.name}-{'affine' if a else 'plain'}" for s, d, a in LN_CASES])
+def test_layer_norm_matches_the_interpreter_and_keeps_nothing_in_hbm(shape, d, affine, target):
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _layer_norm(shape, d, affine)
+    rng = np.random.default_rng(8)
+    inputs = {p.name: dt.cast(rng.standard_normal(p.type.shape) * 2 + 0.5, d) for p in m.entry.params}
+    inputs = {f"p{i}": v for i, v in enumerate(inputs.values())}
+    tol = 2 ** -6 if d is BF16 else 1e-5
+    assert_device_matches(m, inputs, target, rtol=tol, atol_scale=tol)
+    program = compile_graph(m, sim.load_target(target)).program
+    assert not any(tn.kind == "scratch" for tn in program.tensors.values())

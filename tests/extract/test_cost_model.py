@@ -262,23 +262,35 @@ def test_in_a_program_a_dots_weight_loads_and_casts_leave_its_critical_path():
         assert f32 <= alone.op_ns("dot", attrs, [x, w], y, flags)
 
 
-def _softmax(shape: tuple[int, ...], t: str) -> Module:
-    """A fused softmax over the last dimension (no HLO spells it: a rule set introduces it)."""
+def _fused(op: str, shape: tuple[int, ...], t: str) -> Module:
+    """A fused operator over the last dimension (no HLO spells one: a rule set introduces it)."""
     from nxsat import dtypes as dt
     from nxsat.builder import Builder
 
     b = Builder("e")
     x = b.param(dt.by_name(t), shape)
-    return Module("m", b.build(b.op("softmax", [x], dimension=len(shape) - 1)))
+    attrs = {"dimension": len(shape) - 1} if op == "softmax" else {"epsilon": 1e-5}
+    return Module("m", b.build(b.op(op, [x], **attrs)))
 
 
-SOFTMAX_CASES = [((12, 128, 128), "bf16"), ((4096, 1024), "f32"), ((16, 8), "f32"), ((2048, 4096), "bf16"),
-                 ((8, 12, 128, 512), "f32"), ((300, 77), "f32")]
+FUSED_CASES = [("softmax", (12, 128, 128), "bf16"), ("softmax", (4096, 1024), "f32"), ("softmax", (16, 8), "f32"),
+               ("softmax", (2048, 4096), "bf16"), ("softmax", (8, 12, 128, 512), "f32"), ("softmax", (300, 77), "f32"),
+               ("layer-norm", (1, 4096, 768), "bf16"), ("layer-norm", (128, 768), "f32"),
+               ("layer-norm", (8, 128, 1024), "f32"), ("layer-norm", (16, 4096), "bf16"), ("layer-norm", (4, 8), "f32"),
+               ("layer-norm", (300, 77), "f32")]
+FUSED_XFAIL = {"layer-norm-300x77-f32": "three tiles of one row per partition: each tile's chain of statistics, "
+                                        "rsqrt and pass hops between engines, which the model does not price "
+                                        "(predicted/simulated 0.80)"}
 
 
-@pytest.mark.parametrize("shape,t", SOFTMAX_CASES,
-                         ids=[f"softmax-{'x'.join(map(str, s))}-{t}" for s, t in SOFTMAX_CASES])
-def test_softmax_within_tolerance(shape, t):
-    module = _softmax(shape, t)
+def _fused_param(op: str, shape: tuple[int, ...], t: str):  # noqa: ANN202
+    cid = f"{op}-{'x'.join(map(str, shape))}-{t}"
+    marks = [pytest.mark.xfail(strict=True, reason=FUSED_XFAIL[cid])] if cid in FUSED_XFAIL else []
+    return pytest.param(op, shape, t, id=cid, marks=marks)
+
+
+@pytest.mark.parametrize("op,shape,t", [_fused_param(*c) for c in FUSED_CASES])
+def test_fused_operator_within_tolerance(op, shape, t):
+    module = _fused(op, shape, t)
     pred, simulated = predicted_us(module, "none"), simulated_us(module, "none")
     assert abs(pred / simulated - 1) <= TOLERANCE, f"predicted {pred:.2f} us, simulated {simulated:.2f} us"

@@ -79,3 +79,23 @@ def test_activations_refuse_integers():
     with pytest.raises(NxsatError) as e:
         b.op("silu", [b.param(dt.S32, (2,))])
     assert e.value.code == "NCC_EVRF064"
+
+
+@pytest.mark.parametrize("d", [dt.F32, dt.BF16])
+def test_layer_norm_against_numpy(d):
+    x = dt.cast(np.random.default_rng(2).standard_normal((3, 5, 40)) * 3 + 1, d)
+    b = Builder("e")
+    p = b.param(d, x.shape)
+    (got,) = run_module(Module("m", b.build(b.op("layer-norm", [p], epsilon=1e-5))), [x])
+    xw = x.astype(np.float64)
+    want = (xw - xw.mean(-1, keepdims=True)) / np.sqrt(xw.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_array_equal(got, dt.cast(want, d))
+
+
+def test_layer_norm_refuses_a_scalar_and_a_non_finite_epsilon():
+    b = Builder("e")
+    with pytest.raises(NxsatError):
+        b.op("layer-norm", [b.param(dt.F32, ())], epsilon=1e-5)
+    with pytest.raises(NxsatError) as e:
+        b.op("layer-norm", [b.param(dt.F32, (2, 3))], epsilon=float("nan"))
+    assert "not a finite number" in e.value.message

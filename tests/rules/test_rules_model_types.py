@@ -93,7 +93,44 @@ def _silu(form: str) -> Callable[[], Module]:
     return make
 
 
+def _layer_norm_flax() -> Module:
+    """Flax's LayerNorm: var = max(E[x^2] - mean^2, 0), (x - mean) * (rsqrt(var + eps) * scale)."""
+    b = Builder("ln")
+    shape, keep = (2, 3, 8), (0, 1)
+    x, g = b.param(F32, shape), b.param(F32, shape)
+    n = _splat(b, 8.0, F32, (2, 3))
+    add = reducer_body("add", "f32")
+    m = b.op("divide", [b.op("reduce", [x, b.constant(0.0, F32)], dimensions=(2,), to_apply=add), n])
+    ex2 = b.op("divide", [b.op("reduce", [b.op("multiply", [x, x]), b.constant(0.0, F32)], dimensions=(2,),
+                                 to_apply=add), n])
+    var = b.op("maximum", [b.op("subtract", [ex2, b.op("multiply", [m, m])]), _splat(b, 0.0, F32, (2, 3))])
+    r = b.op("rsqrt", [b.op("add", [b.op("reshape", [var], shape=(2, 3, 1)), _splat(b, 1e-6, F32, (2, 3, 1))])])
+    rb = b.op("broadcast", [b.op("reshape", [r], shape=(2, 3))], shape=shape, dimensions=keep)
+    d = b.op("subtract", [x, b.op("broadcast", [m], shape=shape, dimensions=keep)])
+    return b.module(b.op("multiply", [d, b.op("multiply", [rb, g])]))
+
+
+def _layer_norm_two_pass() -> Module:
+    """tests/data/hlo/layer_norm's form: bf16 values, f32 statistics rounded back, two passes."""
+    b = Builder("ln")
+    shape, keep = (2, 4, 16), (0, 1)
+    x = b.param(BF16, shape)
+    n = _splat(b, 16.0, F32, (2, 4, 1))
+    add = reducer_body("add", "f32")
+
+    def mean(v: Node) -> Node:
+        s = b.op("reduce", [b.op("convert", [v], dtype=F32), b.constant(0.0, F32)], dimensions=(2,), to_apply=add)
+        return b.op("convert", [b.op("divide", [b.op("reshape", [s], shape=(2, 4, 1)), n])], dtype=BF16)
+
+    back = lambda v: b.op("broadcast", [b.op("reshape", [v], shape=(2, 4))], shape=shape, dimensions=keep)  # noqa: E731
+    d = b.op("subtract", [x, back(mean(x))])
+    v = b.op("add", [mean(b.op("multiply", [d, d])), _splat(b, 1e-5, BF16, (2, 4, 1))])
+    return b.module(b.op("divide", [d, back(b.op("sqrt", [v]))]))
+
+
 CASES: dict[str, Callable[[], Module]] = {
+    "layer-norm-flax": _layer_norm_flax,
+    "layer-norm-two-pass": _layer_norm_two_pass,
     "gelu-tanh": _gelu_jax,
     "gelu-tanh-torch": _gelu_torch,
     "silu": _silu("right"),
@@ -161,9 +198,10 @@ def test_the_corpus_softmaxes_become_one_operator(path, scale, level):
 @pytest.mark.parametrize("path,model_type,fused", [
     (DATA / "jax" / "unet_tiny.hlo", "unet-inference", {"silu": 3}),
     (DATA / "jax" / "unet_tiny.hlo", "transformer", {"silu": 3}),
-    (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2}),
-], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2"])
-def test_the_corpus_activations_become_one_operator(path, model_type, fused):
+    (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2, "layer-norm": 5}),
+    (DATA / "hlo" / "layer_norm_1x4096x768_bf16.hlo", "transformer", {"layer-norm": 1}),
+], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2", "layer_norm"])
+def test_the_corpus_patterns_become_fused_operators(path, model_type, fused):
     ops = [n.op for n in _extracted(path, model_type).entry.post_order()]
     assert {op: ops.count(op) for op in FUSED if op in ops} == fused
     assert not any(op in FUSED for op in (n.op for n in _extracted(path, "generic").entry.post_order()))
