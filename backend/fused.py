@@ -1,19 +1,15 @@
 """Fused operators (nxsat/ops/fused.py): the patterns model-type rule sets recognise, each run as one
-kernel instead of the passes its pattern would take.
+kernel instead of the passes its pattern would take (docs/backend.md, "Fused operators").
 
-**softmax** of ``scale * x`` over the last dimension (``L`` elements per row): rows on the partitions, ``k`` rows per
-partition per tile (``[P, k, L]``, one DMA in and one out, each partition's rows contiguous in HBM).
-Per tile: VectorE's maximum of each row; ScalarE's ``exp(scale * x - scale * max)`` row by row (the
-scale a rule folded in costs nothing), the row's sum
-accumulated by the same instruction (activation's ``accum``: the sum costs nothing extra); VectorE's
-reciprocal of the sums and ScalarE's multiply of each row by its own (the activation's per-partition
-scale), into the result's type. The tiles are software-pipelined: VectorE reduces the next tile while
-ScalarE works on this one (measured on a [2048, 4096] bf16 softmax: 220.9 us in tile order with the
-multiply on VectorE, 175.9 pipelined, 155.4 with the multiply on ScalarE).
-Everything between load and store is fp32. One read and one write of the data: the pattern it replaces
-reads the scores three times and writes the exponentials once more (a maximum, an exp-and-sum pass and
-a division). The plan (rows per tile) is :func:`nxsat.extract.plan.softmax_rows`, which the cost model
-prices too.
+- activations (gelu-tanh, silu): one ScalarE instruction, emitted like any elementwise operator, so they
+  join fused passes and epilogues;
+- softmax and layer-norm over the last dimension: rows on the partitions in ``[P, k, L]`` tiles (one DMA
+  in and one out, each partition's rows contiguous in HBM; :func:`nxsat.extract.plan.softmax_rows`, which
+  the cost model prices too), fp32 between load and store, software-pipelined (the next tile's
+  VectorE statistics are issued before this tile's ScalarE pass); a layer norm hosts the elementwise
+  cluster reading it (its scale and shift) as an epilogue;
+- a softmax whose scores a dot computes is computed by that dot, on its result tiles as they leave
+  PSUM (:func:`plan_softmax_hosts`): attention's scores never go to HBM.
 """
 
 from __future__ import annotations
@@ -51,6 +47,13 @@ def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
 
 @lowers("softmax")
 def softmax(lw: Lowering, node: Node) -> None:
+    """Per tile: VectorE's maximum of each row; ScalarE's ``exp(scale * x - scale * max)`` row by row (a
+    folded scale costs nothing), the row's sum accumulated by the same instruction (activation's
+    ``accum``); VectorE's reciprocals of the sums and ScalarE's multiply of each row by its own (the
+    activation's per-partition scale) into the result's type. One read and one write of the data where
+    the pattern reads the scores three times and writes the exponentials once more. Measured on a
+    [2048, 4096] bf16 softmax: 220.9 us in tile order with the multiply on VectorE, 175.9 pipelined,
+    155.4 with the multiply on ScalarE."""
     if node.id in lw.values:
         return  # computed by the dot it reads (plan_softmax_hosts)
     x = node.operands[0]

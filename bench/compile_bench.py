@@ -6,6 +6,7 @@ part of TensorE's busy time with one (PE&DMA%: data movement hidden behind compu
     python bench/compile_bench.py                       # the issue's models
     python bench/compile_bench.py --models mha_block_1x12x128x64_bf16 --auto-cast none
     python bench/compile_bench.py --variants O2:smallest,O1,O2,O3   # extractors and levels side by side
+    python bench/compile_bench.py --model-type transformer          # with the transformer rule set
 
 Each model compiles in a fresh process (``nxsat compile --report``), so its peak memory (max RSS) is
 its own; models whose text elides constants compile with --fill-elided-constants.
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help="names (see MODELS) or paths, comma-separated")
     ap.add_argument("--target", default="trn1")
     ap.add_argument("-O", type=int, default=2)
+    ap.add_argument("--model-type", default="generic", help="generic (default), transformer, unet-inference")
     ap.add_argument("--auto-cast", default="matmult")
     ap.add_argument("--auto-cast-type", default="bf16")
     ap.add_argument("--variants", default=None,
@@ -76,7 +78,8 @@ def main() -> None:
     args = ap.parse_args()
     variants = [(int(v.split(":")[0].lstrip("O")), v.split(":")[1] if ":" in v else None)
                 for v in (args.variants or f"O{args.O}").split(",")]
-    print(f"target {args.target}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); seconds, MB, us")
+    print(f"target {args.target}, --model-type {args.model_type}, --auto-cast {args.auto_cast} "
+          f"({args.auto_cast_type}); seconds, MB, us")
     print(f"{'model':<18} {'variant':>12} {'wall':>6} {'front':>6} {'satur':>6} {'extr':>6} {'lower':>6} "
           f"{'sched':>6} {'neff':>6} {'sim':>6} {'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} "
           f"{'ratio':>8} {'vs first':>8} {'PE%':>5} {'DMA%':>5} {'PE&DMA%':>7}")
@@ -85,7 +88,7 @@ def main() -> None:
         first = None
         for level, extractor in variants:
             label = f"O{level}" + (f":{extractor}" if extractor else "")
-            r = compile_one(path, args, level, extractor)
+            r = compile_one(path, args, level, extractor, args.model_type)
             if "error" in r:
                 print(f"{name:<18} {label:>12} failed: {r['error'][:150]}")
                 continue

@@ -26,7 +26,7 @@ what the model leaves out (an operator's layout as its reader sees it; overlap b
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,34 +222,20 @@ class CostModel:
         return self.pipelined((load, compute, store), (load + store, compute), tiles) + fixed
 
     def softmax_ns(self, x: Value) -> float:
-        """A fused softmax (backend/fused.py): tiles of ``[128, k, L]`` (:func:`softmax_rows`), each
-        loaded once and stored once; per tile VectorE's row maxima, ScalarE's exp with the sum
+        """A fused softmax (backend/fused.py): per tile VectorE's row maxima, ScalarE's exp with the sum
         accumulated (one instruction per row), VectorE's reciprocals, ScalarE's multiply per row."""
-        L = x.shape[-1] if x.shape else 1
-        R = max(1, x.size // max(1, L))
-        k = softmax_rows(L, R, self.P)
-        tiles = max(1, -(-R // (self.P * k)))
+        L, k, tiles = self._row_tiles(x, softmax_rows)
         rows = tiles * k  # rows per partition over the whole softmax
         half = int(x.dtype in ("bf16", "f16"))
         dve = (self.instr_ns("dve", "tensor_reduce", tiles, N=k * L, half=half)
                + self.instr_ns("dve", "tensor_scalar", tiles, N=k) + self.instr_ns("dve", "activation", tiles, N=k))
         act = self.instr_ns("act", "activation", rows, N=L, accum=1) + self.instr_ns("act", "activation", rows, N=L)
-        parts = min(self.P, R)
-        load = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
-        store = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
-        # the loads are issued together and share the DMA engines, so they land together: compute starts
-        # after all of them, unless the stores (the DMA's other half) are what bound it
-        landed = load + max(dve, act) + (min(dve, act) + store) / tiles
-        return max(self.pipelined((load, dve + act, store), (load + store, dve, act), tiles), landed) \
-            + 2 * self.dma_fixed
+        return self._row_kernel_ns(x, k, tiles, dve, act)
 
     def layer_norm_ns(self, x: Value) -> float:
-        """A fused layer norm (backend/fused.py): the softmax's tiles; per row VectorE's bn_stats over every
-        512 elements and a bn_aggr, one ScalarE pass; per tile an rsqrt and two small VectorE steps."""
-        L = x.shape[-1] if x.shape else 1
-        R = max(1, x.size // max(1, L))
-        k = layer_norm_rows(L, R, self.P)
-        tiles = max(1, -(-R // (self.P * k)))
+        """A fused layer norm (backend/fused.py): per row VectorE's bn_stats over every 512 elements and a
+        bn_aggr, one ScalarE pass; per tile an rsqrt and two small VectorE steps."""
+        L, k, tiles = self._row_tiles(x, layer_norm_rows)
         rows = tiles * k
         chunks = -(-L // BN_STATS_MAX)
         dve = (self.instr_ns("dve", "bn_stats", rows * (L // BN_STATS_MAX), N=BN_STATS_MAX)
@@ -257,9 +243,23 @@ class CostModel:
                + self.instr_ns("dve", "bn_aggr", rows, N=2 * chunks)
                + self.instr_ns("dve", "tensor_tensor", tiles, N=k) + self.instr_ns("dve", "tensor_scalar", tiles, N=k))
         act = self.instr_ns("act", "activation", rows, N=L) + self.instr_ns("act", "activation", tiles, N=k)
-        parts = min(self.P, R)
+        return self._row_kernel_ns(x, k, tiles, dve, act)
+
+    def _row_tiles(self, x: Value, rows_of: Callable[[int, int, int], int]) -> tuple[int, int, int]:
+        """(row length, rows per partition per tile, tiles) of a kernel over the last dimension."""
+        L = x.shape[-1] if x.shape else 1
+        R = max(1, x.size // max(1, L))
+        k = rows_of(L, R, self.P)
+        return L, k, max(1, -(-R // (self.P * k)))
+
+    def _row_kernel_ns(self, x: Value, k: int, tiles: int, dve: float, act: float) -> float:
+        """``[128, k, L]`` tiles of ``x``, each loaded and stored once, through VectorE and ScalarE. The
+        loads are issued together and share the DMA engines, so they land together: compute starts after
+        all of them, unless the stores (the DMA's other half) are what bound it."""
+        L = x.shape[-1] if x.shape else 1
+        parts = min(self.P, max(1, x.size // max(1, L)))
         load = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
-        store = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
+        store = load
         landed = load + max(dve, act) + (min(dve, act) + store) / tiles
         return max(self.pipelined((load, dve + act, store), (load + store, dve, act), tiles), landed) \
             + 2 * self.dma_fixed

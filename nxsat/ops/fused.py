@@ -21,9 +21,23 @@ from typing import Any
 
 import numpy as np
 
-from nxsat.ir import Type
+from nxsat.ir import TensorType, Type
 from nxsat.ops.common import check_kind, count, tensors, to_dtype
 from nxsat.ops.registry import SCALAR, VECTOR, Ctx, ShapeError, op
+
+
+def _float_operand(types: list[Type], name: str) -> TensorType:
+    """The one float array every fused operator takes (its result has its type)."""
+    count(types, 1, name)
+    (x,) = tensors(types)
+    check_kind(x.dtype, "f", name)
+    return x
+
+
+def _finite(attrs: dict[str, Any], key: str, default: float, name: str) -> None:
+    v = attrs.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ShapeError(f"{name}: {key} {v!r} is not a finite number")
 
 
 def _dimension(attrs: dict[str, Any], rank: int, name: str) -> int:
@@ -48,13 +62,9 @@ def _softmax_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     notes="fused (transformer rule set): softmax of scale * x along dimension, in fp32; never in a source "
           "graph")
 def _softmax(types: list[Type], attrs: dict) -> Type:
-    count(types, 1, "softmax")
-    (x,) = tensors(types)
-    check_kind(x.dtype, "f", "softmax")
+    x = _float_operand(types, "softmax")
     _dimension(attrs, x.rank, "softmax")
-    scale = attrs.get("scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
-        raise ShapeError(f"softmax: scale {scale!r} is not a finite number")
+    _finite(attrs, "scale", 1.0, "softmax")
     return x
 
 
@@ -72,14 +82,10 @@ def _layer_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     notes="fused (transformer rule set): (x - mean) / sqrt(variance + epsilon) over the last dimension "
           "(biased variance), in fp32; the scale and shift stay elementwise; never in a source graph")
 def _layer_norm(types: list[Type], attrs: dict) -> Type:
-    count(types, 1, "layer-norm")
-    (x,) = tensors(types)
-    check_kind(x.dtype, "f", "layer-norm")
+    x = _float_operand(types, "layer-norm")
     if x.rank == 0:
         raise ShapeError("layer-norm: the operand has no dimension to normalize")
-    eps = attrs.get("epsilon", 0.0)
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps):
-        raise ShapeError(f"layer-norm: epsilon {eps!r} is not a finite number")
+    _finite(attrs, "epsilon", 0.0, "layer-norm")
     return x
 
 
@@ -116,10 +122,7 @@ def _activation_impl(fn: Any) -> Any:
 
 def _activation_type(name: str) -> Any:
     def infer(types: list[Type], attrs: dict) -> Type:
-        count(types, 1, name)
-        (x,) = tensors(types)
-        check_kind(x.dtype, "f", name)
-        return x
+        return _float_operand(types, name)
     return infer
 
 

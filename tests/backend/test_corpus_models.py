@@ -122,8 +122,8 @@ def test_model_compiles_and_matches_the_interpreter(case: Case, target: str) -> 
 
 # The corpus's transformers whose program --model-type transformer changes (fused softmaxes, layer norms and
 # GELUs; the softmax computed by the dot making the scores); BERT's 38M weights are seeded inputs, like the others'
-TRANSFORMERS = [c for c in CASES if c.id in ("mha_block_1x12x128x64_bf16", "gemma3_1b_flax_call",
-                                               "layer_norm_1x4096x768_bf16")] \
+# (gemma3's softmaxes are mha_block's form; its 70 s compile and reference are left to bench/model_types.py)
+TRANSFORMERS = [c for c in CASES if c.id in ("mha_block_1x12x128x64_bf16", "layer_norm_1x4096x768_bf16")] \
     + [Case("bert/bert_base_l2.hlo", fan_in=True)]
 
 

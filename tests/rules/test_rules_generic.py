@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from firing import fire_alone
 
 from nxsat import dtypes as dt
 from nxsat.attrs import DotDims, PadDim, SliceDim
@@ -21,7 +22,6 @@ from nxsat.extract.smallest import extract
 from nxsat.interpreter import run_module
 from nxsat.ir import Module
 from nxsat.rules.catalog import catalog
-from nxsat.rules.checker import verify
 from nxsat.rules.egraph import EGraph
 from nxsat.rules.saturate import Budget, saturate
 
@@ -277,6 +277,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "or-true": binary_const("or", True, PRED),
     "maximum-self": binary_self("maximum"),
     "maximum-neg-inf": binary_const("maximum", -np.inf),
+    "power-two": binary_const("power", 2.0),
     "minimum-inf": binary_const("minimum", np.inf),
     "minimum-self": binary_self("minimum"),
     "and-self": binary_self("and", PRED),
@@ -367,16 +368,9 @@ def test_every_generic_rule_has_a_case():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_fires_and_stays_equivalent(name):
-    cat = catalog()
-    (rule,) = cat.find([name])
     module = CASES[name]()
-    eg = EGraph([rule], cat)
-    loaded = eg.load(module)
-    report = saturate(eg, Budget(3, 30.0, 10_000), rules=[rule])
-    assert report.matches.get(name, 0) > 0, report.format(all_rules=True)
     inputs = _inputs(module)
-    assert verify(eg, loaded, inputs) is None
-    out = extract(eg, loaded)
+    out = fire_alone(name, module, inputs)
     for a, b in zip(run_module(module, inputs), run_module(out, inputs)):
         assert a.shape == b.shape and a.dtype == b.dtype
         np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-6, atol=1e-6)
