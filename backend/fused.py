@@ -137,9 +137,10 @@ def layer_norm(lw: Lowering, node: Node) -> None:
     if L > LAYER_NORM_MAX_ROW:
         raise error("NCC_EUOC002", f"layer-norm {node.name}: rows of {L:,} elements are over the "
                     f"{LAYER_NORM_MAX_ROW:,} one bn_aggr merges", node.loc)
-    ep = epilogue(lw, node, lambda r: r.reshape(R, L))
-    if R == 0 or L == 0:
+    if R == 0 or L == 0:  # nothing to compute: an empty result (its readers run on their own)
+        lw.result(node)
         return
+    ep = epilogue(lw, node, lambda r: r.reshape(R, L))
     src = lw.view(lw.ref(x), lambda r: r.reshape(R, L), x)
     g = lw.graph
     part = lw.target.partitions
