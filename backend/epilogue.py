@@ -47,13 +47,12 @@ class Epilogue:
     stores: dict[int, Ref] = field(default_factory=dict)  # member id -> framed view of its result
     _loaded: dict[tuple, Ref] = field(default_factory=dict)  # distinct accesses -> the tile holding them
 
-    def tile(self, place: Callable[[Ref], Ref], res: Ref) -> None:
+    def tile(self, place: Callable[[Ref], Ref], res: Ref) -> dict[int, Operand]:
         """``res`` is an evacuated tile of the result (``[partitions, *free]``), in its type, at
-        ``place(framed value)``."""
+        ``place(framed value)``; the cluster's values on it (empty without a cluster)."""
         if self.out is not None:
             self.lw.graph.add("dma", "dma", place(self.out), res)
-        if self.cluster is not None:
-            self.compute(place, res.shape, res)
+        return self.compute(place, res.shape, res) if self.cluster is not None else {}
 
     def flush(self) -> None:
         """Emit what the epilogue held back for a later tile (the producer calls it after its last tile)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from nxsat import dtypes as dt
 from nxsat.backend.elementwise import Kernel, elementwise, emits
-from nxsat.backend.epilogue import Epilogue, _reader, epilogue
+from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, lowers, onchip_dtype, plans
 from nxsat.backend.tiles import Operand, is_num
@@ -74,20 +74,15 @@ def softmax(lw: Lowering, node: Node) -> None:
     in_t = onchip_dtype(src.dtype)
     out_t = onchip_dtype(dst.dtype)
     scale = float(node.attrs.get("scale", 1.0))  # max(scale * x) is scale * min(x) when scale < 0
-    tiles = _row_tiles(R, part, k_max)
     def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref]:
         xt = g.tile((pn, k, L), in_t, "sbuf", "smx").ref()
         g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
         return xt, _maxima(g, xt, scale)
 
-    # software-pipelined: the next tile's maxima (VectorE) are issued before this tile's exponentials
-    # (ScalarE), so the two engines work on neighbouring tiles at once
-    ahead = load(*tiles[0])
-    for i, (r0, pn, k) in enumerate(tiles):
-        xt, neg = ahead
-        if i + 1 < len(tiles):
-            ahead = load(*tiles[i + 1])
+    def finish(r0: int, pn: int, k: int, xt: Ref, neg: Ref) -> None:
         g.add("dma", "dma", dst[r0:r0 + pn * k].reshape(pn, k, L), _normalized(g, xt, neg, scale, out_t))
+
+    _pipelined(_row_tiles(R, part, k_max), load, finish)
 
 
 def _maxima(g: Graph, xt: Ref, scale: float) -> Ref:
@@ -166,17 +161,26 @@ def layer_norm(lw: Lowering, node: Node) -> None:
         g.add("dve", "tensor_scalar", nb, nb, op0="mul", scalar0=-1.0)
         return xt, rstd, nb
 
-    tiles = _row_tiles(R, part, k_max)
-    ahead = load(*tiles[0])
-    for i, (r0, pn, k) in enumerate(tiles):
-        xt, rstd, nb = ahead
-        if i + 1 < len(tiles):
-            ahead = load(*tiles[i + 1])
+    def finish(r0: int, pn: int, k: int, xt: Ref, rstd: Ref, nb: Ref) -> None:
         yt = g.tile((pn, k, L), out_t, "sbuf", "lny").ref()
         for j in range(k):
             g.add("act", "activation", yt[:, j], xt[:, j], scale=rstd[:, j:j + 1], bias=nb[:, j:j + 1])
-        ep.tile(lambda r, r0=r0, pn=pn, k=k: r[r0:r0 + pn * k].reshape(pn, k, L), yt)
+        ep.tile(lambda r: r[r0:r0 + pn * k].reshape(pn, k, L), yt)
+
+    _pipelined(_row_tiles(R, part, k_max), load, finish)
     ep.flush()
+
+
+def _pipelined(tiles: list[tuple[int, int, int]], first: Callable[..., tuple], then: Callable[..., None]) -> None:
+    """Software pipelining of row tiles: ``first`` (the load and VectorE's statistics) of the next tile is
+    issued before ``then`` (ScalarE's pass and the store) of this one, so the engines work on
+    neighbouring tiles at once."""
+    ahead = first(*tiles[0])
+    for i, tile in enumerate(tiles):
+        done = ahead
+        if i + 1 < len(tiles):
+            ahead = first(*tiles[i + 1])
+        then(*tile, *done)
 
 
 def _row_tiles(R: int, part: int, k_max: int) -> list[tuple[int, int, int]]:
@@ -232,12 +236,11 @@ def plan_softmax_hosts(lw: Lowering, order: list[Node]) -> None:
         dot = x if x.op == "dot" else _cluster_dot(lw, x)
         if dot is None or dot.id in lw.plan or not dot.dtype.is_float:
             continue
-        dims = dot.attrs["dims"]
-        lhs, rhs = dot.operands
-        N = math.prod(n for d, n in enumerate(rhs.shape) if d not in (*dims.rhs_batch, *dims.rhs_contracting))
-        M = math.prod(n for d, n in enumerate(lhs.shape) if d not in (*dims.lhs_batch, *dims.lhs_contracting))
-        K = math.prod(lhs.shape[d] for d in dims.lhs_contracting)
-        if N != s.shape[-1] or N > matmul_plan(M, K, N, _multiply_type(lw, dot), lw.target).n_tile:
+        from nxsat.backend.matmul import dot_dims, operand_type  # matmul.py imports this module
+
+        _, _, (_, M, K, N) = dot_dims(dot)
+        mt = operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw)  # as backend/matmul.py decides it
+        if N != s.shape[-1] or N > matmul_plan(M, K, N, mt.name, lw.target).n_tile:
             continue
         host = SoftmaxHost(s, x, tuple(chain))
         lw.plan[dot.id] = host
@@ -251,13 +254,6 @@ def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
         return None
     dots = [o for m in cl.members for o in m.operands if o.op == "dot" and o.shape == cl.shape]
     return dots[0] if len({d.id for d in dots}) == 1 else None
-
-
-def _multiply_type(lw: Lowering, dot: Node) -> str:
-    """The type the dot multiplies in, as backend/matmul.py decides it (the plan's tiles depend on it)."""
-    from nxsat.backend.matmul import operand_type
-
-    return operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw).name
 
 
 class SoftmaxEpilogue(Epilogue):
@@ -278,13 +274,8 @@ class SoftmaxEpilogue(Epilogue):
         """This tile's maxima now, its exponentials after the next tile's maxima (software-pipelined as
         the standalone kernel is: VectorE and ScalarE work on neighbouring tiles)."""
         g = self.lw.graph
-        if self.inner.out is not None:
-            g.add("dma", "dma", place(self.inner.out), res)
-        x = res
-        if self.inner.cluster is not None:
-            v = self.inner.compute(place, res.shape, res)[self.host.source.id]
-            assert isinstance(v, Ref), "a softmax of a constant is folded before lowering"
-            x = v
+        x = self.inner.tile(place, res).get(self.host.source.id, res)
+        assert isinstance(x, Ref), "a softmax of a constant is folded before lowering"
         g.origin = _origin(self.host.softmax)
         mn, nn = res.shape
         xt = x.reshape(mn, 1, nn)
@@ -312,9 +303,8 @@ def softmax_epilogue(lw: Lowering, dot: Node, frame: Callable[[Ref], Ref]) -> Ep
         return epilogue(lw, dot, frame)
     if host.source is dot:  # nothing but the softmax reads the scores: they are not stored
         return SoftmaxEpilogue(lw, dot, host, Epilogue(lw, dot, frame), frame)
-    cl = _reader(lw, dot)
-    reader = (host.chain[-1] if host.chain else host.softmax).id
-    inner = epilogue(lw, dot, frame, frozenset({reader}) if cl is lw.cluster_of.get(host.source.id) else frozenset())
+    reader = (host.chain[-1] if host.chain else host.softmax).id  # served: a cluster without the source has
+    inner = epilogue(lw, dot, frame, frozenset({reader}))         # no member it reads, so nothing changes
     if inner.cluster is None or host.source not in inner.cluster.members:
         lw.absorbed -= host.claimed
         del lw.plan[dot.id]

@@ -41,17 +41,24 @@ def operand_type(a: dt.DType, b: dt.DType, lw: Lowering) -> dt.DType:
 hosts("dot")
 
 
-@lowers("dot")
-def dot(lw: Lowering, node: Node) -> None:
+def dot_dims(node: Node) -> tuple[list[int], list[int], tuple[int, int, int, int]]:
+    """A dot's free dimensions of each operand and its sizes ``(B, M, K, N)``: the ``[B, M, K] @ [B, K, N]``
+    it is lowered as."""
     lhs, rhs = node.operands
     dims = node.attrs["dims"]
     lb, lc, rb, rc = dims.lhs_batch, dims.lhs_contracting, dims.rhs_batch, dims.rhs_contracting
     lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
     rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
-    B = math.prod(lhs.shape[d] for d in lb)
-    M = math.prod(lhs.shape[d] for d in lf)
-    K = math.prod(lhs.shape[d] for d in lc)
-    N = math.prod(rhs.shape[d] for d in rf)
+    return lf, rf, (math.prod(lhs.shape[d] for d in lb), math.prod(lhs.shape[d] for d in lf),
+                    math.prod(lhs.shape[d] for d in lc), math.prod(rhs.shape[d] for d in rf))
+
+
+@lowers("dot")
+def dot(lw: Lowering, node: Node) -> None:
+    lhs, rhs = node.operands
+    dims = node.attrs["dims"]
+    lb, lc, rb, rc = dims.lhs_batch, dims.lhs_contracting, dims.rhs_batch, dims.rhs_contracting
+    lf, rf, (B, M, K, N) = dot_dims(node)
     tf32 = is_tf32_rounding(lhs) and lhs.id in lw.absorbed and is_tf32_rounding(rhs) and rhs.id in lw.absorbed
     # An operand cast lowering absorbed (a tf32 rounding, or a cast into a TensorE type) is done on the
     # loaded tile: the dot reads the cast's source and multiplies in the cast's type.

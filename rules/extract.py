@@ -10,6 +10,7 @@ from nxsat import dtypes as dt
 from nxsat.builder import infer_type
 from nxsat.diagnostics import NxsatError, error
 from nxsat.ir import Computation, Module, Node, TensorType
+from nxsat.rules import terms
 from nxsat.rules.egraph import EGraph, ENode, Loaded, View, operand_layout, splat_array
 
 
@@ -118,14 +119,12 @@ def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int
     return Node(op, operands, attrs, t, name, loc)
 
 
-__all__ = ["build_module", "original_nodes"]
-
-
 def _same_slots(ctor: str, attrs: dict, slots: tuple) -> bool:
     """Do ``attrs`` spell the e-node's attribute slots (so the original node's values may stand for them)?"""
-    from nxsat.rules import terms
-
     try:
         return tuple(terms.BY_CTOR[ctor].encode(attrs)) == tuple(slots)
     except terms.NotRepresentable:
         return False
+
+
+__all__ = ["build_module", "original_nodes"]

@@ -226,3 +226,14 @@ def test_the_roofline_uses_the_type_tensore_multiplies_in(tmp_path: Path, auto_c
         assert r["roofline"]["matmul_precision"] == want
         assert r["roofline"]["compute_us"] == round(2 * 512**3 / t.peak_flops(want) / 1000, 3)
         assert r["latency_over_roofline"] >= 1.0
+
+
+def test_the_roofline_counts_the_rows_a_gather_reads_of_a_table() -> None:
+    """tests/data/jax/embedding: a f32[100, 16] table only a gather of 3 x 5 ids reads. The compulsory bytes
+    are the 15 rows gathered (960 B), the ids (60 B) and the f32[3, 16] output (192 B), not the whole
+    table's 6,400 B (which put BERT-2's roofline above its simulated latency)."""
+    from nxsat.driver import CompileOptions, compile_model
+
+    r = compile_model(str(DATA / "jax" / "embedding.hlo"), CompileOptions()).report
+    assert r["roofline"]["compulsory_hbm_bytes"] == 15 * 16 * 4 + 3 * 5 * 4 + 3 * 16 * 4
+    assert r["latency_us"] >= r["roofline_us"]
