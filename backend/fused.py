@@ -25,7 +25,7 @@ from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, lowers, onchip_dtype, plans
 from nxsat.backend.tiles import Operand, is_num
 from nxsat.diagnostics import error
-from nxsat.extract.plan import BN_STATS_MAX, LAYER_NORM_MAX_ROW, layer_norm_rows, matmul_plan, softmax_rows
+from nxsat.extract.plan import BN_STATS_MAX, LAYER_NORM_MAX_ROW, hosts_rows, layer_norm_rows, matmul_plan, softmax_rows
 from nxsat.ir import Node
 from nxsat.ops.fused import ACTIVATIONS
 
@@ -110,6 +110,40 @@ def _normalized(g: Graph, xt: Ref, neg: Ref, scale: float, out_t: dt.DType) -> R
     for j in range(k):  # ScalarE again (1.4 GHz; VectorE's reduce reads the next tile meanwhile)
         g.add("act", "activation", yt[:, j], et[:, j], scale=rec[:, j:j + 1], bias=0.0)
     return yt
+
+
+def _least(g: Graph, negs: list[Ref]) -> Ref:
+    """The row's bias from its tiles' (``-max`` of each, ``[P, 1]``): their minimum."""
+    both = g.tile((negs[0].shape[0], len(negs)), F32, "sbuf", "smparts").ref()
+    for t, n in enumerate(negs):
+        g.add("dve", "tensor_copy", both[:, t:t + 1], n.reshape(n.shape[0], 1))
+    neg = g.tile((negs[0].shape[0], 1), F32, "sbuf", "smneg").ref()
+    g.add("dve", "tensor_reduce", neg, both, op="min", axes=(1,))
+    return neg
+
+
+def _normalized_row(g: Graph, parts: list[Ref], neg: Ref, scale: float, out_t: dt.DType) -> list[Ref]:
+    """The softmax of rows held as consecutive tiles (``[P, 1, n]`` each) given the rows' bias: ScalarE's
+    exp of each tile with its sums accumulated in a column of its own, VectorE's total and reciprocals,
+    ScalarE's multiply of each tile; ``[P, n]`` tiles in ``out_t``."""
+    pn = parts[0].shape[0]
+    sums = g.tile((pn, len(parts)), F32, "sbuf", "smsum").ref()
+    ets = []
+    for t, xt in enumerate(parts):
+        et = g.tile((pn, xt.shape[2]), F32, "sbuf", "smexp").ref()
+        g.add("act", "activation", et, xt[:, 0], func="exp", scale=scale, bias=neg.reshape(pn, 1),
+              accum=sums[:, t:t + 1])
+        ets.append(et)
+    total = g.tile((pn, 1), F32, "sbuf", "smtot").ref()
+    g.add("dve", "tensor_reduce", total, sums, op="add", axes=(1,))
+    rec = g.tile((pn, 1), F32, "sbuf", "smrec").ref()
+    g.add("dve", "activation", rec, total, func="reciprocal")
+    out = []
+    for et in ets:
+        yt = g.tile(et.shape, out_t, "sbuf", "smy").ref()
+        g.add("act", "activation", yt, et, scale=rec, bias=0.0)
+        out.append(yt)
+    return out
 
 
 # --- layer normalization ----------------------------------------------------------------------------
@@ -240,7 +274,7 @@ def plan_softmax_hosts(lw: Lowering, order: list[Node]) -> None:
 
         _, _, (_, M, K, N) = dot_dims(dot)
         mt = operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw)  # as backend/matmul.py decides it
-        if N != s.shape[-1] or N > matmul_plan(M, K, N, mt.name, lw.target).n_tile:
+        if N != s.shape[-1] or not hosts_rows(matmul_plan(M, K, N, mt.name, lw.target), N):
             continue
         host = SoftmaxHost(s, x, tuple(chain))
         lw.plan[dot.id] = host
@@ -257,8 +291,12 @@ def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
 
 
 class SoftmaxEpilogue(Epilogue):
-    """A dot's result tiles (whole rows of the softmax), through the cluster of its epilogue ``inner`` when
-    the softmax reads one of its values, turned into the softmax's and stored to its result."""
+    """A dot's result tiles, through the cluster of its epilogue ``inner`` when the softmax reads one of
+    its values, turned into the softmax's and stored to its result. A row longer than one tile arrives
+    as consecutive tiles of the same rows (:func:`~nxsat.extract.plan.hosts_rows`): they are kept on
+    chip until the last, each tile's maxima taken as it arrives, then the row's maximum, the
+    exponentials with their sums, and the multiply, tile by tile (a 2,048-key attention's scores
+    never reach HBM)."""
 
     def __init__(self, lw: Lowering, dot: Node, host: SoftmaxHost, inner: Epilogue, frame: Callable[[Ref], Ref]
                  ) -> None:
@@ -268,30 +306,44 @@ class SoftmaxEpilogue(Epilogue):
         self.dst = frame(lw.result(host.softmax))
         self.scale = float(host.softmax.attrs.get("scale", 1.0))
         self.out_t = onchip_dtype(device_dtype(host.softmax.dtype))
-        self.pending: tuple[Callable[[Ref], Ref], Ref, Ref] | None = None
+        self.row = host.softmax.shape[-1]
+        self.parts: list[tuple[Callable[[Ref], Ref], Ref, Ref]] = []  # this row block's tiles so far
+        self.pending: list[tuple[Callable[[Ref], Ref], Ref]] = []
+        self.pending_neg: Ref | None = None
 
     def tile(self, place: Callable[[Ref], Ref], res: Ref) -> None:
-        """This tile's maxima now, its exponentials after the next tile's maxima (software-pipelined as
-        the standalone kernel is: VectorE and ScalarE work on neighbouring tiles)."""
+        """This tile's maxima now; once its rows are complete, their exponentials after the next rows'
+        maxima (software-pipelined as the standalone kernel is: VectorE and ScalarE work on neighbouring
+        tiles)."""
         g = self.lw.graph
         x = self.inner.tile(place, res).get(self.host.source.id, res)
         assert isinstance(x, Ref), "a softmax of a constant is folded before lowering"
         g.origin = _origin(self.host.softmax)
         mn, nn = res.shape
         xt = x.reshape(mn, 1, nn)
-        neg = _maxima(g, xt, self.scale)
-        self.flush()
-        self.pending = (place, xt, neg)
+        self.parts.append((place, xt, _maxima(g, xt, self.scale)))
+        if sum(p[1].shape[2] for p in self.parts) == self.row:
+            negs = [p[2] for p in self.parts]
+            neg = negs[0] if len(negs) == 1 else _least(g, negs)
+            self.flush()
+            self.pending, self.pending_neg = [(p, t) for p, t, _ in self.parts], neg
+            self.parts = []
         g.origin = _origin(self.node)
 
     def flush(self) -> None:
-        if self.pending is None:
+        if not self.pending:
             return
         g = self.lw.graph
-        place, xt, neg = self.pending
-        self.pending = None
-        y = _normalized(g, xt, neg, self.scale, self.out_t)
-        g.add("dma", "dma", place(self.dst), y.reshape(xt.shape[0], xt.shape[2]))
+        parts, neg = self.pending, self.pending_neg
+        self.pending, self.pending_neg = [], None
+        assert neg is not None
+        if len(parts) == 1:  # whole rows in one tile: ``[P, 1, n]``, as the standalone kernel's
+            place, xt = parts[0]
+            y = _normalized(g, xt, neg, self.scale, self.out_t)
+            g.add("dma", "dma", place(self.dst), y.reshape(xt.shape[0], xt.shape[2]))
+            return
+        for (place, _), y in zip(parts, _normalized_row(g, [t for _, t in parts], neg, self.scale, self.out_t)):
+            g.add("dma", "dma", place(self.dst), y)
 
 
 def softmax_epilogue(lw: Lowering, dot: Node, frame: Callable[[Ref], Ref]) -> Epilogue:

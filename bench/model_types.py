@@ -26,10 +26,14 @@ FAMILIES = {
         "gemma3_1b": ROOT / "tests/data/hlo/gemma3_1b_flax_call.hlo",
         "bert_base_l12": ROOT / "tests/data/bert/bert_base_l12.hlo",
         "gpt2_extract": ROOT / "tests/data/relay/gpt2_extract.relay",
+        "gpt_decoder": ROOT / "tests/data/models/gpt_decoder.hlo",
+        "attention_s2048": ROOT / "tests/data/models/attention_s2048.hlo",
     },
     "unet-inference": {
         "unet_tiny": ROOT / "tests/data/jax/unet_tiny.hlo",
         "resnet50": ROOT / "tests/data/hlo/resnet50_keras_jax_f32.hlo",
+        "unet_diffusers": ROOT / "tests/data/models/unet_diffusers.hlo",
+        "resnet_small": ROOT / "tests/data/models/resnet_small.hlo",
     },
 }
 RELAY_CONSTANTS = {"gpt2_extract": ROOT / "tests/data/relay/gpt2_extract.consts.json"}

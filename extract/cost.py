@@ -957,6 +957,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     inputs = [any(view.nodes[i].ctor in _INPUT_CTORS for i in nodes) for nodes in view.class_nodes]
     ops = [eg.operator(n)[0] if n.ctor in terms.BY_CTOR and n.ctor not in ("Fill",) else "" for n in view.nodes]
     contracted = _read_by_contractions(view, ops)
+    reduced = _reductions_of(view, ops)
     # A cast only contractions read is absorbed by them (backend/matmul.py: the source is loaded and
     # converted on chip): the dot is priced on the source, multiplying in the cast's type, and the
     # cast itself costs nothing more. Per class: the source class of such a cast.
@@ -989,7 +990,10 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
             multiply_in = view.dtype.get(kids[0])
             kids = [cast_from[k] for k in kids]
         vals = tuple(value(k) for k in kids)
-        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] for k in kids), multiply_in)
+        # an operand that another operand reduces (softmax's x - max(x), e / sum(e)) was stored before
+        # the reduction could finish: it is loaded back, not fused (the backend's passes do the same)
+        reread = set().union(*(reduced[k] for k in kids)) if ops[i] not in _CONTRACTIONS else set()
+        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] or k in reread for k in kids), multiply_in)
         cost = cache.get(key)
         if cost is None:
             op, attrs = eg.operator(node)
@@ -1027,6 +1031,32 @@ def _read_by_contractions(view: View, ops: Sequence[str]) -> list[bool]:
     return [not view.class_is_list[c] and ok(c, set()) for c in range(view.n_classes)]
 
 
+def _reductions_of(view: View, ops: Sequence[str]) -> list[frozenset[int]]:
+    """Per class: the classes it is a reduction of, directly or through views, broadcasts and casts (the
+    statistic a softmax or a normalization broadcasts back over what it reduced)."""
+    memo: dict[int, frozenset[int]] = {}
+
+    def of(c: int, open_: set[int]) -> frozenset[int]:
+        if c in memo:
+            return memo[c]
+        if c in open_:
+            return frozenset()
+        open_.add(c)
+        found: set[int] = set()
+        for i in view.class_nodes[c]:
+            kids = view.nodes[i].children
+            if ops[i] == "reduce" and kids:
+                found.add(kids[0])
+            elif ops[i] in _STAT_VIEWS and kids:
+                found |= of(kids[0], open_)
+        open_.discard(c)
+        memo[c] = frozenset(found)
+        return memo[c]
+
+    return [frozenset() if view.class_is_list[c] else of(c, set()) for c in range(view.n_classes)]
+
+
+_STAT_VIEWS = frozenset({"reshape", "bitcast", "transpose", "broadcast", "convert"})
 _INPUT_CTORS = ("Parameter", "Constant")
 
 

@@ -320,6 +320,18 @@ SOFTMAX_TILES = 4  # tiles a softmax is cut into at least, when it has the rows:
 SOFTMAX_MAX_ROW = 8192  # elements of a row one partition holds (the transformer rule's guard says the same)
 
 
+HOSTED_ROW_BYTES = 16 * 1024  # bytes per partition of fp32 scores a dot keeps on chip for a softmax's rows
+
+
+def hosts_rows(plan: MatmulPlan, N: int) -> bool:
+    """A dot of this plan can compute a softmax over rows of its ``N`` columns on its own tiles: one tile
+    holds them, or the tiles of an M tile's rows come one after another (one block of N tiles) and their
+    fp32 scores fit :data:`HOSTED_ROW_BYTES` per partition."""
+    if N <= plan.n_tile:
+        return True
+    return (plan.n_block == 0 or plan.n_block * plan.n_tile >= N) and 4 * N <= HOSTED_ROW_BYTES
+
+
 BN_STATS_MAX = 512  # elements one bn_stats reads per partition (nki.isa.bn_stats)
 LAYER_NORM_MAX_ROW = 64 * BN_STATS_MAX  # one bn_aggr merges the groups of a row (the rule's guard is looser)
 

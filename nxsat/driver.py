@@ -81,6 +81,7 @@ class CompileOptions:
     # dots' precision chosen by the cost model at -O2/-O3 instead of the policy (off: measured slower on
     # BERT-base, docs/extraction.md)
     precision_by_cost: bool = False
+    disabled_rules: tuple[str, ...] = ()  # rules left out of saturation (what one buys: nxsat rules stats --savings)
     workdir: str | None = None
     relay_constants: str | None = None
     fill_elided_constants: int | None = None  # a seed: elided constants get random values
@@ -97,6 +98,10 @@ class CompileOptions:
             raise error("NCC_EARG002", f"--extractor {self.extractor}: one of {', '.join(EXTRACTORS)}")
         if self.num_parallel_jobs < 1:
             raise error("NCC_EARG002", "--num-parallel-jobs must be at least 1")
+        if self.disabled_rules:
+            from nxsat.rules.catalog import catalog
+
+            catalog().find(self.disabled_rules)  # NCC_ERUL003 with a suggestion for a misspelt name
 
 
 @dataclass
@@ -174,7 +179,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # everything otherwise
     by_cost = precision_by_cost(opts)
     sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True,
-                                                     allow_approximate=bool(by_cost), extra_sets=by_cost))
+                                                     allow_approximate=bool(by_cost), extra_sets=by_cost,
+                                                     without=opts.disabled_rules))
     rep = sat.report
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),

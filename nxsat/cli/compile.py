@@ -32,6 +32,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         saturate_infinity=args.enable_saturate_infinity, optlevel=args.O,
         distribution_strategy=args.distribution_strategy, lnc=args.lnc, num_parallel_jobs=args.num_parallel_jobs,
         extractor=args.extractor, precision_by_cost=args.precision_by_cost, workdir=args.workdir,
+        disabled_rules=tuple(args.disable_rule or ()),
         relay_constants=args.relay_constants,
         fill_elided_constants=args.seed if args.fill_elided_constants else None, flags=tuple(args.flags_given))
     log: list[str] = [f"nxsat compile {' '.join(args.flags_given)}"]
@@ -123,6 +124,9 @@ def register(sub: Any) -> None:
                    help="how the program is chosen from the e-graph by the device cost model: greedy (tree cost, "
                         "-O1's), dag (shared values paid once, -O2's), ilp (exact, -O3's); smallest: fewest "
                         "operators, no cost model")
+    p.add_argument("--disable-rule", action="append", metavar="NAME",
+                   help="nxsat's own: leave this rewrite rule out (repeatable; `nxsat rules list` names them), "
+                        "to see what it buys")
     p.add_argument("--output", "-o", default="file.neff", metavar="FILE.neff", help="where to write the NEFF "
                    "(default file.neff; written atomically, nothing on failure)")
     p.add_argument("--report", metavar="FILE.json", help="also write the compile report as JSON")

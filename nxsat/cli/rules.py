@@ -134,7 +134,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"{module.name}: {n_in} instructions")
     print(result.report.format(all_rules=args.all))
     print(f"extracted (smallest): {n_out} instructions in the entry computation")
+    if args.savings:
+        print(_savings(args))
     return 0
+
+
+def _savings(args: argparse.Namespace) -> str:
+    """What each rule of the model type's own sets buys: the model compiled (as `nxsat compile` does) with
+    every rule, then once per rule that matched with that rule left out; the simulated latency each
+    removal adds. Rules overlap (a scale folded into a softmax needs the softmax), so the savings do not
+    add up to the whole."""
+    from dataclasses import replace
+
+    from nxsat.driver import CompileOptions, compile_model
+
+    opts = CompileOptions(framework=args.framework, target=args.target, model_type=args.model_type or "generic",
+                          auto_cast=args.auto_cast, optlevel=args.O, relay_constants=args.relay_constants)
+    full = compile_model(args.model, opts).report
+    fired = full["egraph"]["model_type_rules"]
+    lines = [f"savings ({opts.target}, -O{opts.optlevel}, --auto-cast {opts.auto_cast}; simulated): "
+             f"{full['latency_us']:,.1f} us with every rule, roofline {full['roofline_us']:,.2f} us"]
+    if not fired:
+        lines.append("  no rule of the model type's own sets matched" if opts.model_type != "generic"
+                     else "  measured for the rules a --model-type adds to generic; give one")
+    for name, matches in fired.items():
+        without = compile_model(args.model, replace(opts, disabled_rules=(name,))).report["latency_us"]
+        saved = without - full["latency_us"]
+        lines.append(f"  {name:<24} matched {matches:>4}  without it {without:>12,.1f} us  saves {saved:>10,.1f} us "
+                     f"({saved / without:.1%})" if without else f"  {name:<24} matched {matches:>4}")
+    return "\n".join(lines)
 
 
 # --- rules terms -------------------------------------------------------------------------------
@@ -239,6 +267,12 @@ def register(sub: Any) -> None:
     p.add_argument("--as-compiled", action="store_true",
                    help="run the rules together, as a compilation does (its exact e-graph growth; no time "
                         "per rule: by default each rule runs as its own step to be timed)")
+    p.add_argument("--savings", action="store_true",
+                   help="also compile MODEL once with every rule and once without each rule of the model type's "
+                        "own sets that matched, and print the simulated time each saves (slow: a compile each)")
+    p.add_argument("--target", default="trn1", help="with --savings: the device (default trn1)")
+    p.add_argument("--auto-cast", default="none", choices=["none", "matmult", "all"],
+                   help="with --savings: as nxsat compile's (default none)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_stats)
 

@@ -63,16 +63,16 @@ def test_a_softmax_over_another_dimension_is_refused_cleanly():
     assert e.value.code == "NCC_EUOC002" and "last dimension" in e.value.message
 
 
-def _attention(scale: float, d: dt.DType = BF16, extra_reader: bool = False) -> Module:
+def _attention(scale: float, d: dt.DType = BF16, extra_reader: bool = False, seq: int = 128) -> Module:
     """softmax(scale * q k^T) v per head, as mha_block's extracted form: reshapes around the softmax."""
     from nxsat.attrs import DotDims
 
     b = Builder("e")
-    q, k, v = (b.param(d, (4, 128, 32)) for _ in range(3))
-    s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))  # [4, 128, 128]
-    s4 = b.op("reshape", [s], shape=(1, 4, 128, 128))
+    q, k, v = (b.param(d, (4, seq, 32)) for _ in range(3))
+    s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))  # [4, seq, seq]
+    s4 = b.op("reshape", [s], shape=(1, 4, seq, seq))
     p = b.op("softmax", [s4], dimension=3, scale=scale)
-    p3 = b.op("reshape", [p], shape=(4, 128, 128))
+    p3 = b.op("reshape", [p], shape=(4, seq, seq))
     o = b.op("dot", [p3, v], dims=DotDims((2,), (1,), (0,), (0,)))
     return Module("m", b.build([o, s] if extra_reader else o))
 
@@ -91,6 +91,22 @@ def test_a_softmax_reading_a_dot_is_computed_as_the_dot_leaves_psum(scale, targe
     program = compile_graph(m, sim.load_target(target)).program
     scratch = [tn for tn in program.tensors.values() if tn.kind == "scratch"]
     assert [tuple(tn.shape) for tn in scratch] == [(1, 4, 128, 128)]
+
+
+@pytest.mark.parametrize("seq", [1024, 1300])
+def test_rows_longer_than_one_psum_tile_stay_on_chip_too(seq):
+    """1,024 keys are two 512-column tiles of each row (1,300: three, the last partial, and a partial
+    M tile): the dot keeps a row block's tiles on chip and computes the softmax after the last."""
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _attention(0.125, seq=seq)
+    rng = np.random.default_rng(7)
+    inputs = {f"p{i}": dt.cast(rng.standard_normal((4, seq, 32)), BF16) for i in range(3)}
+    assert_device_matches(m, inputs, "trn1", rtol=2 ** -6, atol_scale=2 ** -6)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    scratch = [tuple(tn.shape) for tn in program.tensors.values() if tn.kind == "scratch"]
+    assert scratch == [(1, 4, seq, seq)]  # the probabilities; the scores never reach HBM
 
 
 def test_scores_another_operator_reads_are_stored_and_the_softmax_runs_alone():

@@ -18,7 +18,8 @@ def test_list(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {"name", "set", "tag", "description"} <= set(rows[0])
     assert any(r["name"] == "constant-fold" and r["where"] == "built in" for r in rows)
-    assert {r["name"] for r in rows if r["set"] == "transformer"} >= {"softmax", "softmax-scale"}
+    assert {r["name"] for r in rows if r["set"] == "attention"} >= {"softmax", "softmax-scale"}
+    assert {r["name"] for r in rows if r["set"] == "transformer"} >= {"layer-norm-flax"}
     assert main(["rules", "list", "--model-type", "generic", "--json"]) == 0
     assert not any(r["set"] == "transformer" for r in json.loads(capsys.readouterr().out))
     assert main(["rules", "list", "--model-type", "no-such-type"]) == 1
@@ -105,3 +106,31 @@ def test_an_edited_copy_of_a_shipped_set_stands_in_for_it(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert len({r["name"] for r in rows}) == len(rows)
     assert all(r["where"].startswith(str(copy)) for r in rows if r["set"] == "generic" and r["where"] != "built in")
+
+
+def test_stats_savings_measure_each_model_type_rule(capsys):
+    """`--savings` compiles the model with every rule and without each rule of the model type that matched;
+    a GPT decoding step's layer norms, softmaxes and GELUs each save simulated time."""
+    path = str(DATA / "models" / "gpt_decoder.hlo")
+    assert main(["rules", "stats", path, "--model-type", "transformer", "--savings", "--auto-cast", "matmult"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines() if "without it" in line}
+    assert set(rows) == {"gelu-tanh", "layer-norm-flax", "softmax"}
+    for line in rows.values():
+        assert float(line.split("saves")[1].split()[0].replace(",", "")) > 0
+    assert main(["rules", "stats", path, "--savings"]) == 0
+    assert "give one" in capsys.readouterr().out
+
+
+def test_compile_disable_rule(tmp_path, capsys):
+    """`nxsat compile --disable-rule NAME` leaves the rule out (its fused operator is not extracted); an
+    unknown name is refused with a suggestion."""
+    path = str(DATA / "models" / "gpt_decoder.hlo")
+    out = tmp_path / "m.neff"
+    assert main(["compile", path, "--model-type", "transformer", "--disable-rule", "layer-norm-flax", "-o", str(out),
+                 "--logfile", ""]) == 0
+    text = capsys.readouterr().out
+    assert "layer-norm" not in text.split("model type")[1].split("extracted")[0]
+    assert main(["compile", path, "--disable-rule", "layer-norm-flx", "-o", str(out), "--logfile", ""]) == 1
+    err = capsys.readouterr().err
+    assert "NCC_ERUL003" in err and "layer-norm-flax" in err and "Traceback" not in err

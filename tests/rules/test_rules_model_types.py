@@ -1,4 +1,4 @@
-"""Every rule of the model-type sets (transformer, activations), shown firing on a small graph, with the
+"""Every rule of the model-type sets (transformer, attention, activations), shown firing on a small graph, with the
 e-graph still sound (tests/rules/test_rules_generic.py does the same for the generic set); and the sets
 firing on the corpus, where `--model-type transformer` (or unet-inference) extracts the fused operators."""
 
@@ -158,7 +158,7 @@ CASES: dict[str, Callable[[], Module]] = {
 
 
 def test_every_model_type_rule_has_a_case():
-    assert {r.name for r in catalog().set_rules(["transformer", "activations"])} == set(CASES)
+    assert {r.name for r in catalog().set_rules(["transformer", "attention", "activations"])} == set(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -207,7 +207,10 @@ def test_the_corpus_softmaxes_become_one_operator(path, scale, level):
     (DATA / "jax" / "unet_tiny.hlo", "transformer", {"silu": 3}),
     (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2, "layer-norm": 5}),
     (DATA / "hlo" / "layer_norm_1x4096x768_bf16.hlo", "transformer", {"layer-norm": 1}),
-], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2", "layer_norm"])
+    # the scores' re-read priced (extract/cost.py _reductions_of): before, the pattern looked fused
+    (DATA / "models" / "attention_s2048.hlo", "transformer", {"softmax": 1}),
+    (DATA / "models" / "unet_diffusers.hlo", "unet-inference", {"silu": 7, "softmax": 1}),
+], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2", "layer_norm", "attention_s2048", "unet_diffusers"])
 def test_the_corpus_patterns_become_fused_operators(path, model_type, fused):
     ops = [n.op for n in _extracted(path, model_type).entry.post_order()]
     assert {op: ops.count(op) for op in FUSED if op in ops} == fused
