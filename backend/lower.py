@@ -144,6 +144,12 @@ class Lowering:
                 return int(x) if v.dtype.kind in "iu" else float(x)
         return None
 
+    def node(self, node_id: int) -> Node:
+        """The entry computation's node of this id."""
+        if not self._by_id:
+            self._by_id = {n.id: n for n in self.module.entry.post_order()}
+        return self._by_id[node_id]
+
     def result(self, node: Node, name: str | None = None) -> Ref:
         """Where a computed node's value goes: its output buffer when the model returns it (the first
         one; others are copied), else a new scratch buffer."""
@@ -160,9 +166,7 @@ class Lowering:
         """Where each element of a tuple-valued operator's value goes (its output buffer when the model
         returns that element, else a new scratch buffer); sets the node's value to the tuple."""
         assert isinstance(node.type, TupleType)
-        if not self._by_id:
-            self._by_id = {n.id: n for n in self.module.entry.post_order()}
-        users = (self._by_id[c] for c in self.consumers.get(node.id, ()))
+        users = (self.node(c) for c in self.consumers.get(node.id, ()))
         gtes = {n.attrs["index"]: n for n in users if n.op == "get-tuple-element" and n.id in self.output_of}
         refs = []
         for i, t in enumerate(node.type.elements):
@@ -265,7 +269,7 @@ class Lowering:
         # HBM read of the source instead of a cast written to scratch and read back; not where a fused
         # pass computes the source (it writes the narrow type itself).
         cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
-                 and not _fused_source(n)
+                 and not _fused_source(n, self.consumers, self.output_of)
                  and self.target.supports_matmul_dtype(n.dtype.name) and self.consumers.get(n.id)
                  and all(_absorbs(nodes[c], n) for c in self.consumers[n.id])}
         self.absorbed = cand
@@ -332,13 +336,20 @@ def _absorbs(reader: Node, cast: Node) -> bool:
             and cast.operands[0].op == "parameter")
 
 
-def _fused_source(cast: Node) -> bool:
-    """Is the cast's source computed by an elementwise pass of its shape (which can write the narrower
-    type itself: half the bytes stored, and half read by every dot that reads it)?"""
+def _fused_source(cast: Node, consumers: dict[int, set[int]], output_of: dict[int, Any]) -> bool:
+    """Is the cast's source computed by an elementwise pass of its shape, or by a kernel that rounds its
+    result to the type of the one cast reading it (backend/fused.py ``written_as``: a softmax), which
+    can write the narrower type itself: half the bytes stored, and half read by every dot that reads it?"""
     from nxsat.backend.elementwise import is_elementwise
 
     src = cast.operands[0]
+    if src.op in NARROW_WRITERS:
+        return consumers.get(src.id) == {cast.id} and src.id not in output_of
     return is_elementwise(src) and src.shape == cast.shape
+
+
+# Kernels that write their result in the type of a narrowing cast reading it alone (backend/fused.py).
+NARROW_WRITERS = frozenset({"softmax"})
 
 
 def is_tf32_rounding(node: Node) -> bool:

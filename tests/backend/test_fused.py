@@ -109,6 +109,28 @@ def test_rows_longer_than_one_psum_tile_stay_on_chip_too(seq):
     assert scratch == [(1, 4, seq, seq)]  # the probabilities; the scores never reach HBM
 
 
+@pytest.mark.parametrize("seq", [128, 1024])
+def test_probabilities_a_bf16_dot_reads_are_written_in_bf16(seq):
+    """fp32 attention under --auto-cast matmult's casts: the softmax rounds its result to the cast's type as
+    it stores it (the cast that alone reads it is its own), so the second dot loads half the bytes."""
+    from nxsat import sim
+    from nxsat.attrs import DotDims
+    from nxsat.backend import compile_graph
+
+    b = Builder("e")
+    q, k, v = (b.param(F32, (4, seq, 32)) for _ in range(3))
+    s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))
+    p = b.op("softmax", [s], dimension=2, scale=0.125)
+    pb, vb = (b.op("convert", [x], dtype=BF16) for x in (p, v))
+    m = Module("m", b.build(b.op("dot", [pb, vb], dims=DotDims((2,), (1,), (0,), (0,)))))
+    rng = np.random.default_rng(8)
+    inputs = {f"p{i}": rng.standard_normal((4, seq, 32)).astype(np.float32) for i in range(3)}
+    assert_device_matches(m, inputs, "trn1", rtol=2 ** -6, atol_scale=2 ** -6)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    scratch = [(tuple(tn.shape), tn.dtype) for tn in program.tensors.values() if tn.kind == "scratch"]
+    assert scratch == [((4, seq, seq), BF16)]
+
+
 def test_scores_another_operator_reads_are_stored_and_the_softmax_runs_alone():
     from nxsat import sim
     from nxsat.backend import compile_graph

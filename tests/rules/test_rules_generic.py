@@ -80,6 +80,12 @@ def _select(v: bool) -> Module:
     return b.module(b.op("select", [splat(b, v, PRED, (2, 3)), x, y]))
 
 
+def _pred_convert_ne_zero() -> Module:
+    b = Builder("pcnz")
+    m = b.op("convert", [b.param(PRED, (2, 3))], dtype=F32)
+    return b.module(b.op("compare", [m, splat(b, 0.0, F32, (2, 3))], direction="NE"))
+
+
 def _select_same() -> Module:
     b = Builder("select")
     p, x = b.param(PRED, (2, 3)), b.param(F32, (2, 3))
@@ -331,6 +337,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "tuple-get-first": _tuple_get(0),
     "tuple-get-rest": _tuple_get(1),
     "constant-fold": _constant_fold,
+    "pred-convert-ne-zero": _pred_convert_ne_zero,
 }
 
 # Rules whose right-hand side is smaller: extraction must pick it (the graph shrinks).
@@ -344,7 +351,7 @@ SHRINKS = {"add-zero-right", "add-zero-left", "subtract-zero", "multiply-one-rig
            "convert-convert-to-float", "reshape-convert-reshape",
            "dot-transpose-lhs", "dot-transpose-rhs", "slice-identity", "slice-concatenate-first",
            "concatenate-single", "slice-pad-inverse", "slice-pad-inside", "tuple-get-first",
-           "constant-fold"}
+           "constant-fold", "pred-convert-ne-zero"}
 
 
 def _inputs(m: Module, seed: int = 0) -> list[np.ndarray]:
