@@ -25,7 +25,15 @@ from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, lowers, onchip_dtype, plans
 from nxsat.backend.tiles import Operand, is_num
 from nxsat.diagnostics import error
-from nxsat.extract.plan import BN_STATS_MAX, LAYER_NORM_MAX_ROW, hosts_rows, layer_norm_rows, matmul_plan, softmax_rows
+from nxsat.extract.plan import (
+    BN_STATS_MAX,
+    GROUP_NORM_RESIDENT,
+    LAYER_NORM_MAX_ROW,
+    hosts_rows,
+    layer_norm_rows,
+    matmul_plan,
+    softmax_rows,
+)
 from nxsat.ir import Node
 from nxsat.ops.fused import ACTIVATIONS
 
@@ -219,6 +227,88 @@ def layer_norm(lw: Lowering, node: Node) -> None:
 
     _pipelined(_row_tiles(R, part, k_max), load, finish)
     ep.flush()
+
+
+# --- group normalization ----------------------------------------------------------------------------
+
+hosts("group-norm")
+
+
+@lowers("group-norm")
+def group_norm(lw: Lowering, node: Node) -> None:
+    """Per batch, its positions on the partitions in ``[P, k, C]`` tiles (the layer norm's tiles over rows
+    of C channels). Per tile, VectorE's sums of x and (ScalarE's squares) of x^2 over each group's
+    positions and channels in one ``tensor_reduce`` each; TensorE's ones-matmul adds the tiles' sums
+    across the partitions into one PSUM bank, which also hands every partition the totals; then per
+    group the mean, ``var = max(E[x^2] - mean^2, 0)`` (what Flax's pattern computes, in fp32) and
+    ``rstd``; per tile two VectorE passes ``x * rstd - mean * rstd`` with the group's values read
+    through stride-0 views, and the elementwise cluster reading the result (its scale and shift, a SiLU)
+    as the epilogue. A batch whose tiles fit :data:`~nxsat.extract.plan.GROUP_NORM_RESIDENT` per
+    partition is loaded once; a larger one is loaded again for the second pass."""
+    x = node.operands[0]
+    N, C = x.shape[0], x.shape[-1]
+    R = math.prod(x.shape[1:-1])
+    G = int(node.attrs["groups"])
+    cg = C // G
+    if N * R * C == 0:
+        lw.result(node)
+        return
+    ep = epilogue(lw, node, lambda r: r.reshape(N * R, C))
+    src = lw.view(lw.ref(x), lambda r: r.reshape(N * R, C), x)
+    g = lw.graph
+    part = lw.target.partitions
+    in_t = onchip_dtype(src.dtype)
+    out_t = onchip_dtype(device_dtype(node.dtype))
+    eps = float(node.attrs.get("epsilon", 0.0))
+    tiles = _row_tiles(R, part, layer_norm_rows(C, R, part))
+    hold = R * C * 4 <= GROUP_NORM_RESIDENT * part
+    ones = g.tile((min(part, R), part), F32, "sbuf", "gnones").ref()
+    g.add("dve", "memset", ones, value=1.0)
+
+    def load(n: int, r0: int, pn: int, k: int) -> Ref:
+        xt = g.tile((pn, k, C), in_t, "sbuf", "gnx").ref()
+        g.add("dma", "dma", xt, src[n * R + r0:n * R + r0 + pn * k].reshape(pn, k, C))
+        return xt
+
+    for n in range(N):
+        acc = g.tile((part, 2 * G), F32, "psum", "gnacc").ref()
+        held = []
+        for i, (r0, pn, k) in enumerate(tiles):
+            xt = load(n, r0, pn, k)
+            st = g.tile((pn, 2 * G), F32, "sbuf", "gnst").ref()
+            g.add("dve", "tensor_reduce", st[:, :G], xt.reshape(pn, k, G, cg), op="add", axes=(1, 3))
+            sq = g.tile((pn, k, C), F32, "sbuf", "gnsq").ref()
+            g.add("act", "activation", sq, xt, func="square")
+            g.add("dve", "tensor_reduce", st[:, G:], sq.reshape(pn, k, G, cg), op="add", axes=(1, 3))
+            g.add("pe", "matmul", acc, ones[:pn, :], st, start=i == 0, stop=i == len(tiles) - 1)
+            held.append(xt if hold else None)
+        mom = g.tile((part, 2 * G), F32, "sbuf", "gnmom").ref()  # mean | E[x^2] on every partition
+        g.add("act", "activation", mom, acc, scale=1.0 / (R * cg))
+        var = g.tile((part, G), F32, "sbuf", "gnvar").ref()
+        g.add("dve", "tensor_tensor", var, mom[:, :G], mom[:, :G], op="mul")
+        g.add("dve", "tensor_tensor", var, mom[:, G:], var, op="sub")
+        g.add("dve", "tensor_scalar", var, var, op0="max", scalar0=0.0)
+        rstd = g.tile((part, G), F32, "sbuf", "gnrstd").ref()
+        g.add("act", "activation", rstd, var, func="rsqrt", bias=eps)
+        nb = g.tile((part, G), F32, "sbuf", "gnnb").ref()  # -mean * rstd
+        g.add("dve", "tensor_tensor", nb, mom[:, :G], rstd, op="mul")
+        g.add("dve", "tensor_scalar", nb, nb, op0="mul", scalar0=-1.0)
+        for (r0, pn, k), xt in zip(tiles, held):
+            xt = xt if xt is not None else load(n, r0, pn, k)
+            per = (pn, k, G, cg)
+            scaled = g.tile(per, F32, "sbuf", "gnmul").ref()
+            g.add("dve", "tensor_tensor", scaled, xt.reshape(*per), _per_group(rstd[:pn], k, cg), op="mul")
+            yt = g.tile((pn, k, C), out_t, "sbuf", "gny").ref()
+            g.add("dve", "tensor_tensor", yt.reshape(*per), scaled, _per_group(nb[:pn], k, cg), op="add")
+            base = n * R + r0
+            ep.tile(lambda r, base=base, pn=pn, k=k: r[base:base + pn * k].reshape(pn, k, C), yt)
+    ep.flush()
+
+
+def _per_group(v: Ref, k: int, cg: int) -> Ref:
+    """A ``[P, G]`` value seen as ``[P, k, G, cg]``: each group's number over its rows and channels."""
+    pn, G = v.shape
+    return v.reshape(pn, 1, G, 1).broadcast(1, k).broadcast(3, cg)
 
 
 def _pipelined(tiles: list[tuple[int, int, int]], first: Callable[..., tuple], then: Callable[..., None]) -> None:

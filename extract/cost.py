@@ -35,6 +35,7 @@ from nxsat.extract.plan import (
     ADD_ENGINES,
     BN_STATS_MAX,
     DMA_T_BLOCK,
+    GROUP_NORM_RESIDENT,
     MAX_COLS,
     PE_BLOCK,
     ConvGeometry,
@@ -93,6 +94,10 @@ def _itemsize(name: str) -> int:
     except (KeyError, ValueError):
         return 4
 
+
+# The chain between a group norm's statistics and its passes (PSUM -> ScalarE -> VectorE x3 -> ScalarE ->
+# VectorE x2), each hop an engine-to-engine handoff the per-instruction prices do not include.
+GROUP_NORM_HOPS_NS = 1100.0  # fitted on the cost table's first four group norms; its last two are held out
 
 class CostModel:
     """Prices operators for one target; ``matmul_dtype`` is the type TensorE multiplies in (what the
@@ -171,6 +176,8 @@ class CostModel:
             return NODE_NS + self.softmax_ns(operands[0])
         if op == "layer-norm" and operands and operands[0] is not None:
             return NODE_NS + self.layer_norm_ns(operands[0])
+        if op == "group-norm" and operands and operands[0] is not None:
+            return NODE_NS + self.group_norm_ns(operands[0], int(attrs.get("groups", 1)))
         od = registry.get(op)
         engine = od.engine if od is not None else registry.DMA
         flags = list(inputs) + [False] * (len(operands) - len(inputs))
@@ -244,6 +251,28 @@ class CostModel:
                + self.instr_ns("dve", "tensor_tensor", tiles, N=k) + self.instr_ns("dve", "tensor_scalar", tiles, N=k))
         act = self.instr_ns("act", "activation", rows, N=L) + self.instr_ns("act", "activation", tiles, N=k)
         return self._row_kernel_ns(x, k, tiles, dve, act)
+
+    def group_norm_ns(self, x: Value, groups: int) -> float:
+        """A fused group norm (backend/fused.py): per batch its positions in the layer norm's tiles, all loaded
+        with two VectorE reductions, a ScalarE square and a small TensorE matmul per tile; then a chain of
+        small steps (:data:`GROUP_NORM_HOPS_NS`); then two VectorE passes per tile, each tile stored after
+        them. The stores cannot start before the last load's statistics, so loads and stores do not
+        overlap as a row kernel's do; a batch too large to keep is loaded again for the passes."""
+        N, C = (x.shape[0], x.shape[-1]) if len(x.shape) >= 2 else (1, max(1, x.size))
+        R = max(1, x.size // max(1, N * C))
+        k = layer_norm_rows(C, R, self.P)
+        tiles = N * max(1, -(-R // (self.P * k)))
+        stats = (2 * self.instr_ns("dve", "tensor_reduce", tiles, N=k * C)
+                 + self.instr_ns("act", "activation", tiles, N=k * C)
+                 + self.instr_ns("pe", "matmul", tiles, M=self.P, N=2 * groups, K=min(self.P, R), dtype_factor=4))
+        passes = 2 * self.instr_ns("dve", "tensor_tensor", tiles, N=k * C)
+        parts = min(self.P, R)
+        load = self.dma_ns(x.nbytes, k * C * _itemsize(x.dtype), parts)
+        store = load
+        if R * C * 4 > GROUP_NORM_RESIDENT * self.P:
+            store += load  # loaded again beside the stores
+        return (max(load, stats) + stats / tiles + N * GROUP_NORM_HOPS_NS + max(passes, store)
+                + min(passes, store) / tiles + 2 * self.dma_fixed)
 
     def _row_tiles(self, x: Value, rows_of: Callable[[int, int, int], int]) -> tuple[int, int, int]:
         """(row length, rows per partition per tile, tiles) of a kernel over the last dimension."""

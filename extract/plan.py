@@ -336,6 +336,9 @@ BN_STATS_MAX = 512  # elements one bn_stats reads per partition (nki.isa.bn_stat
 LAYER_NORM_MAX_ROW = 64 * BN_STATS_MAX  # one bn_aggr merges the groups of a row (the rule's guard is looser)
 
 
+GROUP_NORM_RESIDENT = 96 * 1024  # bytes per partition of one batch's (fp32-sized) tiles a group norm keeps
+
+
 def layer_norm_rows(L: int, R: int, partitions: int) -> int:
     """Rows per partition of one layer-norm tile: as a softmax's (its fp32 result is the largest tile)."""
     return softmax_rows(L, R, partitions)

@@ -27,7 +27,8 @@ from nxsat.rules.egraph import splat_array
 from nxsat.rules.sexp import Atom, SExp, SList
 from nxsat.rules.terms import REDUCERS
 
-SHAPES: tuple[tuple[int, ...], ...] = ((), (3,), (2, 3), (3, 2), (2, 2), (2, 3, 4), (4, 1, 3), (1, 3), (3, 3))
+SHAPES: tuple[tuple[int, ...], ...] = ((), (3,), (2, 3), (3, 2), (2, 2), (2, 3, 4), (4, 1, 3), (1, 3), (3, 3),
+                                       (2, 2, 3, 4))
 DTYPES = (dt.F32, dt.F32, dt.S32, dt.BF16, dt.PRED, dt.F16, dt.U8)
 SPLATS = (0, 1, -1, 2, 0.5)
 CONVERT_TYPES = (dt.F32, dt.BF16, dt.F16, dt.F64, dt.S32, dt.S8, dt.U8, dt.PRED, dt.S64)
@@ -55,6 +56,7 @@ class _Env:
     bindings: dict[str, SExp] = field(default_factory=dict)  # var -> pattern it stands for
     splats: tuple[Any, ...] = SPLATS  # constants leaves take: SPLATS and the ones the rule's guards name
     var_splats: dict[str, float] = field(default_factory=dict)  # var -> the splat its guard asks for
+    var_ranks: dict[str, int] = field(default_factory=dict)  # var -> the rank its guard asks for
 
 
 def _is_var(x: SExp) -> bool:
@@ -84,8 +86,8 @@ def _leaf(env: _Env, t: TensorType, guard: float | None = None) -> Node:
     """A parameter, or (sometimes) a constant, of type t; mostly the constant ``guard`` when the rule's
     guard asks this variable to be that splat."""
     rng = env.rng
-    if t.dtype.storage and (rng.random() < 0.3 or (guard is not None and rng.random() < 0.6)):
-        pick = guard is not None and rng.random() < 0.8
+    if t.dtype.storage and (rng.random() < 0.3 or (guard is not None and rng.random() < 0.85)):
+        pick = guard is not None and rng.random() < 0.9
         if pick or rng.random() < 0.7:
             v = guard if pick else env.splats[rng.integers(len(env.splats))]
             if not t.dtype.is_float and not math.isfinite(float(v)):  # type: ignore[arg-type]
@@ -208,8 +210,14 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
             plan["dimensions"] = _perm(rng, r)
     elif ctor in ("Reshape", "Bitcast"):
         below = _under(x, lambda n: n.op in ("reshape", "bitcast"))  # a reshape back, maybe across a chain
+        split = _split_last(xt.shape)
         if below is not None and rng.random() < 0.4 and math.prod(below.operands[0].shape) == xt.size:
             plan["shape"] = below.operands[0].shape
+        elif xt.rank >= 2 and rng.random() < (0.7 if _grouped(x) else 0.3):
+            # the last two dimensions merged (a group's statistic broadcast over its channels, back to channels)
+            plan["shape"] = (*xt.shape[:-2], xt.shape[-2] * xt.shape[-1])
+        elif split is not None and rng.random() < 0.35:  # the last dimension split (channels into groups)
+            plan["shape"] = split
         elif rng.random() < 0.25:
             plan["shape"] = xt.shape
         else:
@@ -218,7 +226,9 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
     elif ctor == "Reduce":
         r = xt.rank
         plan["types"] = [xt, TensorType(xt.dtype, ())]
-        if r and rng.random() < 0.6:  # the last dimension: what softmax and the norms reduce
+        if _splits_last(x) and r >= 3 and rng.random() < 0.8:  # a group norm's: all but the batch and group
+            plan["dimensions"] = tuple(i for i in range(1, r) if i != r - 2)
+        elif r and rng.random() < 0.6:  # the last dimension: what softmax and the norms reduce
             plan["dimensions"] = (r - 1,)
         else:
             plan["dimensions"] = tuple(i for i in range(r) if rng.random() < 0.5)
@@ -232,9 +242,22 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         red = _under(x, lambda n: n.op == "reduce")
         kept = () if red is None else \
             tuple(i for i in range(red.operands[0].type.rank) if i not in red.attrs["dimensions"])
-        if red is not None and rng.random() < 0.6 and tuple(red.operands[0].shape[i] for i in kept) == xt.shape:
-            # a reduction (or a value computed from one) broadcast back over what it reduced
-            plan.update(shape=red.operands[0].shape, dimensions=kept)
+        src = None if red is None else red.operands[0]
+        per_channel = src is not None and _splits_last(src) and xt.shape == (src.operands[0].shape[0],
+                                                                            src.operands[0].shape[-1])
+        if per_channel and rng.random() < 0.8:
+            # a per-(batch, channel) value broadcast over the positions of what a group norm reduced
+            y = src.operands[0].shape  # type: ignore[union-attr]
+            plan.update(shape=y, dimensions=(0, len(y) - 1))
+        elif red is not None and rng.random() < 0.6 and tuple(red.operands[0].shape[i] for i in kept) == xt.shape:
+            # a reduction (or a value computed from one) broadcast back over what it reduced; when the kept
+            # dimensions are not leading (a group norm's batch and group), maybe only over the dimensions
+            # after the last kept one (a group's channels)
+            s = red.operands[0].shape
+            if kept and kept != tuple(range(len(kept))) and rng.random() < 0.7:
+                plan.update(shape=(*xt.shape, *s[kept[-1] + 1:]), dimensions=tuple(range(len(kept))))
+            else:
+                plan.update(shape=s, dimensions=kept)
         elif rng.random() < 0.25:
             plan.update(shape=xt.shape, dimensions=tuple(range(r)))
         elif rng.random() < 0.2 and r > 1:  # a broadcast that only permutes (same shape when x is square)
@@ -293,6 +316,29 @@ def _under(x: Node | None, want: Callable[[Node], bool], depth: int = 8) -> Node
         x = x.operands[0] if x.operands else None
         depth -= 1
     return None
+
+
+def _split_last(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """``shape`` with its last dimension split into two factors (channels into groups), if it has any."""
+    if not shape:
+        return None
+    c = shape[-1]
+    f = next((d for d in range(2, c) if c % d == 0), None)
+    return None if f is None else (*shape[:-1], f, c // f)
+
+
+def _grouped(x: Node | None) -> bool:
+    """``x`` broadcasts a statistic of a group-split reshape over the group's channels (its last dimension)."""
+    red = _under(x, lambda n: n.op == "reduce") if x is not None and x.op == "broadcast" else None
+    return red is not None and _splits_last(red.operands[0])
+
+
+def _splits_last(x: Node | None) -> bool:
+    """``x`` is a reshape that split its operand's last dimension in two."""
+    if x is None or x.op != "reshape" or not x.operands:
+        return False
+    y = x.operands[0].shape
+    return bool(y) and x.shape[:-2] == y[:-1] and len(x.shape) == len(y) + 1
 
 
 def _family(d: dt.DType) -> str:
@@ -424,7 +470,10 @@ def _gen(p: SExp, env: _Env, want: TensorType | None) -> Node:
         if name in env.bindings:
             node = _gen(env.bindings[name], env, want)
         else:
-            node = _leaf(env, want or _random_type(env), env.var_splats.get(name))
+            t = want or _random_type(env)
+            if want is None and name in env.var_ranks:  # a guard asks for this rank (a group norm's NHWC)
+                t = TensorType(t.dtype, next(s for s in SHAPES if len(s) == env.var_ranks[name]))
+            node = _leaf(env, t, env.var_splats.get(name))
         env.t_vars[name] = node
         return node
     if not _is_pattern(p):
@@ -551,11 +600,14 @@ def rule_patterns(rule: Rule) -> tuple[list[SExp], dict[str, SExp]]:
 
 
 def _guard_splats(rule: Rule) -> dict[str, float]:
-    """The splat values the rule's guards ask of its variables (``(= (splat z) "-inf")``)."""
+    """The splat values the rule's guards ask of its variables (``(= (splat z) "-inf")``); a variable whose
+    splat a guard only reads (``(= ev (splat e))``: an epsilon) is mostly the splat 0.5."""
     out: dict[str, float] = {}
     for f in rule.facts:
         if isinstance(f, SList) and f.head == "=" and len(f.items) == 3:
             a, b = f.items[1], f.items[2]
+            if _is_var(a) and isinstance(b, SList) and b.head == "splat" and len(b.items) == 2 and _is_var(b.items[1]):
+                out.setdefault(b.items[1].text, 0.5)  # type: ignore[union-attr]
             if isinstance(a, SList) and a.head == "splat" and len(a.items) == 2 and _is_var(a.items[1]) \
                     and isinstance(b, Atom) and b.kind == "str":
                 try:
@@ -563,6 +615,22 @@ def _guard_splats(rule: Rule) -> dict[str, float]:
                 except ValueError:
                     continue
     return out
+
+
+def _guard_ranks(rule: Rule) -> dict[str, int]:
+    """The ranks the rule's guards ask of its variables: ``(= s (shape x))`` with ``(= 4 (vec-length s))``."""
+    shape_of: dict[str, str] = {}
+    rank_of: dict[str, int] = {}
+    for f in rule.facts:
+        if not (isinstance(f, SList) and f.head == "=" and len(f.items) == 3):
+            continue
+        for a, b in ((f.items[1], f.items[2]), (f.items[2], f.items[1])):
+            if _is_var(a) and isinstance(b, SList) and b.head == "shape" and len(b.items) == 2 and _is_var(b.items[1]):
+                shape_of[a.text] = b.items[1].text  # type: ignore[union-attr]
+            if isinstance(a, Atom) and a.kind == "int" and isinstance(b, SList) and b.head == "vec-length" \
+                    and len(b.items) == 2 and _is_var(b.items[1]):
+                rank_of[b.items[1].text] = int(a.text)  # type: ignore[union-attr]
+    return {x: rank_of[s] for s, x in shape_of.items() if s in rank_of and rank_of[s] in {len(s) for s in SHAPES}}
 
 
 def _among(v: float, pool: Sequence[Any]) -> bool:
@@ -589,7 +657,7 @@ def instantiate(rule: Rule, rng: np.random.Generator, pattern: tuple[list[SExp],
     shape = SHAPES[int(rng.integers(len(SHAPES)))]
     env = _Env(rng, TensorType(DTYPES[int(rng.integers(len(DTYPES)))], shape), [], [], bindings=dict(bindings),
                splats=SPLATS + tuple(v for v in _guard_splats(rule).values() if not _among(v, SPLATS)),
-               var_splats=_guard_splats(rule))
+               var_splats=_guard_splats(rule), var_ranks=_guard_ranks(rule))
     out = [_gen(r, env, None) for r in roots]
     return out, env.params, env.nodes
 

@@ -6,6 +6,11 @@ cost model says it pays.
 layer-norm(x, epsilon): ``(x - mean) / sqrt(var + epsilon)`` over the last dimension (biased variance),
 in fp32; a layer norm's scale and shift stay elementwise (the kernel runs them as its epilogue).
 
+group-norm(x, groups, epsilon): channels last (``x`` is ``[N, spatial..., C]``), the ``C`` channels in
+``groups`` groups of consecutive channels; each (batch, group) normalized over its spatial positions and
+channels as layer-norm normalizes a row. Instance norm is ``groups = C``. Its scale and shift stay
+elementwise too.
+
 gelu-tanh(x), silu(x): activation chains ScalarE computes as one function (``ACTIVATIONS``).
 
 softmax(x, dimension, scale): the softmax of ``scale * x`` along ``dimension`` (``exp(y - max(y)) /
@@ -89,6 +94,33 @@ def _layer_norm(types: list[Type], attrs: dict) -> Type:
     return x
 
 
+def _group_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
+    x = np.asarray(args[0]).astype(np.float64)
+    g = int(attrs["groups"])
+    xr = x.reshape(x.shape[0], -1, g, x.shape[-1] // g)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mean = xr.mean(axis=(1, 3), keepdims=True)
+        var = ((xr - mean) ** 2).mean(axis=(1, 3), keepdims=True)
+        y = (xr - mean) / np.sqrt(var + float(attrs.get("epsilon", 0.0)))
+    return to_dtype(y.reshape(x.shape), ctx.node.tensor.dtype)
+
+
+@op("group-norm", engine=VECTOR, arity=(1, 1), impl=_group_norm_impl, neuron=("GroupNorm",),
+    flops=lambda types, out, attrs: 7 * tensors(types)[0].size,
+    notes="fused (unet-inference rule set): channels last, each (batch, group of consecutive channels) "
+          "normalized over its positions and channels (biased variance), in fp32; the scale and shift stay "
+          "elementwise; never in a source graph")
+def _group_norm(types: list[Type], attrs: dict) -> Type:
+    x = _float_operand(types, "group-norm")
+    if x.rank < 2:
+        raise ShapeError(f"group-norm: the operand is {x}; it needs a batch and a channel dimension")
+    g = attrs.get("groups")
+    if isinstance(g, bool) or not isinstance(g, int) or g < 1 or x.shape[-1] % g:
+        raise ShapeError(f"group-norm: groups {g!r} does not divide the {x.shape[-1]} channels")
+    _finite(attrs, "epsilon", 0.0, "group-norm")
+    return x
+
+
 # --- activation functions ScalarE computes in one instruction --------------------------------------
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -134,4 +166,4 @@ for _name, (_fn, _func, _doc, _neuron) in ACTIVATIONS.items():
 
 
 # the operators of this module: the front ends refuse these names
-FUSED = frozenset({"softmax", "layer-norm", *ACTIVATIONS})
+FUSED = frozenset({"softmax", "layer-norm", "group-norm", *ACTIVATIONS})

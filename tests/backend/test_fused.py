@@ -228,3 +228,40 @@ def test_layer_norm_matches_the_interpreter_and_keeps_nothing_in_hbm(shape, d, a
     assert_device_matches(m, inputs, target, rtol=tol, atol_scale=tol)
     program = compile_graph(m, sim.load_target(target)).program
     assert not any(tn.kind == "scratch" for tn in program.tensors.values())
+
+
+def _group_norm(shape: tuple[int, ...], groups: int, d: dt.DType, affine: bool) -> Module:
+    """group-norm of NHWC ``x``; with ``affine`` its per-channel scale and shift and a SiLU (a UNet's
+    GroupNorm + SiLU: the kernel's epilogue)."""
+    b = Builder("e")
+    x = b.param(d, shape)
+    y = b.op("group-norm", [x], groups=groups, epsilon=1e-6)
+    if affine:
+        n = len(shape)
+        g, c = b.param(d, shape[-1:]), b.param(d, shape[-1:])
+        y = b.op("add", [b.op("multiply", [y, b.op("broadcast", [g], shape=shape, dimensions=(n - 1,))]),
+                         b.op("broadcast", [c], shape=shape, dimensions=(n - 1,))])
+        y = b.op("silu", [y])
+    return Module("m", b.build(y))
+
+
+# (rows per batch over 128 and not, several batches, instance norm (groups = C), bf16, a batch over
+# GROUP_NORM_RESIDENT that is loaded twice, rank 3)
+GN_CASES = [((1, 32, 32, 32), 8, F32, True), ((2, 5, 7, 12), 3, F32, False), ((2, 16, 16, 6), 6, F32, True),
+            ((1, 16, 16, 64), 8, BF16, True), ((1, 64, 64, 800), 32, F32, False), ((3, 40, 10), 2, F32, True)]
+
+
+@pytest.mark.parametrize("shape,groups,d,affine", GN_CASES,
+                         ids=[f"{'x'.join(map(str, s))}-g{g}-{d.name}-{'affine' if a else 'plain'}"
+                              for s, g, d, a in GN_CASES])
+def test_group_norm_matches_the_interpreter_and_keeps_nothing_in_hbm(shape, groups, d, affine):
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _group_norm(shape, groups, d, affine)
+    rng = np.random.default_rng(9)
+    inputs = {f"p{i}": dt.cast(rng.standard_normal(p.type.shape) * 2 + 0.5, d) for i, p in enumerate(m.entry.params)}
+    tol = 2 ** -6 if d is BF16 else 1e-5
+    assert_device_matches(m, inputs, "trn1", rtol=tol, atol_scale=tol)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    assert not any(tn.kind == "scratch" for tn in program.tensors.values())

@@ -16,14 +16,14 @@ from nxsat.driver import CompileOptions, compile_model
 MODELS = DATA / "models"
 CASES = sorted(p.stem for p in MODELS.glob("*.hlo"))
 # what each model type extracts (fused operator -> count); generic extracts none. Both types run the
-# activations and attention sets; only transformer has the layer norms.
+# activations and attention sets; only transformer has the layer norms, only unet-inference the group norms.
 FUSED = {
     ("attention_s2048", "transformer"): {"softmax": 1},
     ("attention_s2048", "unet-inference"): {"softmax": 1},
     ("gpt_decoder", "transformer"): {"gelu-tanh": 2, "layer-norm": 5, "softmax": 2},
     ("gpt_decoder", "unet-inference"): {"gelu-tanh": 2, "softmax": 2},
     ("unet_diffusers", "transformer"): {"silu": 7, "softmax": 1},
-    ("unet_diffusers", "unet-inference"): {"silu": 7, "softmax": 1},
+    ("unet_diffusers", "unet-inference"): {"group-norm": 8, "silu": 7, "softmax": 1},
 }
 
 

@@ -270,6 +270,8 @@ def _fused(op: str, shape: tuple[int, ...], t: str) -> Module:
     b = Builder("e")
     x = b.param(dt.by_name(t), shape)
     attrs = {"dimension": len(shape) - 1} if op == "softmax" else {"epsilon": 1e-5}
+    if op == "group-norm":
+        attrs["groups"] = 8
     return Module("m", b.build(b.op(op, [x], **attrs)))
 
 
@@ -277,7 +279,10 @@ FUSED_CASES = [("softmax", (12, 128, 128), "bf16"), ("softmax", (4096, 1024), "f
                ("softmax", (2048, 4096), "bf16"), ("softmax", (8, 12, 128, 512), "f32"), ("softmax", (300, 77), "f32"),
                ("layer-norm", (1, 4096, 768), "bf16"), ("layer-norm", (128, 768), "f32"),
                ("layer-norm", (8, 128, 1024), "f32"), ("layer-norm", (16, 4096), "bf16"), ("layer-norm", (4, 8), "f32"),
-               ("layer-norm", (300, 77), "f32")]
+               ("layer-norm", (300, 77), "f32"),
+               ("group-norm", (1, 32, 32, 32), "f32"), ("group-norm", (2, 16, 16, 64), "bf16"),
+               ("group-norm", (1, 64, 64, 320), "f32"), ("group-norm", (1, 8, 8, 96), "f32"),
+               ("group-norm", (4, 8, 8, 128), "bf16"), ("group-norm", (1, 16, 16, 256), "f32")]
 FUSED_XFAIL = {"layer-norm-300x77-f32": "three tiles of one row per partition: each tile's chain of statistics, "
                                         "rsqrt and pass hops between engines, which the model does not price "
                                         "(predicted/simulated 0.80)"}

@@ -1,5 +1,5 @@
-"""Every rule of the model-type sets (transformer, attention, activations), shown firing on a small graph, with the
-e-graph still sound (tests/rules/test_rules_generic.py does the same for the generic set); and the sets
+"""Every rule of the model-type sets (transformer, attention, activations, unet), shown firing on a small
+graph, with the e-graph still sound (tests/rules/test_rules_generic.py does the same for the generic set); and the sets
 firing on the corpus, where `--model-type transformer` (or unet-inference) extracts the fused operators."""
 
 from __future__ import annotations
@@ -107,6 +107,30 @@ def _layer_norm_flax() -> Module:
     return b.module(b.op("multiply", [d, b.op("multiply", [rb, g])]))
 
 
+def _group_norm_flax() -> Module:
+    """Flax's GroupNorm on NHWC [2, 3, 4, 6] in 3 groups of 2 channels: the statistics per (batch, group) over
+    H, W and the group's channels, broadcast back through [N, G, 2] -> [N, C], the scale folded into the
+    reciprocal as Flax writes it ([N, 1, 1, C])."""
+    b = Builder("gn")
+    shape, grouped, C = (2, 3, 4, 6), (2, 3, 4, 3, 2), 6
+    x, g = b.param(F32, shape), b.param(F32, (2, 1, 1, C))
+    xr = b.op("reshape", [x], shape=grouped)
+    n = _splat(b, 24.0, F32, (2, 3))
+    add = reducer_body("add", "f32")
+    m = b.op("divide", [b.op("reduce", [xr, b.constant(0.0, F32)], dimensions=(1, 2, 4), to_apply=add), n])
+    ex2 = b.op("divide", [b.op("reduce", [b.op("multiply", [xr, xr]), b.constant(0.0, F32)], dimensions=(1, 2, 4),
+                                 to_apply=add), n])
+    var = b.op("maximum", [b.op("subtract", [ex2, b.op("multiply", [m, m])]), _splat(b, 0.0, F32, (2, 3))])
+
+    def per_channel(v, to):  # [N, G] -> [N, G, 2] -> the reshape ``to`` (channels last)
+        return b.op("reshape", [b.op("broadcast", [v], shape=(2, 3, 2), dimensions=(0, 1))], shape=to)
+
+    r = b.op("rsqrt", [b.op("add", [per_channel(var, (2, 1, 1, C)), _splat(b, 1e-6, F32, (2, 1, 1, C))])])
+    rg = b.op("reshape", [b.op("multiply", [r, g])], shape=(2, C))
+    d = b.op("subtract", [x, b.op("broadcast", [per_channel(m, (2, C))], shape=shape, dimensions=(0, 3))])
+    return b.module(b.op("multiply", [d, b.op("broadcast", [rg], shape=shape, dimensions=(0, 3))]))
+
+
 def _layer_norm_two_pass() -> Module:
     """tests/data/hlo/layer_norm's form: bf16 values, f32 statistics rounded back, two passes."""
     b = Builder("ln")
@@ -145,6 +169,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "layer-norm-centred": _layer_norm_centred,
     "layer-norm-flax": _layer_norm_flax,
     "layer-norm-two-pass": _layer_norm_two_pass,
+    "group-norm-flax": _group_norm_flax,
     "gelu-tanh": _gelu_jax,
     "gelu-tanh-torch": _gelu_torch,
     "silu": _silu("right"),
@@ -158,7 +183,7 @@ CASES: dict[str, Callable[[], Module]] = {
 
 
 def test_every_model_type_rule_has_a_case():
-    assert {r.name for r in catalog().set_rules(["transformer", "attention", "activations"])} == set(CASES)
+    assert {r.name for r in catalog().set_rules(["transformer", "attention", "activations", "unet"])} == set(CASES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -203,13 +228,13 @@ def test_the_corpus_softmaxes_become_one_operator(path, scale, level):
 
 
 @pytest.mark.parametrize("path,model_type,fused", [
-    (DATA / "jax" / "unet_tiny.hlo", "unet-inference", {"silu": 3}),
+    (DATA / "jax" / "unet_tiny.hlo", "unet-inference", {"group-norm": 3, "silu": 3}),
     (DATA / "jax" / "unet_tiny.hlo", "transformer", {"silu": 3}),
     (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2, "layer-norm": 5}),
     (DATA / "hlo" / "layer_norm_1x4096x768_bf16.hlo", "transformer", {"layer-norm": 1}),
     # the scores' re-read priced (extract/cost.py _reductions_of): before, the pattern looked fused
     (DATA / "models" / "attention_s2048.hlo", "transformer", {"softmax": 1}),
-    (DATA / "models" / "unet_diffusers.hlo", "unet-inference", {"silu": 7, "softmax": 1}),
+    (DATA / "models" / "unet_diffusers.hlo", "unet-inference", {"group-norm": 8, "silu": 7, "softmax": 1}),
 ], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2", "layer_norm", "attention_s2048", "unet_diffusers"])
 def test_the_corpus_patterns_become_fused_operators(path, model_type, fused):
     ops = [n.op for n in _extracted(path, model_type).entry.post_order()]
