@@ -43,6 +43,7 @@ from nxsat.extract.plan import (
     DepthwisePlan,
     conv_plan,
     depthwise_plan,
+    hosts_rows,
     layer_norm_rows,
     matmul_plan,
     max_cols,
@@ -159,10 +160,11 @@ class CostModel:
     # -- operators --------------------------------------------------------------------------------------
 
     def op_ns(self, op: str, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value | None,
-              inputs: Sequence[bool] = (), multiply_in: str | None = None) -> float:
+              inputs: Sequence[bool] = (), multiply_in: str | None = None, hosted: bool = False) -> float:
         """The time of one operator; ``inputs[i]``: operand i is read from HBM (a model input or a
         constant) rather than from a neighbour fused on chip; ``multiply_in``: the type a dot's
-        operands are converted to on chip (a cast the dot absorbs), when not the model's."""
+        operands are converted to on chip (a cast the dot absorbs), when not the model's; ``hosted``:
+        a softmax the dot making its scores computes on its tiles."""
         if result is None or op in VIEWS:
             return NODE_NS
         if op == "dot":
@@ -173,7 +175,7 @@ class CostModel:
         if op == "transpose":
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
         if op == "softmax" and operands and operands[0] is not None:
-            return NODE_NS + self.softmax_ns(operands[0])
+            return NODE_NS + self.softmax_ns(operands[0], hosted)
         if op == "layer-norm" and operands and operands[0] is not None:
             return NODE_NS + self.layer_norm_ns(operands[0])
         if op == "group-norm" and operands and operands[0] is not None:
@@ -228,9 +230,14 @@ class CostModel:
             return max(0.0, compute - shadow) + compute / tiles
         return self.pipelined((load, compute, store), (load + store, compute), tiles) + fixed
 
-    def softmax_ns(self, x: Value) -> float:
+    def softmax_ns(self, x: Value, hosted: bool = False) -> float:
         """A fused softmax (backend/fused.py): per tile VectorE's row maxima, ScalarE's exp with the sum
-        accumulated (one instruction per row), VectorE's reciprocals, ScalarE's multiply per row."""
+        accumulated (one instruction per row), VectorE's reciprocals, ScalarE's multiply per row.
+        ``hosted``: the dot computes it on its result tiles (``plan_softmax_hosts``): no load, and the
+        store the dot would have made of its scores is credited (the engines' work and the
+        probabilities' store remain)."""
+        if hosted:
+            return self.softmax_hosted_ns(x)
         L, k, tiles = self._row_tiles(x, softmax_rows)
         rows = tiles * k  # rows per partition over the whole softmax
         half = int(x.dtype in ("bf16", "f16"))
@@ -238,6 +245,25 @@ class CostModel:
                + self.instr_ns("dve", "tensor_scalar", tiles, N=k) + self.instr_ns("dve", "activation", tiles, N=k))
         act = self.instr_ns("act", "activation", rows, N=L, accum=1) + self.instr_ns("act", "activation", rows, N=L)
         return self._row_kernel_ns(x, k, tiles, dve, act)
+
+    def softmax_hosted_ns(self, x: Value) -> float:
+        """The softmax a dot computes on its ``[128, n]`` result tiles (n: one PSUM bank of the row, the
+        matmul plan's N tile), as ``SoftmaxEpilogue`` emits it: per tile VectorE's maxima and ScalarE's exp
+        with accumulate and multiply; per row block VectorE's bias and reciprocal (and, for rows over
+        several tiles, the tiles' maxima gathered and reduced, the sums reduced); the probabilities stored
+        in the dot's store's place (the scores' store is not made)."""
+        L = x.shape[-1] if x.shape else 1
+        blocks = -(-max(1, x.size // max(1, L)) // self.P)  # row blocks of 128 rows
+        n = min(L, self.target.psum_bank_bytes // 4)
+        per = -(-L // n)  # tiles per row
+        tiles = blocks * per
+        dve = (self.instr_ns("dve", "tensor_reduce", tiles, N=n) + self.instr_ns("dve", "tensor_scalar", tiles, N=1)
+               + self.instr_ns("dve", "activation", blocks, N=1))
+        if per > 1:
+            dve += (self.instr_ns("dve", "tensor_copy", tiles, N=1)
+                    + 2 * self.instr_ns("dve", "tensor_reduce", blocks, N=per))
+        act = 2 * self.instr_ns("act", "activation", tiles, N=n)
+        return max(dve, act) + min(dve, act) / blocks
 
     def layer_norm_ns(self, x: Value) -> float:
         """A fused layer norm (backend/fused.py): per row VectorE's bn_stats over every 512 elements and a
@@ -1022,11 +1048,13 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         # an operand that another operand reduces (softmax's x - max(x), e / sum(e)) was stored before
         # the reduction could finish: it is loaded back, not fused (the backend's passes do the same)
         reread = set().union(*(reduced[k] for k in kids)) if ops[i] not in _CONTRACTIONS else set()
-        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] or k in reread for k in kids), multiply_in)
+        hosted = ops[i] == "softmax" and bool(kids) and _hosts_softmax(eg, view, ops, kids[0], model)
+        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] or k in reread for k in kids), multiply_in,
+               hosted)
         cost = cache.get(key)
         if cost is None:
             op, attrs = eg.operator(node)
-            cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in)
+            cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in, hosted)
         out.append(cost)
     return out
 
@@ -1058,6 +1086,40 @@ def _read_by_contractions(view: View, ops: Sequence[str]) -> list[bool]:
         return res
 
     return [not view.class_is_list[c] and ok(c, set()) for c in range(view.n_classes)]
+
+
+def _hosts_softmax(eg: EGraph, view: View, ops: Sequence[str], x: int, model: CostModel) -> bool:
+    """Would the backend have a dot compute a softmax of class ``x`` (backend/fused.py
+    ``plan_softmax_hosts``)? ``x`` holds the dot, a reshape of it, or an elementwise operator reading a
+    dot of its size (the dot's epilogue: BERT's scaled and masked scores), and the dot's tiles deliver
+    whole rows (:func:`~nxsat.extract.plan.hosts_rows`)."""
+    row = (view.shape.get(x) or (1,))[-1]
+
+    def dot_in(c: int, depth: int) -> bool:
+        for i in view.class_nodes[c]:
+            if ops[i] == "dot":
+                node = view.nodes[i]
+                lhs, rhs = (view.shape.get(k) for k in node.children[:2])
+                if lhs is None or rhs is None:
+                    continue
+                d = eg.operator(node)[1]["dims"]
+                M = math.prod(n for j, n in enumerate(lhs) if j not in d.lhs_batch and j not in d.lhs_contracting)
+                K = math.prod(lhs[j] for j in d.lhs_contracting)
+                N = math.prod(n for j, n in enumerate(rhs) if j not in d.rhs_batch and j not in d.rhs_contracting)
+                if N == row and hosts_rows(matmul_plan(M, K, N, model.matmul_dtype, model.target), N):
+                    return True
+            elif depth and ops[i] in _PASS_VIEWS | _ELEMENTWISE_HOSTED and view.nodes[i].children:
+                size = math.prod(view.shape.get(c) or ())
+                if any(math.prod(view.shape.get(k) or ()) == size and dot_in(k, depth - 1)
+                       for k in view.nodes[i].children):
+                    return True
+        return False
+
+    return dot_in(x, 2)
+
+
+# what a dot's epilogue cluster computes on the scores before a softmax reads them
+_ELEMENTWISE_HOSTED = frozenset({"add", "subtract", "multiply", "divide", "select", "convert"})
 
 
 def _reductions_of(view: View, ops: Sequence[str]) -> list[frozenset[int]]:

@@ -193,7 +193,7 @@ def simulated_us(module: Module, cast: str) -> float:
 
 def predicted_us(module: Module, cast: str) -> float:
     """The cost model's price of ``module``: the sum over its operators, ``inputs`` true for the
-    operands that are parameters or constants."""
+    operands that are parameters or constants; a softmax reading a dot priced as the dot computing it."""
     cm = CostModel(_target(), "bf16" if cast == "matmult" else "f32")
     total = 0.0
     for n in module.entry.post_order():
@@ -201,7 +201,8 @@ def predicted_us(module: Module, cast: str) -> float:
             continue
         vals = [Value(o.shape, o.dtype.name) for o in n.operands]
         inputs = [o.op in ("parameter", "constant") for o in n.operands]
-        total += cm.op_ns(n.op, n.attrs, vals, Value(n.shape, n.dtype.name), inputs)
+        hosted = n.op == "softmax" and n.operands[0].op == "dot"
+        total += cm.op_ns(n.op, n.attrs, vals, Value(n.shape, n.dtype.name), inputs, hosted=hosted)
     return total / 1000
 
 
@@ -299,3 +300,65 @@ def test_fused_operator_within_tolerance(op, shape, t):
     module = _fused(op, shape, t)
     pred, simulated = predicted_us(module, "none"), simulated_us(module, "none")
     assert abs(pred / simulated - 1) <= TOLERANCE, f"predicted {pred:.2f} us, simulated {simulated:.2f} us"
+
+
+# Attention's scores and the softmax the dot computes on them (backend/fused.py SoftmaxEpilogue): the
+# dot's price plus softmax_hosted_ns. (sequence, type, heads)
+HOSTED_CASES = [(512, "bf16", 4), (2048, "bf16", 4), (1024, "f32", 2), (384, "f32", 8), (128, "bf16", 12),
+                (1024, "bf16", 4)]
+HOSTED_XFAIL = {
+    "128-bf16-x12": "one tile per head: each tile's chain evacuation -> maxima -> exp -> reciprocal -> multiply "
+                    "-> store is exposed, which the sum of prices does not see (predicted/simulated 0.78)",
+    "1024-bf16-x4": "the softmax's ScalarE and VectorE work slows the dot's evacuations, which the sum of "
+                    "prices does not see (predicted/simulated 0.85)",
+}
+
+
+def _hosted_param(seq: int, t: str, heads: int):  # noqa: ANN202
+    cid = f"{seq}-{t}-x{heads}"
+    marks = [pytest.mark.xfail(strict=True, reason=HOSTED_XFAIL[cid])] if cid in HOSTED_XFAIL else []
+    return pytest.param(seq, t, heads, id=cid, marks=marks)
+
+
+@pytest.mark.parametrize("seq,t,heads", [_hosted_param(*c) for c in HOSTED_CASES])
+def test_softmax_the_dot_computes_within_tolerance(seq, t, heads):
+    from nxsat import dtypes as dt
+    from nxsat.attrs import DotDims
+    from nxsat.builder import Builder
+
+    b = Builder("e")
+    q, k = (b.param(dt.by_name(t), (heads, seq, 64)) for _ in range(2))
+    s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))
+    module = Module("m", b.build(b.op("softmax", [s], dimension=2, scale=0.125)))
+    pred, simulated = predicted_us(module, "none"), simulated_us(module, "none")
+    assert abs(pred / simulated - 1) <= TOLERANCE, f"predicted {pred:.2f} us, simulated {simulated:.2f} us"
+
+
+def test_the_extractor_prices_a_softmax_the_dot_computes_as_hosted():
+    """node_costs sees the dot under a softmax (directly, or through the dot's epilogue cluster: the scores
+    scaled) and prices the softmax as the dot computing it, not as a kernel loading the scores; a softmax
+    of a model input, or of rows no dot tile delivers whole, keeps the standalone price."""
+    from nxsat import dtypes as dt
+    from nxsat.attrs import DotDims
+    from nxsat.builder import Builder
+    from nxsat.extract.cost import node_costs
+    from nxsat.rules import saturate_module
+
+    def softmax_price(seq: int, through: str | None) -> float:
+        b = Builder("e")
+        q, k = (b.param(dt.F32, (4, seq, 64)) for _ in range(2))
+        s = b.op("dot", [q, k], dims=DotDims((2,), (2,), (0,), (0,)))
+        if through == "scaled":
+            s = b.op("multiply", [s, b.op("broadcast", [b.constant(0.5, dt.F32)], shape=s.shape, dimensions=())])
+        elif through == "input":
+            s = b.param(dt.F32, (4, seq, seq))
+        m = Module("m", b.build(b.op("softmax", [s], dimension=2, scale=1.0)))
+        sat = saturate_module(m, "generic", 1)
+        view = sat.egraph.view()
+        prices = node_costs(sat.egraph, view, CostModel(_target(), "f32"))
+        (i,) = [i for i, n in enumerate(view.nodes) if n.ctor == "Softmax"]
+        return prices[i]
+
+    assert softmax_price(512, None) < 0.5 * softmax_price(512, "input")
+    assert softmax_price(512, "scaled") == softmax_price(512, None)
+    assert softmax_price(8192, None) == softmax_price(8192, "input")  # 32 KiB of fp32 scores per row
