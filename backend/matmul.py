@@ -381,5 +381,9 @@ def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dty
             ps = g.tile((kn, cnt, xn), dt.F32, "psum", "mmtp").ref()
             for i in range(cnt):
                 g.add("pe", "transpose", ps[:, i, :], nat[:, (i0 + i) * kn:(i0 + i + 1) * kn])
-            g.add("dve", "tensor_copy", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
+            # copied out by VectorE and ScalarE in turn, as result tiles are evacuated
+            if (x0 // rows + i0 // per) % 2:
+                g.add("act", "activation", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
+            else:
+                g.add("dve", "tensor_copy", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
     return tile

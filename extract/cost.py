@@ -443,28 +443,31 @@ class CostModel:
                 dve += ev // 2 * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": nn})
         bank = t.psum_bank_bytes // 4
 
-        def transposed(rows: int, loads: int, dtype: str) -> tuple[float, float]:
-            """TensorE and VectorE time of the K tiles of ``rows`` rows transposed ``loads`` times."""
+        def transposed(rows: int, loads: int, dtype: str) -> tuple[float, float, float]:
+            """TensorE, VectorE and ScalarE time of the K tiles of ``rows`` rows transposed ``loads`` times
+            (the banks copied out by VectorE and ScalarE in turn)."""
             fp32 = int(_itemsize(dtype) == 4)
-            p_ns = v_ns = 0.0
+            p_ns = v_ns = a_ns = 0.0
             for xn, xc in _tiles(rows, t.matmul["rows"]):
                 per_bank = max(1, bank // xn)
                 p_ns += xc * ktiles * op_ns(t, "transpose", "pe", P=xn, N=plan.k_tile, fp32=fp32)
                 for cnt, cc in _tiles(ktiles, per_bank):
-                    v_ns += xc * cc * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": cnt * xn})
-            return p_ns * loads, v_ns * loads
+                    copies = xc * cc
+                    v_ns += (copies + 1) // 2 * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": cnt * xn})
+                    a_ns += copies // 2 * op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": cnt * xn})
+            return p_ns * loads, v_ns * loads, a_ns * loads
 
         if lt:
-            p, v = transposed(M, st_loads, lhs.dtype)
-            pe, dve = pe + p, dve + v
+            p, v, a = transposed(M, st_loads, lhs.dtype)
+            pe, dve, act = pe + p, dve + v, act + a
         elif lhs.dtype != mt and not ahead[0]:  # a prefetched operand is converted ahead too
             act += st_loads * self.instr_ns("act", "activation", mtiles * ktiles, N=min(M, plan.m_tile))
         if joint:
-            p, v = transposed(N, 1, rhs.dtype)
-            pe, dve = pe + p, dve + v
+            p, v, a = transposed(N, 1, rhs.dtype)
+            pe, dve, act = pe + p, dve + v, act + a
         elif rt:
-            p, v = transposed(N, mv_loads, rhs.dtype)
-            pe, dve = pe + p, dve + v
+            p, v, a = transposed(N, mv_loads, rhs.dtype)
+            pe, dve, act = pe + p, dve + v, act + a
         elif rhs.dtype != mt and not ahead[1]:
             act += mv_loads * self.instr_ns("act", "activation", ntiles * ktiles, N=min(N, plan.n_tile))
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
