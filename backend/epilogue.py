@@ -47,9 +47,10 @@ class Epilogue:
     stores: dict[int, Ref] = field(default_factory=dict)  # member id -> framed view of its result
     _loaded: dict[tuple, Ref] = field(default_factory=dict)  # distinct accesses -> the tile holding them
 
-    def tile(self, place: Callable[[Ref], Ref], res: Ref) -> dict[int, Operand]:
+    def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> dict[int, Operand]:
         """``res`` is an evacuated tile of the result (``[partitions, *free]``), in its type, at
-        ``place(framed value)``; the cluster's values on it (empty without a cluster)."""
+        ``place(framed value)`` (``at``: its first index there, when the producer says: a dot's
+        ``(b, m0, n0)``); the cluster's values on it (empty without a cluster)."""
         if self.out is not None:
             self.lw.graph.add("dma", "dma", place(self.out), res)
         return self.compute(place, res.shape, res) if self.cluster is not None else {}

@@ -339,20 +339,37 @@ def _row_tiles(R: int, part: int, k_max: int) -> list[tuple[int, int, int]]:
 # --- a softmax computed by the dot whose result it reads ---------------------------------------------
 
 @dataclass(frozen=True)
+class ProbsReader:
+    """The dot that alone reads a hosted softmax's probabilities (attention's ``P @ V``), through
+    ``chain`` (reshapes, the cast to its multiply type): computed on the probabilities' row blocks as
+    they are made, so they never reach HBM. ``side``: which of its operands the probabilities are."""
+
+    dot: Node
+    side: int
+    chain: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
 class SoftmaxHost:
     """The dot computes ``softmax`` on its result tiles: ``source`` is the softmax's operand (the dot
     itself, or a value of the elementwise cluster the dot runs as its epilogue: BERT's scaled and
-    masked scores), ``chain`` the reshapes between them."""
+    masked scores), ``chain`` the reshapes between them; ``reader``: the dot reading the probabilities
+    that it computes too."""
 
     softmax: Node
     source: Node
     chain: tuple[Node, ...]
+    reader: ProbsReader | None = None
 
     @property
     def claimed(self) -> set[int]:
-        """The reshapes: views of values that never reach HBM. (The softmax is not claimed: the dot sets
-        its value, and the softmax's own lowering then has nothing to do.)"""
-        return {n.id for n in self.chain}
+        """The reshapes: views of values that never reach HBM; with a ``reader``, the softmax and the chain
+        to it too. (Without one the softmax is not claimed: the dot sets its value, and the softmax's
+        own lowering then has nothing to do.)"""
+        out = {n.id for n in self.chain}
+        if self.reader is not None:
+            out |= {self.softmax.id, *(n.id for n in self.reader.chain)}
+        return out
 
 
 @plans
@@ -378,13 +395,64 @@ def plan_softmax_hosts(lw: Lowering, order: list[Node]) -> None:
             continue
         from nxsat.backend.matmul import dot_dims, operand_type  # matmul.py imports this module
 
-        _, _, (_, M, K, N) = dot_dims(dot)
+        _, _, (B, M, K, N) = dot_dims(dot)
         mt = operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw)  # as backend/matmul.py decides it
         if N != s.shape[-1] or not hosts_rows(matmul_plan(M, K, N, mt.name, lw.target), N):
             continue
-        host = SoftmaxHost(s, x, tuple(chain))
+        host = SoftmaxHost(s, x, tuple(chain), _probs_reader(lw, s, B, M, N))
         lw.plan[dot.id] = host
         lw.absorbed |= host.claimed
+
+
+def _probs_reader(lw: Lowering, s: Node, B: int, M: int, N: int) -> ProbsReader | None:
+    """The dot that alone reads the probabilities of ``s`` (``[B..., M, N]`` rows of the hosting dot's
+    batches), through reshapes and a float cast nothing else reads, contracting their last dimension
+    with the batches in order; its other operand's free size fits the array's columns (when the
+    probabilities are the moving operand) or one PSUM bank (when they are the stationary one)."""
+    from nxsat.backend.matmul import dot_dims  # matmul.py imports this module
+
+    chain: list[Node] = []
+    x = s
+    while True:
+        readers = lw.consumers.get(x.id, set())
+        if x.id in lw.output_of or len(readers) != 1:
+            return None
+        r = lw.node(next(iter(readers)))
+        if r.op == "reshape" or (r.op == "convert" and r.dtype.is_float and r.id not in lw.absorbed):
+            chain.append(r)
+            x = r
+            continue
+        break
+    if r.op != "dot" or not r.dtype.is_float or [o.id for o in r.operands].count(x.id) != 1:
+        return None
+    side = 0 if r.operands[0] is x else 1
+    d = r.attrs["dims"]
+    batch, contracting = (d.lhs_batch, d.lhs_contracting) if side == 0 else (d.rhs_batch, d.rhs_contracting)
+    rank = len(x.shape)
+    if tuple(batch) != tuple(range(rank - 2)) or tuple(contracting) != (rank - 1,) or x.shape[-2:] != (M, N):
+        return None
+    _, _, (Bp, Mp, Kp, Np) = dot_dims(r)
+    if Bp != B or Kp != N:
+        return None
+    width = Np if side == 0 else Mp  # the other operand's free size
+    if width > (lw.target.psum_bank_bytes // 4 if side == 0 else lw.target.matmul["cols"]):
+        return None
+    return ProbsReader(r, side, tuple(chain))
+
+
+def require_probs_reader(lw: Lowering, dot: Node) -> None:
+    """Before ``dot`` hosts a softmax whose probabilities' reader it computes too: the reader's other operand
+    computed now (the value projection of attention may come later in the order); when it cannot be,
+    the reader is given back to be lowered on its own."""
+    host = lw.plan.get(dot.id)
+    if not isinstance(host, SoftmaxHost) or host.reader is None:
+        return
+    other = host.reader.dot.operands[1 - host.reader.side]
+    if lw.require(other.operands[0] if other.id in lw.absorbed else other):
+        return
+    lw.absorbed -= host.claimed
+    lw.plan[dot.id] = host = SoftmaxHost(host.softmax, host.source, host.chain)
+    lw.absorbed |= host.claimed
 
 
 def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
@@ -394,6 +462,11 @@ def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
         return None
     dots = [o for m in cl.members for o in m.operands if o.op == "dot" and o.shape == cl.shape]
     return dots[0] if len({d.id for d in dots}) == 1 else None
+
+
+# Row blocks whose maxima a hosting dot takes before it finishes the oldest (its exponentials, multiply and
+# the reader's products): the engines then work on neighbouring blocks at once.
+SOFTMAX_AHEAD = 1
 
 
 class SoftmaxEpilogue(Epilogue):
@@ -409,16 +482,21 @@ class SoftmaxEpilogue(Epilogue):
         super().__init__(lw, dot, frame)
         self.host = host
         self.inner = inner
-        written = written_as(lw, host.softmax)
-        self.dst = frame(lw.result(written))
         self.scale = float(host.softmax.attrs.get("scale", 1.0))
-        self.out_t = onchip_dtype(device_dtype(written.dtype))
         self.row = host.softmax.shape[-1]
-        self.parts: list[tuple[Callable[[Ref], Ref], Ref, Ref]] = []  # this row block's tiles so far
-        self.pending: list[tuple[Callable[[Ref], Ref], Ref]] = []
-        self.pending_neg: Ref | None = None
+        self.reader = _ProbsDot(lw, host.reader, self.row) if host.reader is not None else None
+        if self.reader is not None:  # the probabilities never reach HBM: made in their reader's type
+            self.dst = None
+            self.out_t = self.reader.p_type
+        else:
+            written = written_as(lw, host.softmax)
+            self.dst = frame(lw.result(written))
+            self.out_t = onchip_dtype(device_dtype(written.dtype))
+        Part = tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]
+        self.parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref, Ref]] = []  # this row block's so far
+        self.pending: list[tuple[list[Part], Ref]] = []  # row blocks with their maxima, waiting to finish
 
-    def tile(self, place: Callable[[Ref], Ref], res: Ref) -> None:
+    def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> None:
         """This tile's maxima now; once its rows are complete, their exponentials after the next rows'
         maxima (software-pipelined as the standalone kernel is: VectorE and ScalarE work on neighbouring
         tiles)."""
@@ -428,29 +506,122 @@ class SoftmaxEpilogue(Epilogue):
         g.origin = _origin(self.host.softmax)
         mn, nn = res.shape
         xt = x.reshape(mn, 1, nn)
-        self.parts.append((place, xt, _maxima(g, xt, self.scale)))
-        if sum(p[1].shape[2] for p in self.parts) == self.row:
-            negs = [p[2] for p in self.parts]
+        self.parts.append((place, at, xt, _maxima(g, xt, self.scale)))
+        if sum(p[2].shape[2] for p in self.parts) == self.row:
+            negs = [p[3] for p in self.parts]
             neg = negs[0] if len(negs) == 1 else _least(g, negs)
-            self.flush()
-            self.pending, self.pending_neg = [(p, t) for p, t, _ in self.parts], neg
+            self.pending.append(([(p, a, t) for p, a, t, _ in self.parts], neg))
             self.parts = []
+            while len(self.pending) > SOFTMAX_AHEAD:
+                self._finish(*self.pending.pop(0))
         g.origin = _origin(self.node)
 
     def flush(self) -> None:
-        if not self.pending:
-            return
+        while self.pending:
+            self._finish(*self.pending.pop(0))
+
+    def _finish(self, parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]], neg: Ref) -> None:
+        """A row block's exponentials, sums and multiply, then its store or its reader's products."""
         g = self.lw.graph
-        parts, neg = self.pending, self.pending_neg
-        self.pending, self.pending_neg = [], None
-        assert neg is not None
         if len(parts) == 1:  # whole rows in one tile: ``[P, 1, n]``, as the standalone kernel's
-            place, xt = parts[0]
-            y = _normalized(g, xt, neg, self.scale, self.out_t)
-            g.add("dma", "dma", place(self.dst), y.reshape(xt.shape[0], xt.shape[2]))
+            _, _, xt = parts[0]
+            ys = [_normalized(g, xt, neg, self.scale, self.out_t).reshape(xt.shape[0], xt.shape[2])]
+        else:
+            ys = _normalized_row(g, [t for _, _, t in parts], neg, self.scale, self.out_t)
+        if self.reader is not None:
+            g.origin = _origin(self.reader.node)
+            self.reader.rows(parts[0][1], ys)
+            g.origin = _origin(self.node)
             return
-        for (place, _), y in zip(parts, _normalized_row(g, [t for _, t in parts], neg, self.scale, self.out_t)):
+        assert self.dst is not None
+        for (place, _, _), y in zip(parts, ys):
             g.add("dma", "dma", place(self.dst), y)
+
+
+class _ProbsDot:
+    """The dot reading the probabilities (:class:`ProbsReader`), one row block of the hosting dot at a
+    time: the block's ``[rows, keys]`` probability tiles transposed by TensorE 128 keys at a time (a PSUM
+    bank's worth together, copied out by ScalarE and VectorE in turn: keys on the partitions), each multiplied with the
+    matching K tile of the other operand (loaded once per batch) and accumulated in one PSUM bank; the
+    result evacuated and stored where the dot's result has those rows."""
+
+    def __init__(self, lw: Lowering, reader: ProbsReader, keys: int) -> None:
+        from nxsat.backend.matmul import dot_dims, operand_type
+
+        self.lw, self.keys, self.side = lw, keys, reader.side
+        self.node = dot = reader.dot
+        other = dot.operands[1 - reader.side]
+        self.mt = operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw)
+        self.p_type = onchip_dtype(device_dtype(dot.operands[reader.side].dtype))
+        self.out_t = onchip_dtype(device_dtype(dot.dtype))
+        lf, rf, (B, M, K, N) = dot_dims(dot)
+        d = dot.attrs["dims"]
+        src = other.operands[0] if other.id in lw.absorbed else other  # a cast it absorbs: done on load
+        if reader.side == 1:  # probabilities on the right: [B, d, rows] = other[B, d, K] @ P^T
+            view = lw.ref(src).permute(*d.lhs_batch, *d.lhs_contracting, *lf)
+            self.width = M
+        else:  # [B, rows, d] = P @ other[B, K, d]
+            view = lw.ref(src).permute(*d.rhs_batch, *d.rhs_contracting, *rf)
+            self.width = N
+        self.other = lw.view(view, lambda r: r.reshape(B, K, self.width), src)
+        self.out = lw.result(dot).reshape(B, M, N)
+        self.loaded: dict[int, list[tuple[int, int, Ref]]] = {}
+        self.copies = 0
+
+    def _other_tiles(self, b: int) -> list[tuple[int, int, Ref]]:
+        """The other operand's K tiles of batch ``b`` (``[keys, width]``, in the multiply type), loaded once."""
+        from nxsat.backend.matmul import _load_kmajor
+
+        if b not in self.loaded:
+            rows = self.lw.target.matmul["rows"]
+            transpose_dma = bool(self.lw.target.dma["transpose_efficiency"]) and self.mt.itemsize in (2, 4)
+            self.loaded = {b: [(k0, min(rows, self.keys - k0),
+                                _load_kmajor(self.lw, self.other[b, k0:k0 + rows, :], self.mt, transpose_dma))
+                               for k0 in range(0, self.keys, rows)]}
+        return self.loaded[b]
+
+    def rows(self, at: tuple[int, ...], ys: list[Ref]) -> None:
+        """The dot's result for the rows ``at = (b, m0, 0)`` of the hosting dot, whose probabilities are
+        the consecutive ``[rows, n]`` tiles ``ys``."""
+        g = self.lw.graph
+        b, m0 = at[0], at[1]
+        mn = ys[0].shape[0]
+        shape = (self.width, mn) if self.side == 1 else (mn, self.width)
+        acc = g.tile(shape, F32, "psum", "pvacc").ref()
+        tiles = self._other_tiles(b)
+        widths = [y.shape[1] for y in ys]
+
+        def block(k0: int, kn: int) -> Ref:  # the probabilities of keys k0..k0+kn (within one tile)
+            t, c0 = 0, k0
+            while c0 >= widths[t]:
+                c0 -= widths[t]
+                t += 1
+            return ys[t][:, c0:c0 + kn]
+
+        # K tiles of one size transposed into one PSUM bank together and copied out at once
+        per = max(1, self.lw.target.psum_bank_bytes // 4 // mn)
+        groups = [tiles[i:i + per] for i in range(0, len(tiles), per)]
+        groups = [[t for t in grp if t[1] == kn] for grp in groups for kn in dict.fromkeys(t[1] for t in grp)]
+        j = 0
+        for grp in groups:
+            kn = grp[0][1]
+            ps = g.tile((kn, len(grp), mn), F32, "psum", "pvtp").ref()
+            for i, (k0, _, _) in enumerate(grp):
+                g.add("pe", "transpose", ps[:, i, :], block(k0, kn))
+            pt = g.tile((kn, len(grp), mn), self.mt, "sbuf", "pvp").ref()
+            if self.copies % 2:
+                g.add("act", "activation", pt, ps)
+            else:
+                g.add("dve", "tensor_copy", pt, ps)
+            self.copies += 1
+            for i, (_, _, ot) in enumerate(grp):
+                st, mv = (ot, pt[:, i, :]) if self.side == 1 else (pt[:, i, :], ot)
+                g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(tiles) - 1)
+                j += 1
+        res = g.tile(shape, self.out_t, "sbuf", "pvo").ref()
+        g.add("act", "activation", res, acc)
+        dst = self.out[b, :, m0:m0 + mn] if self.side == 1 else self.out[b, m0:m0 + mn, :]
+        g.add("dma", "dma", dst, res)
 
 
 def softmax_epilogue(lw: Lowering, dot: Node, frame: Callable[[Ref], Ref]) -> Epilogue:

@@ -107,6 +107,7 @@ class Lowering:
     consumers: dict[int, set[int]] = field(default_factory=dict)  # node id -> ids of the nodes that read it
     cluster_of: dict[int, Any] = field(default_factory=dict)  # elementwise node id -> its fused cluster
     absorbed: set[int] = field(default_factory=set)  # nodes another operator's lowering does itself
+    deferred: dict[int, Node] = field(default_factory=dict)  # hosts waiting for a reader (run)
     plan: dict[int, Any] = field(default_factory=dict)  # node id -> what a planner decided for its lowering
     _consts: dict[tuple, Ref] = field(default_factory=dict)
     _by_id: dict[int, Node] = field(default_factory=dict)
@@ -237,6 +238,16 @@ class Lowering:
             out.extend(self._reads(o) if o.id in self.absorbed else [o])
         return out
 
+    def require(self, node: Node) -> bool:
+        """Have ``node`` computed before the operator being lowered starts (called first thing by it): the
+        deferred hosts it reads, or whose epilogue computes it, are lowered now. False when it still
+        has no value (it comes later in the order)."""
+        if node.id not in self.values:
+            cl = self.cluster_of.get(node.id)
+            reads = self._reads(node) + ([o for m in cl.members for o in m.operands] if cl is not None else [])
+            self._lower_deferred(reads, self.deferred)
+        return isinstance(self.values.get(node.id), Ref)
+
     def _lower_deferred(self, nodes: list[Node], deferred: dict[int, Node]) -> None:
         """Lower the deferred hosts among ``nodes`` (and first the deferred hosts they read)."""
         for n in nodes:
@@ -295,7 +306,7 @@ class Lowering:
                 self.element_outputs.setdefault((leaf.id, elem), []).append(b)
         for planner in PLANNERS:
             planner(self, order)
-        deferred: dict[int, Node] = {}
+        deferred: dict[int, Node] = self.deferred
         for node in order:
             if node.op == "parameter" or node.id in self.values or node.id in self.absorbed:
                 continue

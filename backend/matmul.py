@@ -18,9 +18,9 @@ import math
 
 from nxsat import dtypes as dt
 from nxsat.backend.epilogue import Epilogue
-from nxsat.backend.fused import softmax_epilogue
+from nxsat.backend.fused import require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
+from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
 from nxsat.extract.plan import matmul_plan, segments_pay
 from nxsat.ir import Node
 from nxsat.sim.program import AccessError
@@ -55,6 +55,10 @@ def dot_dims(node: Node) -> tuple[list[int], list[int], tuple[int, int, int, int
 
 @lowers("dot")
 def dot(lw: Lowering, node: Node) -> None:
+    if node.id in lw.values:
+        return  # computed on the probabilities' tiles by the dot whose softmax it reads (backend/fused.py)
+    require_probs_reader(lw, node)
+    lw.graph.origin = _origin(node)
     lhs, rhs = node.operands
     dims = node.attrs["dims"]
     lb, lc, rb, rc = dims.lhs_batch, dims.lhs_contracting, dims.rhs_batch, dims.rhs_contracting
@@ -168,7 +172,7 @@ def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t
         lw.graph.add("dve", "tensor_copy", res, acc)
     b, m0, n0 = at
     mn, nn = acc.shape
-    ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res)
+    ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res, at)
 
 
 def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> bool:
