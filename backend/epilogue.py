@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from nxsat.backend.affine import AffinePredicate, affine_predicate, tile_params, virtual
 from nxsat.backend.elementwise import Cluster, Kernel, emit
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, onchip_dtype
@@ -45,6 +46,7 @@ class Epilogue:
     cluster: Cluster | None = None
     inputs: dict[int, Operand] = field(default_factory=dict)  # operand id -> framed view, or a number
     stores: dict[int, Ref] = field(default_factory=dict)  # member id -> framed view of its result
+    affine: dict[int, AffinePredicate] = field(default_factory=dict)  # input id -> the mask it is (backend/affine.py)
     _loaded: dict[tuple, Ref] = field(default_factory=dict)  # distinct accesses -> the tile holding them
 
     def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> dict[int, Operand]:
@@ -69,9 +71,17 @@ class Epilogue:
         k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape)
         val: dict[int, Operand] = {} if res is None else {self.node.id: _flat(res, flat)}
         for oid, src in self.inputs.items():
-            val[oid] = src if is_num(src) else self._load(oid, place, flat)
+            if oid not in self.affine:  # a mask of the position: loaded only if no affine_select applies it
+                val[oid] = src if is_num(src) else self._load(oid, place, flat)
         for m in cl.members:
             g.origin = _origin(m)
+            masked = self._affine_select(m, val, place, shape, k.t) if m.op == "select" else None
+            if masked is not None:
+                val[m.id] = masked
+                continue
+            for o in m.operands:
+                if o.id not in val:
+                    val[o.id] = self._load(o.id, place, flat)
             val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
         for mid, dst in self.stores.items():
             v = val[mid]
@@ -82,6 +92,28 @@ class Epilogue:
             g.add("dma", "dma", place(dst), v if len(shape) == 2 else v.reshape(*shape))
         g.origin = _origin(self.node)
         return val
+
+    def _affine_select(self, m: Node, val: dict[int, Operand], place: Callable[[Ref], Ref], shape: tuple[int, ...],
+                       t: Tiles) -> Ref | None:
+        """``select(mask, x, fill)`` whose mask is an affine predicate of the position (a causal mask): one
+        GpSimd ``affine_select`` on this tile, the mask never loaded; None when it does not apply (the
+        mask is not such a predicate, ``x`` is not a tile of the result's type, ``fill`` not a number, or
+        the tile's place is not affine in the mask's dimensions)."""
+        p, x, f = m.operands
+        pred = self.affine.get(p.id)
+        src, fill = val.get(x.id), val.get(f.id)
+        out_t = onchip_dtype(device_dtype(m.dtype))
+        if pred is None or not isinstance(src, Ref) or src.dtype is not out_t or not is_num(fill):
+            return None
+        params = tile_params(pred, place(self.frame(virtual(p))))
+        if params is None:
+            return None
+        base, cm, steps = params
+        out = t.tile(out_t)
+        shaped = (lambda r: r) if len(shape) == 2 else (lambda r: r.reshape(*shape))
+        self.lw.graph.add("pool", "affine_select", shaped(out), shaped(src), base=base, channel_multiplier=cm,
+                          steps=steps, cmp=pred.cmp, fill=float(fill))
+        return out
 
     def _load(self, oid: int, place: Callable[[Ref], Ref], flat: tuple[int, int]) -> Ref:
         """Input ``oid``'s tile at ``place``, loaded once per distinct access (a bias repeated along M: once
@@ -185,6 +217,9 @@ def _bind(lw: Lowering, ep: Epilogue, cl: Cluster, served: frozenset[int] = froz
                 if not isinstance(lw.values.get(o.id), Ref):
                     return False  # not computed yet (or a tuple)
                 ep.inputs[o.id] = ep.frame(lw.ref(o))
+                pred = affine_predicate(o) if o.dtype.is_pred else None
+                if pred is not None:
+                    ep.affine[o.id] = pred
                 ep.inputs[o.id].ap  # noqa: B018 - resolved: raises where the strides do not merge
         for m in cl.members:
             if m.id in lw.output_of or lw.consumers.get(m.id, set()) - ids:

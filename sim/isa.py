@@ -844,6 +844,40 @@ class Iota(Op):
         x.write(dst, v)
 
 
+class AffineSelect(Op):
+    name = "affine_select"
+    engines = ("pool",)
+    operands = (Operand("dst", SB, write=True), Operand("src", SB))
+    attrs = (Attr("base", "int", 0), Attr("channel_multiplier", "int", 0), Attr("steps", "ints", ()),
+             Attr("cmp", "enum", "ge", ("ge", "gt", "le", "lt", "eq", "ne")), Attr("fill", "number", 0.0))
+    doc = ("dst = src where (base + channel_multiplier * p + sum(steps[k] * i_k)) cmp 0 else fill: a mask that "
+           "is an affine function of the position (a causal mask), computed as it is applied")
+
+    def check(self, c: LInstr, target: Any) -> None:
+        dst, src = c.ops
+        _need_same(dst, src, "affine_select")
+        if dst.dtype is not src.dtype:
+            raise CheckFail(f"affine_select moves elements: dst {dst.dtype.name} must be src's {src.dtype.name}")
+        if len(c.attrs["steps"]) != len(dst.shape) - 1:
+            raise CheckFail(f"steps needs one value per free dimension of {_shape_str(dst)}")
+
+    def domains(self, c: LInstr, target: Any) -> tuple[str, ...]:
+        return ("raw",)
+
+    def run(self, x: ExecCtx, c: LInstr) -> None:
+        dst, src = c.ops
+        v = np.full(dst.shape, c.attrs["base"], dtype=np.int64)
+        v += c.attrs["channel_multiplier"] * np.arange(dst.shape[0], dtype=np.int64).reshape(
+            (-1,) + (1,) * (len(dst.shape) - 1))
+        for k, (n, s) in enumerate(zip(dst.shape[1:], c.attrs["steps"])):
+            shape = [1] * len(dst.shape)
+            shape[k + 1] = n
+            v += s * np.arange(n, dtype=np.int64).reshape(shape)
+        keep = {"ge": v >= 0, "gt": v > 0, "le": v <= 0, "lt": v < 0, "eq": v == 0, "ne": v != 0}[c.attrs["cmp"]]
+        fill = nm.device_cast(np.full(dst.shape, float(c.attrs["fill"])), dst.dtype, False)
+        x.write_raw(dst, np.where(keep, x.read(src).reshape(dst.shape), np.asarray(fill).reshape(dst.shape)))
+
+
 class Memset(Op):
     name = "memset"
     engines = ("dve", "pool", "act")
@@ -1280,7 +1314,7 @@ class Nop(Op):
 
 OPS: dict[str, Op] = {op.name: op for op in (
     Matmul(), Transpose(), Activation(), TensorTensor(), TensorScalar(), TensorReduce(), TensorCopy(),
-    Select(), Iota(), Memset(), BnStats(), BnAggr(), Gather(), Scatter(), Dma(), DmaTranspose(), AllReduce(),
-    AllGather(),
+    Select(), Iota(), AffineSelect(), Memset(), BnStats(), BnAggr(), Gather(), Scatter(), Dma(), DmaTranspose(),
+    AllReduce(), AllGather(),
     ReduceScatter(), Nop(),
 )}

@@ -928,6 +928,34 @@ def check_iota(engine: str, dst: str, cases: Sequence[tuple[int, int, tuple[int,
     fails.raise_any()
 
 
+AFFINE_CASES = ((0, 1, (-1,), "ge", -3.4e38), (-5, 1, (-1,), "gt", -math.inf), (3, -2, (1,), "le", 0.0),
+                (0, 0, (1,), "eq", 7.0), (10, 1, (-3,), "ne", 2.5), (0, 1, (-1,), "lt", 1.0))
+
+
+def check_affine_select(dtype: str, cases: Sequence[tuple[int, int, tuple[int, ...], str, float]] = AFFINE_CASES
+                        ) -> None:
+    """dst[p, j] = src[p, j] where (base + channel_multiplier p + step j) cmp 0, else the fill rounded once to
+    the type: the kept elements' bits unchanged (NaN, -0 and infinities included)."""
+    rng = np.random.default_rng(11)
+    shape = (16, 24)
+    ins, outs, body = {}, {}, []
+    for k, (base, cm, steps, cmp, fill) in enumerate(cases):
+        ins[f"x{k}"] = _values(dtype, rng, shape)
+        outs[f"y{k}"] = (dtype, shape)
+        body.append(f"pool affine_select y{k}, x{k}, base={base}, channel_multiplier={cm}, "
+                    f"steps=({', '.join(map(str, steps))}), cmp={cmp}, fill={fill!r}")
+    got = run(body, ins, outs)
+    fails = Failures()
+    p, j = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
+    ops = {"ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less, "eq": np.equal,
+           "ne": np.not_equal}
+    for k, (base, cm, steps, cmp, fill) in enumerate(cases):
+        keep = ops[cmp](base + cm * p + steps[0] * j, 0)
+        ref = np.where(keep, ins[f"x{k}"], cast(f32(np.full(shape, fill)), dtype))
+        fails.check(f"affine_select {dtype} {cmp} base={base}", _same_bytes, got[f"y{k}"], ref)
+    fails.raise_any()
+
+
 MEMSET_FLOATS = (0.1, -0.0, 1e10, -1e10, 65520.0, 3.5, math.nan, math.inf, 1e-40, 465.0, 1.0 + 2.0**-8)
 
 

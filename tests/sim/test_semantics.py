@@ -209,6 +209,11 @@ def test_iota(engine: str, dst: str) -> None:
     sc.check_iota(engine, dst)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_affine_select(dtype: str) -> None:
+    sc.check_affine_select(dtype)
+
+
 @pytest.mark.parametrize("engine", ["dve", "pool", "act"])
 def test_memset_every_type(engine: str) -> None:
     sc.check_memset(engine)
