@@ -495,6 +495,7 @@ class SoftmaxEpilogue(Epilogue):
         Part = tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]
         self.parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref, Ref]] = []  # this row block's so far
         self.pending: list[tuple[list[Part], Ref]] = []  # row blocks with their maxima, waiting to finish
+        self.products: tuple[tuple[int, ...], list[Ref]] | None = None  # a finished block's, for the reader
 
     def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> None:
         """This tile's maxima now; once its rows are complete, their exponentials after the next rows'
@@ -519,6 +520,17 @@ class SoftmaxEpilogue(Epilogue):
     def flush(self) -> None:
         while self.pending:
             self._finish(*self.pending.pop(0))
+        self._products()
+
+    def _products(self) -> None:
+        """The reader's products of the row block finished last (if any)."""
+        if self.products is None or self.reader is None:
+            return
+        g = self.lw.graph
+        g.origin = _origin(self.reader.node)
+        self.reader.rows(*self.products)
+        self.products = None
+        g.origin = _origin(self.node)
 
     def _finish(self, parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]], neg: Ref) -> None:
         """A row block's exponentials, sums and multiply, then its store or its reader's products."""
@@ -528,10 +540,9 @@ class SoftmaxEpilogue(Epilogue):
             ys = [_normalized(g, xt, neg, self.scale, self.out_t).reshape(xt.shape[0], xt.shape[2])]
         else:
             ys = _normalized_row(g, [t for _, _, t in parts], neg, self.scale, self.out_t)
-        if self.reader is not None:
-            g.origin = _origin(self.reader.node)
-            self.reader.rows(parts[0][1], ys)
-            g.origin = _origin(self.node)
+        if self.reader is not None:  # its products after the next block's exponentials (one more stage)
+            self._products()
+            self.products = (parts[0][1], ys)
             return
         assert self.dst is not None
         for (place, _, _), y in zip(parts, ys):
@@ -603,21 +614,32 @@ class _ProbsDot:
         groups = [tiles[i:i + per] for i in range(0, len(tiles), per)]
         groups = [[t for t in grp if t[1] == kn] for grp in groups for kn in dict.fromkeys(t[1] for t in grp)]
         j = 0
+
+        def products(grp: list[tuple[int, int, Ref]], pt: Ref) -> None:
+            nonlocal j
+            for i, (_, _, ot) in enumerate(grp):
+                st, mv = (ot, pt[:, i, :]) if self.side == 1 else (pt[:, i, :], ot)
+                g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(tiles) - 1)
+                j += 1
+
+        # software-pipelined by one group: TensorE transposes the next group while this one is copied out
+        ready: tuple[list[tuple[int, int, Ref]], Ref] | None = None
         for grp in groups:
             kn = grp[0][1]
             ps = g.tile((kn, len(grp), mn), F32, "psum", "pvtp").ref()
             for i, (k0, _, _) in enumerate(grp):
                 g.add("pe", "transpose", ps[:, i, :], block(k0, kn))
+            if ready is not None:
+                products(*ready)
             pt = g.tile((kn, len(grp), mn), self.mt, "sbuf", "pvp").ref()
             if self.copies % 2:
                 g.add("act", "activation", pt, ps)
             else:
                 g.add("dve", "tensor_copy", pt, ps)
             self.copies += 1
-            for i, (_, _, ot) in enumerate(grp):
-                st, mv = (ot, pt[:, i, :]) if self.side == 1 else (pt[:, i, :], ot)
-                g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == len(tiles) - 1)
-                j += 1
+            ready = (grp, pt)
+        if ready is not None:
+            products(*ready)
         res = g.tile(shape, self.out_t, "sbuf", "pvo").ref()
         g.add("act", "activation", res, acc)
         dst = self.out[b, :, m0:m0 + mn] if self.side == 1 else self.out[b, m0:m0 + mn, :]
