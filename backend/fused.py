@@ -229,6 +229,51 @@ def layer_norm(lw: Lowering, node: Node) -> None:
     ep.flush()
 
 
+# --- RMS normalization ------------------------------------------------------------------------------
+
+hosts("rms-norm")
+
+
+@lowers("rms-norm")
+def rms_norm(lw: Lowering, node: Node) -> None:
+    """The layer norm's ``[P, k, L]`` row tiles. Per row one ScalarE square with the row's sum accumulated
+    by the same instruction; per tile one ScalarE ``rsqrt(sum / L + eps)``; per row one ScalarE pass
+    ``x * rstd`` into the result's type, and the elementwise cluster reading it (Gemma's ``1 + scale``)
+    as the epilogue. VectorE has nothing to do: it is free for the neighbouring passes."""
+    x = node.operands[0]
+    L = x.shape[-1]
+    R = math.prod(x.shape[:-1])
+    if R == 0 or L == 0:
+        lw.result(node)
+        return
+    ep = epilogue(lw, node, lambda r: r.reshape(R, L))
+    src = lw.view(lw.ref(x), lambda r: r.reshape(R, L), x)
+    g = lw.graph
+    in_t = onchip_dtype(src.dtype)
+    out_t = onchip_dtype(device_dtype(node.dtype))
+    eps = float(node.attrs.get("epsilon", 0.0))
+
+    def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref]:
+        xt = g.tile((pn, k, L), in_t, "sbuf", "rmsx").ref()
+        g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
+        ss = g.tile((pn, k), F32, "sbuf", "rmsss").ref()
+        sq = g.tile((pn, L), F32, "sbuf", "rmssq").ref()  # the squares themselves are not kept
+        for j in range(k):
+            g.add("act", "activation", sq, xt[:, j], func="square", accum=ss[:, j:j + 1])
+        rstd = g.tile((pn, k), F32, "sbuf", "rmsrstd").ref()
+        g.add("act", "activation", rstd, ss, func="rsqrt", scale=1.0 / L, bias=eps)
+        return xt, rstd
+
+    def finish(r0: int, pn: int, k: int, xt: Ref, rstd: Ref) -> None:
+        yt = g.tile((pn, k, L), out_t, "sbuf", "rmsy").ref()
+        for j in range(k):
+            g.add("act", "activation", yt[:, j], xt[:, j], scale=rstd[:, j:j + 1], bias=0.0)
+        ep.tile(lambda r: r[r0:r0 + pn * k].reshape(pn, k, L), yt)
+
+    _pipelined(_row_tiles(R, lw.target.partitions, layer_norm_rows(L, R, lw.target.partitions)), load, finish)
+    ep.flush()
+
+
 # --- group normalization ----------------------------------------------------------------------------
 
 hosts("group-norm")

@@ -178,6 +178,8 @@ class CostModel:
             return NODE_NS + self.softmax_ns(operands[0], hosted)
         if op == "layer-norm" and operands and operands[0] is not None:
             return NODE_NS + self.layer_norm_ns(operands[0])
+        if op == "rms-norm" and operands and operands[0] is not None:
+            return NODE_NS + self.rms_norm_ns(operands[0])
         if op == "group-norm" and operands and operands[0] is not None:
             return NODE_NS + self.group_norm_ns(operands[0], int(attrs.get("groups", 1)))
         od = registry.get(op)
@@ -277,6 +279,15 @@ class CostModel:
                + self.instr_ns("dve", "tensor_tensor", tiles, N=k) + self.instr_ns("dve", "tensor_scalar", tiles, N=k))
         act = self.instr_ns("act", "activation", rows, N=L) + self.instr_ns("act", "activation", tiles, N=k)
         return self._row_kernel_ns(x, k, tiles, dve, act)
+
+    def rms_norm_ns(self, x: Value) -> float:
+        """A fused RMS norm (backend/fused.py): the layer norm's tiles, all on ScalarE: per row a square
+        with the sum accumulated and a pass ``x * rstd``, per tile one rsqrt."""
+        L, k, tiles = self._row_tiles(x, layer_norm_rows)
+        rows = tiles * k
+        act = (self.instr_ns("act", "activation", rows, N=L, accum=1) + self.instr_ns("act", "activation", rows, N=L)
+               + self.instr_ns("act", "activation", tiles, N=k))
+        return self._row_kernel_ns(x, k, tiles, 0.0, act)
 
     def group_norm_ns(self, x: Value, groups: int) -> float:
         """A fused group norm (backend/fused.py): per batch its positions in the layer norm's tiles, all loaded

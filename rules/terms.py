@@ -297,6 +297,8 @@ def _terms() -> list[Term]:
         Term("Silu", "silu", 1, elementwise=True, doc="fused: x * logistic(x) (transformer rule set)"),
         Term("LayerNorm", "layer-norm", 1, attrs=(("epsilon", EPSILON),), slot_names=("epsilon",), elementwise=True,
              doc="fused: (x - mean) / sqrt(var + epsilon) over the last dimension (transformer rule set)"),
+        Term("RmsNorm", "rms-norm", 1, attrs=(("epsilon", EPSILON),), slot_names=("epsilon",), elementwise=True,
+             doc="fused: x / sqrt(mean(x^2) + epsilon) over the last dimension (transformer rule set)"),
         Term("GroupNorm", "group-norm", 1, attrs=(("groups", INT), ("epsilon", EPSILON)),
              slot_names=("groups", "epsilon"), elementwise=True,
              doc="fused: channels last, each (batch, group of channels) normalized over its positions and "

@@ -6,6 +6,9 @@ cost model says it pays.
 layer-norm(x, epsilon): ``(x - mean) / sqrt(var + epsilon)`` over the last dimension (biased variance),
 in fp32; a layer norm's scale and shift stay elementwise (the kernel runs them as its epilogue).
 
+rms-norm(x, epsilon): ``x / sqrt(mean(x^2) + epsilon)`` over the last dimension (no centring: Gemma's
+and Llama's RMSNorm), in fp32; its scale stays elementwise.
+
 group-norm(x, groups, epsilon): channels last (``x`` is ``[N, spatial..., C]``), the ``C`` channels in
 ``groups`` groups of consecutive channels; each (batch, group) normalized over its spatial positions and
 channels as layer-norm normalizes a row. Instance norm is ``groups = C``. Its scale and shift stay
@@ -94,6 +97,25 @@ def _layer_norm(types: list[Type], attrs: dict) -> Type:
     return x
 
 
+def _rms_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
+    x = np.asarray(args[0]).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(attrs.get("epsilon", 0.0)))
+    return to_dtype(y, ctx.node.tensor.dtype)
+
+
+@op("rms-norm", engine=SCALAR, arity=(1, 1), impl=_rms_norm_impl, neuron=("RmsNorm",),
+    flops=lambda types, out, attrs: 4 * tensors(types)[0].size,
+    notes="fused (transformer rule set): x / sqrt(mean(x^2) + epsilon) over the last dimension, in fp32; the "
+          "scale stays elementwise; never in a source graph")
+def _rms_norm(types: list[Type], attrs: dict) -> Type:
+    x = _float_operand(types, "rms-norm")
+    if x.rank == 0:
+        raise ShapeError("rms-norm: the operand has no dimension to normalize")
+    _finite(attrs, "epsilon", 0.0, "rms-norm")
+    return x
+
+
 def _group_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     x = np.asarray(args[0]).astype(np.float64)
     g = int(attrs["groups"])
@@ -166,4 +188,4 @@ for _name, (_fn, _func, _doc, _neuron) in ACTIVATIONS.items():
 
 
 # the operators of this module: the front ends refuse these names
-FUSED = frozenset({"softmax", "layer-norm", "group-norm", *ACTIVATIONS})
+FUSED = frozenset({"softmax", "layer-norm", "rms-norm", "group-norm", *ACTIVATIONS})

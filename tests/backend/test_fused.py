@@ -268,3 +268,35 @@ def test_group_norm_matches_the_interpreter_and_keeps_nothing_in_hbm(shape, grou
     assert_device_matches(m, inputs, "trn1", rtol=tol, atol_scale=tol)
     program = compile_graph(m, sim.load_target("trn1")).program
     assert not any(tn.kind == "scratch" for tn in program.tensors.values())
+
+
+def _rms_norm(shape: tuple[int, ...], d: dt.DType, scaled: bool) -> Module:
+    """rms-norm with Gemma's ``* (1 + scale)`` as its epilogue when ``scaled``."""
+    b = Builder("e")
+    x = b.param(d, shape)
+    y = b.op("rms-norm", [x], epsilon=1e-6)
+    if scaled:
+        n = len(shape)
+        w = b.op("add", [b.param(d, shape[-1:]), b.op("broadcast", [b.constant(1.0, d)], shape=shape[-1:],
+                                                                  dimensions=())])
+        y = b.op("multiply", [y, b.op("broadcast", [w], shape=shape, dimensions=(n - 1,))])
+    return Module("m", b.build(y))
+
+
+RMS_CASES = [((1, 11, 1152), BF16, True), ((300, 1100), F32, False), ((5, 3), F32, True), ((4096, 64), F32, True)]
+
+
+@pytest.mark.parametrize("shape,d,scaled", RMS_CASES,
+                         ids=[f"{'x'.join(map(str, s))}-{d.name}-{'scaled' if a else 'plain'}" for s, d, a in RMS_CASES])
+def test_rms_norm_matches_the_interpreter_and_keeps_nothing_in_hbm(shape, d, scaled):
+    from nxsat import sim
+    from nxsat.backend import compile_graph
+
+    m = _rms_norm(shape, d, scaled)
+    rng = np.random.default_rng(13)
+    inputs = {f"p{i}": dt.cast(rng.standard_normal(p.type.shape) * 2 + 0.5, d) for i, p in enumerate(m.entry.params)}
+    tol = 2 ** -6 if d is BF16 else 1e-5
+    assert_device_matches(m, inputs, "trn1", rtol=tol, atol_scale=tol)
+    program = compile_graph(m, sim.load_target("trn1")).program
+    scratch = {tuple(tn.shape) for tn in program.tensors.values() if tn.kind == "scratch"}
+    assert scratch <= {shape[-1:]}  # at most the 1 + scale: the normalized rows never reach HBM

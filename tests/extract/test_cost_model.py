@@ -281,6 +281,8 @@ FUSED_CASES = [("softmax", (12, 128, 128), "bf16"), ("softmax", (4096, 1024), "f
                ("layer-norm", (1, 4096, 768), "bf16"), ("layer-norm", (128, 768), "f32"),
                ("layer-norm", (8, 128, 1024), "f32"), ("layer-norm", (16, 4096), "bf16"), ("layer-norm", (4, 8), "f32"),
                ("layer-norm", (300, 77), "f32"),
+               ("rms-norm", (1, 11, 1152), "bf16"), ("rms-norm", (4096, 768), "f32"), ("rms-norm", (44, 256), "bf16"),
+               ("rms-norm", (2, 2048, 2048), "bf16"),
                ("group-norm", (1, 32, 32, 32), "f32"), ("group-norm", (2, 16, 16, 64), "bf16"),
                ("group-norm", (1, 64, 64, 320), "f32"), ("group-norm", (1, 8, 8, 96), "f32"),
                ("group-norm", (4, 8, 8, 128), "bf16"), ("group-norm", (1, 16, 16, 256), "f32")]

@@ -149,6 +149,21 @@ def _layer_norm_two_pass() -> Module:
     return b.module(b.op("divide", [d, back(b.op("sqrt", [v]))]))
 
 
+def _rms_norm_f32_sum() -> Module:
+    """Gemma's RMSNorm: bf16 squares summed in f32, the mean rounded back, eps added, rsqrt, times x."""
+    b = Builder("rms")
+    shape, keep = (2, 4, 16), (0, 1)
+    x = b.param(BF16, shape)
+    n = _splat(b, 16.0, F32, (2, 4, 1))
+    add = reducer_body("add", "f32")
+    s = b.op("reduce", [b.op("convert", [b.op("multiply", [x, x])], dtype=F32), b.constant(0.0, F32)], dimensions=(2,),
+             to_apply=add)
+    ms = b.op("convert", [b.op("divide", [b.op("reshape", [s], shape=(2, 4, 1)), n])], dtype=BF16)
+    r = b.op("rsqrt", [b.op("add", [ms, _splat(b, 1e-6, BF16, (2, 4, 1))])])
+    return b.module(b.op("multiply", [x, b.op("broadcast", [b.op("reshape", [r], shape=(2, 4))], shape=shape,
+                                              dimensions=keep)]))
+
+
 def _layer_norm_centred() -> Module:
     """TVM Relay's layer_norm (GPT-2), f32: d = x - mean, d / sqrt(mean(d * d) + eps)."""
     b = Builder("ln")
@@ -170,6 +185,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "layer-norm-flax": _layer_norm_flax,
     "layer-norm-two-pass": _layer_norm_two_pass,
     "group-norm-flax": _group_norm_flax,
+    "rms-norm-f32-sum": _rms_norm_f32_sum,
     "gelu-tanh": _gelu_jax,
     "gelu-tanh-torch": _gelu_torch,
     "silu": _silu("right"),
@@ -232,10 +248,12 @@ def test_the_corpus_softmaxes_become_one_operator(path, scale, level):
     (DATA / "jax" / "unet_tiny.hlo", "transformer", {"silu": 3}),
     (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2, "layer-norm": 5}),
     (DATA / "hlo" / "layer_norm_1x4096x768_bf16.hlo", "transformer", {"layer-norm": 1}),
+    (DATA / "hlo" / "gemma3_1b_flax_call.hlo", "transformer", {"rms-norm": 157, "softmax": 26}),
     # the scores' re-read priced (extract/cost.py _reductions_of): before, the pattern looked fused
     (DATA / "models" / "attention_s2048.hlo", "transformer", {"softmax": 1}),
     (DATA / "models" / "unet_diffusers.hlo", "unet-inference", {"group-norm": 8, "silu": 7, "softmax": 1}),
-], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2", "layer_norm", "attention_s2048", "unet_diffusers"])
+], ids=["unet_tiny-unet", "unet_tiny-transformer", "bert_l2", "layer_norm", "gemma3", "attention_s2048",
+        "unet_diffusers"])
 def test_the_corpus_patterns_become_fused_operators(path, model_type, fused):
     ops = [n.op for n in _extracted(path, model_type).entry.post_order()]
     assert {op: ops.count(op) for op in FUSED if op in ops} == fused
