@@ -287,7 +287,8 @@ RMS_CASES = [((1, 11, 1152), BF16, True), ((300, 1100), F32, False), ((5, 3), F3
 
 
 @pytest.mark.parametrize("shape,d,scaled", RMS_CASES,
-                         ids=[f"{'x'.join(map(str, s))}-{d.name}-{'scaled' if a else 'plain'}" for s, d, a in RMS_CASES])
+                         ids=[f"{'x'.join(map(str, s))}-{d.name}-{'scaled' if a else 'plain'}"
+                              for s, d, a in RMS_CASES])
 def test_rms_norm_matches_the_interpreter_and_keeps_nothing_in_hbm(shape, d, scaled):
     from nxsat import sim
     from nxsat.backend import compile_graph
