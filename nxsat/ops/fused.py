@@ -90,10 +90,15 @@ def _layer_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     notes="fused (transformer rule set): (x - mean) / sqrt(variance + epsilon) over the last dimension "
           "(biased variance), in fp32; the scale and shift stay elementwise; never in a source graph")
 def _layer_norm(types: list[Type], attrs: dict) -> Type:
-    x = _float_operand(types, "layer-norm")
+    return _row_norm(types, attrs, "layer-norm")
+
+
+def _row_norm(types: list[Type], attrs: dict, name: str) -> TensorType:
+    """A normalization over the last dimension: a float operand of rank >= 1 and a finite epsilon."""
+    x = _float_operand(types, name)
     if x.rank == 0:
-        raise ShapeError("layer-norm: the operand has no dimension to normalize")
-    _finite(attrs, "epsilon", 0.0, "layer-norm")
+        raise ShapeError(f"{name}: the operand has no dimension to normalize")
+    _finite(attrs, "epsilon", 0.0, name)
     return x
 
 
@@ -109,11 +114,7 @@ def _rms_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
     notes="fused (transformer rule set): x / sqrt(mean(x^2) + epsilon) over the last dimension, in fp32; the "
           "scale stays elementwise; never in a source graph")
 def _rms_norm(types: list[Type], attrs: dict) -> Type:
-    x = _float_operand(types, "rms-norm")
-    if x.rank == 0:
-        raise ShapeError("rms-norm: the operand has no dimension to normalize")
-    _finite(attrs, "epsilon", 0.0, "rms-norm")
-    return x
+    return _row_norm(types, attrs, "rms-norm")
 
 
 def _group_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:

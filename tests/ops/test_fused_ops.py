@@ -99,3 +99,45 @@ def test_layer_norm_refuses_a_scalar_and_a_non_finite_epsilon():
     with pytest.raises(NxsatError) as e:
         b.op("layer-norm", [b.param(dt.F32, (2, 3))], epsilon=float("nan"))
     assert "not a finite number" in e.value.message
+
+
+@pytest.mark.parametrize("d", [dt.F32, dt.BF16])
+def test_rms_norm_against_numpy(d):
+    x = dt.cast(np.random.default_rng(3).standard_normal((3, 5, 40)) * 3 + 1, d)
+    b = Builder("e")
+    p = b.param(d, x.shape)
+    (got,) = run_module(Module("m", b.build(b.op("rms-norm", [p], epsilon=1e-6))), [x])
+    xw = x.astype(np.float64)
+    np.testing.assert_array_equal(got, dt.cast(xw / np.sqrt((xw ** 2).mean(-1, keepdims=True) + 1e-6), d))
+
+
+@pytest.mark.parametrize("shape,groups", [((2, 4, 5, 12), 3), ((1, 7, 6), 6), ((3, 8), 2)])
+def test_group_norm_against_numpy(shape, groups):
+    """Each (batch, group of consecutive channels) normalized over its positions and channels (rank 2: over
+    the group's channels alone; groups = C: instance norm)."""
+    x = np.random.default_rng(4).standard_normal(shape).astype(np.float32) * 2 + 0.5
+    b = Builder("e")
+    p = b.param(dt.F32, shape)
+    (got,) = run_module(Module("m", b.build(b.op("group-norm", [p], groups=groups, epsilon=1e-6))), [x])
+    xw = x.astype(np.float64)
+    want = np.empty_like(xw)
+    cg = shape[-1] // groups
+    for n in range(shape[0]):
+        for g in range(groups):
+            part = xw[n][..., g * cg:(g + 1) * cg]
+            want[n][..., g * cg:(g + 1) * cg] = (part - part.mean()) / np.sqrt(part.var() + 1e-6)
+    np.testing.assert_array_equal(got, dt.cast(want, dt.F32))
+
+
+def test_norms_refuse_what_they_cannot_normalize():
+    b = Builder("e")
+    with pytest.raises(NxsatError):
+        b.op("rms-norm", [b.param(dt.F32, ())], epsilon=1e-5)
+    with pytest.raises(NxsatError) as e:
+        b.op("group-norm", [b.param(dt.F32, (2, 3, 10))], groups=4, epsilon=1e-5)
+    assert "does not divide the 10 channels" in e.value.message
+    with pytest.raises(NxsatError) as e:
+        b.op("group-norm", [b.param(dt.F32, (10,))], groups=2, epsilon=1e-5)
+    assert "batch and a channel" in e.value.message
+    with pytest.raises(NxsatError):
+        b.op("group-norm", [b.param(dt.S32, (2, 4))], groups=2, epsilon=1e-5)
