@@ -514,13 +514,17 @@ def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
 SOFTMAX_AHEAD = 1
 
 
+# one tile of a row block: its place in the dot's result, its (b, m0, n0), its values ([P, 1, n])
+_Part = tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]
+
+
 class SoftmaxEpilogue(Epilogue):
     """A dot's result tiles, through the cluster of its epilogue ``inner`` when the softmax reads one of
-    its values, turned into the softmax's and stored to its result. A row longer than one tile arrives
-    as consecutive tiles of the same rows (:func:`~nxsat.extract.plan.hosts_rows`): they are kept on
-    chip until the last, each tile's maxima taken as it arrives, then the row's maximum, the
-    exponentials with their sums, and the multiply, tile by tile (a 2,048-key attention's scores
-    never reach HBM)."""
+    its values, turned into the softmax's and stored to its result, or handed to the dot that reads the
+    probabilities (:class:`_ProbsDot`). A row longer than one tile arrives as consecutive tiles of the
+    same rows (:func:`~nxsat.extract.plan.hosts_rows`): they are kept on chip until the last, each
+    tile's maxima taken as it arrives, then the row's maximum, the exponentials with their sums, and
+    the multiply, tile by tile (a 2,048-key attention's scores never reach HBM)."""
 
     def __init__(self, lw: Lowering, dot: Node, host: SoftmaxHost, inner: Epilogue, frame: Callable[[Ref], Ref]
                  ) -> None:
@@ -537,9 +541,8 @@ class SoftmaxEpilogue(Epilogue):
             written = written_as(lw, host.softmax)
             self.dst = frame(lw.result(written))
             self.out_t = onchip_dtype(device_dtype(written.dtype))
-        Part = tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]
         self.parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref, Ref]] = []  # this row block's so far
-        self.pending: list[tuple[list[Part], Ref]] = []  # row blocks with their maxima, waiting to finish
+        self.pending: list[tuple[list[_Part], Ref]] = []  # row blocks with their maxima, waiting to finish
         self.products: tuple[tuple[int, ...], list[Ref]] | None = None  # a finished block's, for the reader
 
     def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> None:
@@ -577,7 +580,7 @@ class SoftmaxEpilogue(Epilogue):
         self.products = None
         g.origin = _origin(self.node)
 
-    def _finish(self, parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]], neg: Ref) -> None:
+    def _finish(self, parts: list[_Part], neg: Ref) -> None:
         """A row block's exponentials, sums and multiply, then its store or its reader's products."""
         g = self.lw.graph
         if len(parts) == 1:  # whole rows in one tile: ``[P, 1, n]``, as the standalone kernel's

@@ -111,7 +111,7 @@ def test_the_range_trial_finds_what_ordinary_values_do_not(planted):
     assert check_rule(unmarked, planted, inputs=2).status == "sound"
     assert {r.name for r in catalog().rules if r.reassociates} == {  # the fused operators': they compute in fp32
         "add-associate", "multiply-associate", "softmax-scale", "softmax-scale-left", "layer-norm-flax",
-        "layer-norm-two-pass", "layer-norm-centred", "group-norm-flax"}
+        "layer-norm-two-pass", "layer-norm-centred", "group-norm-flax", "rms-norm-f32-sum"}
 
 
 def test_the_same_seed_gives_the_same_counterexample(planted):
