@@ -106,7 +106,7 @@ def written_as(lw: Lowering, s: Node) -> Node:
         return s
     c = lw.node(next(iter(readers)))
     narrowing = c.op == "convert" and c.dtype.is_float and s.dtype.is_float and c.dtype.itemsize < s.dtype.itemsize
-    return c if narrowing and c.id not in lw.absorbed and _fused_source(c, lw.consumers, lw.output_of) else s
+    return c if narrowing and c.id not in lw.absorbed and _fused_source(lw, c) else s
 
 
 def _maxima(g: Graph, xt: Ref, scale: float) -> Ref:
@@ -510,7 +510,8 @@ def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
 
 
 # Row blocks whose maxima a hosting dot takes before it finishes the oldest (its exponentials, multiply and
-# the reader's products): the engines then work on neighbouring blocks at once.
+# the reader's products): the engines then work on neighbouring blocks at once. (2 and 3 measured no
+# better on attention_s2048, mha_block and transformer_layer.)
 SOFTMAX_AHEAD = 1
 
 

@@ -245,14 +245,14 @@ class Lowering:
         if node.id not in self.values:
             cl = self.cluster_of.get(node.id)
             reads = self._reads(node) + ([o for m in cl.members for o in m.operands] if cl is not None else [])
-            self._lower_deferred(reads, self.deferred)
+            self._lower_deferred(reads)
         return isinstance(self.values.get(node.id), Ref)
 
-    def _lower_deferred(self, nodes: list[Node], deferred: dict[int, Node]) -> None:
+    def _lower_deferred(self, nodes: list[Node]) -> None:
         """Lower the deferred hosts among ``nodes`` (and first the deferred hosts they read)."""
         for n in nodes:
-            if deferred.pop(n.id, None) is not None:
-                self._lower_deferred(self._reads(n), deferred)
+            if self.deferred.pop(n.id, None) is not None:
+                self._lower_deferred(self._reads(n))
                 self._lower(n)
 
     def run(self) -> None:
@@ -280,7 +280,7 @@ class Lowering:
         # HBM read of the source instead of a cast written to scratch and read back; not where a fused
         # pass computes the source (it writes the narrow type itself).
         cand |= {n.id for n in order if is_operand_cast(n) and n.id not in self.output_of
-                 and not _fused_source(n, self.consumers, self.output_of)
+                 and not _fused_source(self, n)
                  and self.target.supports_matmul_dtype(n.dtype.name) and self.consumers.get(n.id)
                  and all(_absorbs(nodes[c], n) for c in self.consumers[n.id])}
         self.absorbed = cand
@@ -306,17 +306,16 @@ class Lowering:
                 self.element_outputs.setdefault((leaf.id, elem), []).append(b)
         for planner in PLANNERS:
             planner(self, order)
-        deferred: dict[int, Node] = self.deferred
         for node in order:
             if node.op == "parameter" or node.id in self.values or node.id in self.absorbed:
                 continue
             if node.op in HOSTS and any(c in self.cluster_of for c in self.consumers.get(node.id, ())):
-                deferred[node.id] = node
+                self.deferred[node.id] = node
                 continue
-            self._lower_deferred(self._reads(node), deferred)
+            self._lower_deferred(self._reads(node))
             self._lower(node)
-        for node in list(deferred.values()):
-            self._lower_deferred([node], deferred)
+        for node in list(self.deferred.values()):
+            self._lower_deferred([node])
         self.graph.origin = None
         # Outputs a node did not write itself (a parameter, a constant, a view, a value returned twice).
         for k, (leaf, elem) in enumerate(leaves):
@@ -347,7 +346,7 @@ def _absorbs(reader: Node, cast: Node) -> bool:
             and cast.operands[0].op == "parameter")
 
 
-def _fused_source(cast: Node, consumers: dict[int, set[int]], output_of: dict[int, Any]) -> bool:
+def _fused_source(lw: Lowering, cast: Node) -> bool:
     """Is the cast's source computed by an elementwise pass of its shape, or by a kernel that rounds its
     result to the type of the one cast reading it (backend/fused.py ``written_as``: a softmax), which
     can write the narrower type itself: half the bytes stored, and half read by every dot that reads it?"""
@@ -355,7 +354,7 @@ def _fused_source(cast: Node, consumers: dict[int, set[int]], output_of: dict[in
 
     src = cast.operands[0]
     if src.op in NARROW_WRITERS:
-        return consumers.get(src.id) == {cast.id} and src.id not in output_of
+        return lw.consumers.get(src.id) == {cast.id} and src.id not in lw.output_of
     return is_elementwise(src) and src.shape == cast.shape
 
 

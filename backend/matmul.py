@@ -21,7 +21,7 @@ from nxsat.backend.epilogue import Epilogue
 from nxsat.backend.fused import require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import matmul_plan, segments_pay
+from nxsat.extract.plan import dot_sizes, matmul_plan, segments_pay
 from nxsat.ir import Node
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
@@ -46,11 +46,9 @@ def dot_dims(node: Node) -> tuple[list[int], list[int], tuple[int, int, int, int
     it is lowered as."""
     lhs, rhs = node.operands
     dims = node.attrs["dims"]
-    lb, lc, rb, rc = dims.lhs_batch, dims.lhs_contracting, dims.rhs_batch, dims.rhs_contracting
-    lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
-    rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
-    return lf, rf, (math.prod(lhs.shape[d] for d in lb), math.prod(lhs.shape[d] for d in lf),
-                    math.prod(lhs.shape[d] for d in lc), math.prod(rhs.shape[d] for d in rf))
+    lf = [d for d in range(len(lhs.shape)) if d not in dims.lhs_batch and d not in dims.lhs_contracting]
+    rf = [d for d in range(len(rhs.shape)) if d not in dims.rhs_batch and d not in dims.rhs_contracting]
+    return lf, rf, dot_sizes(lhs.shape, rhs.shape, dims)
 
 
 @lowers("dot")

@@ -59,8 +59,8 @@ class Tiles:
         assert rem == 0, f"{b} does not hold whole {dtype.name} elements"
         return self.g.alias(b, dtype, (b.shape[0], n)).ref()
 
-    def memset(self, value: float | int, dtype: dt.DType) -> Ref:
-        t = self.tile(dtype)
+    def memset(self, value: float | int, dtype: dt.DType, shape: tuple[int, ...] | None = None) -> Ref:
+        t = self.tile(dtype, shape)
         self.g.add("pool" if dtype.is_int else "dve", "memset", t, value=value)
         return t
 
@@ -119,9 +119,7 @@ class Tiles:
         with -3.4e38, 117 of 351 us)."""
         if len(self.shape) != 2:
             return self.memset(value, dtype)
-        col = self.tile(dtype, (self.shape[0], 1))
-        self.g.add("pool" if dtype.is_int else "dve", "memset", col, value=value)
-        return col.broadcast(1, self.shape[1])
+        return self.memset(value, dtype, (self.shape[0], 1)).broadcast(1, self.shape[1])
 
     def select(self, pred: Ref, a: Operand, b: Operand, dtype: dt.DType) -> Ref:
         out = self.tile(dtype)

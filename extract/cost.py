@@ -43,6 +43,7 @@ from nxsat.extract.plan import (
     DepthwisePlan,
     conv_plan,
     depthwise_plan,
+    dot_sizes,
     hosts_rows,
     layer_norm_rows,
     matmul_plan,
@@ -401,10 +402,7 @@ class CostModel:
         if lhs is None or rhs is None:
             return 0.0
         d = attrs["dims"]
-        B = math.prod(lhs.shape[i] for i in d.lhs_batch)
-        K = math.prod(lhs.shape[i] for i in d.lhs_contracting)
-        M = math.prod(n for i, n in enumerate(lhs.shape) if i not in d.lhs_batch and i not in d.lhs_contracting)
-        N = math.prod(n for i, n in enumerate(rhs.shape) if i not in d.rhs_batch and i not in d.rhs_contracting)
+        B, M, K, N = dot_sizes(lhs.shape, rhs.shape, d)
         if lhs.dtype in ("s32", "u32", "s64") or rhs.dtype in ("s32", "u32", "s64"):
             return self.engine_ns("pool", "tensor_tensor", B * M * K * N) + 2 * self.dma_fixed
         mt = self.matmul_dtype if lhs.dtype == rhs.dtype == "f32" or self.matmul_dtype != "f32" else (
@@ -1116,10 +1114,7 @@ def _hosts_softmax(eg: EGraph, view: View, ops: Sequence[str], x: int, model: Co
                 lhs, rhs = (view.shape.get(k) for k in node.children[:2])
                 if lhs is None or rhs is None:
                     continue
-                d = eg.operator(node)[1]["dims"]
-                M = math.prod(n for j, n in enumerate(lhs) if j not in d.lhs_batch and j not in d.lhs_contracting)
-                K = math.prod(lhs[j] for j in d.lhs_contracting)
-                N = math.prod(n for j, n in enumerate(rhs) if j not in d.rhs_batch and j not in d.rhs_contracting)
+                _, M, K, N = dot_sizes(lhs, rhs, eg.operator(node)[1]["dims"])
                 if N == row and hosts_rows(matmul_plan(M, K, N, model.matmul_dtype, model.target), N):
                     return True
             elif depth and ops[i] in _PASS_VIEWS | _ELEMENTWISE_HOSTED and view.nodes[i].children:

@@ -8,7 +8,9 @@ decision and never disagree.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nxsat import dtypes as dt
 from nxsat.sim.target import Target
@@ -58,6 +60,14 @@ JOINT_M_TILES = 4
 LOAD_BYTES = 4096
 # A contraction split into segments may take this many more K tiles than merged before a copy is cheaper.
 SPLIT_TILES = 1.25
+
+
+def dot_sizes(lhs: Sequence[int], rhs: Sequence[int], dims: Any) -> tuple[int, int, int, int]:
+    """A dot's ``(B, M, K, N)``, the ``[B, M, K] @ [B, K, N]`` it is computed as: batch, the left operand's
+    free, contracted and the right operand's free dimensions, each merged (``dims``: its DotDims)."""
+    lb, lc, rb, rc = dims.lhs_batch, dims.lhs_contracting, dims.rhs_batch, dims.rhs_contracting
+    return (math.prod(lhs[d] for d in lb), math.prod(n for d, n in enumerate(lhs) if d not in lb and d not in lc),
+            math.prod(lhs[d] for d in lc), math.prod(n for d, n in enumerate(rhs) if d not in rb and d not in rc))
 
 
 def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPlan:

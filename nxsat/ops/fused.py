@@ -55,14 +55,22 @@ def _dimension(attrs: dict[str, Any], rank: int, name: str) -> int:
     return d
 
 
-def _softmax_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
-    (x,) = args
+def _in_fp64(fn: Any) -> Any:
+    """The reference implementation of a fused operator: ``fn(x, attrs)`` on its operand in fp64 (overflow,
+    0/0 and -inf rows give what the pattern gives), rounded once to the result's type."""
+    def impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            y = fn(np.asarray(args[0]).astype(np.float64), attrs)
+        return to_dtype(y, ctx.node.tensor.dtype)
+    return impl
+
+
+@_in_fp64
+def _softmax_impl(x: np.ndarray, attrs: dict) -> np.ndarray:
     d = int(attrs["dimension"])
-    with np.errstate(invalid="ignore", over="ignore"):  # -inf rows give NaN, as the pattern does
-        xw = np.asarray(x).astype(np.float64) * float(attrs.get("scale", 1.0))
-        e = np.exp(xw - xw.max(axis=d, keepdims=True))
-        y = e / e.sum(axis=d, keepdims=True)
-    return to_dtype(y, ctx.node.tensor.dtype)
+    xw = x * float(attrs.get("scale", 1.0))
+    e = np.exp(xw - xw.max(axis=d, keepdims=True))
+    return e / e.sum(axis=d, keepdims=True)
 
 
 @op("softmax", engine=SCALAR, arity=(1, 1), impl=_softmax_impl, neuron=("Softmax",),
@@ -76,13 +84,11 @@ def _softmax(types: list[Type], attrs: dict) -> Type:
     return x
 
 
-def _layer_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
-    x = np.asarray(args[0]).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        mean = x.mean(axis=-1, keepdims=True)
-        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-        y = (x - mean) / np.sqrt(var + float(attrs.get("epsilon", 0.0)))
-    return to_dtype(y, ctx.node.tensor.dtype)
+@_in_fp64
+def _layer_norm_impl(x: np.ndarray, attrs: dict) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + float(attrs.get("epsilon", 0.0)))
 
 
 @op("layer-norm", engine=VECTOR, arity=(1, 1), impl=_layer_norm_impl, neuron=("LayerNorm",),
@@ -102,11 +108,9 @@ def _row_norm(types: list[Type], attrs: dict, name: str) -> TensorType:
     return x
 
 
-def _rms_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
-    x = np.asarray(args[0]).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(attrs.get("epsilon", 0.0)))
-    return to_dtype(y, ctx.node.tensor.dtype)
+@_in_fp64
+def _rms_norm_impl(x: np.ndarray, attrs: dict) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(attrs.get("epsilon", 0.0)))
 
 
 @op("rms-norm", engine=SCALAR, arity=(1, 1), impl=_rms_norm_impl, neuron=("RmsNorm",),
@@ -117,15 +121,13 @@ def _rms_norm(types: list[Type], attrs: dict) -> Type:
     return _row_norm(types, attrs, "rms-norm")
 
 
-def _group_norm_impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
-    x = np.asarray(args[0]).astype(np.float64)
+@_in_fp64
+def _group_norm_impl(x: np.ndarray, attrs: dict) -> np.ndarray:
     g = int(attrs["groups"])
     xr = x.reshape(x.shape[0], -1, g, x.shape[-1] // g)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        mean = xr.mean(axis=(1, 3), keepdims=True)
-        var = ((xr - mean) ** 2).mean(axis=(1, 3), keepdims=True)
-        y = (xr - mean) / np.sqrt(var + float(attrs.get("epsilon", 0.0)))
-    return to_dtype(y.reshape(x.shape), ctx.node.tensor.dtype)
+    mean = xr.mean(axis=(1, 3), keepdims=True)
+    var = ((xr - mean) ** 2).mean(axis=(1, 3), keepdims=True)
+    return ((xr - mean) / np.sqrt(var + float(attrs.get("epsilon", 0.0)))).reshape(x.shape)
 
 
 @op("group-norm", engine=VECTOR, arity=(1, 1), impl=_group_norm_impl, neuron=("GroupNorm",),
@@ -168,11 +170,7 @@ ACTIVATIONS = {
 
 
 def _activation_impl(fn: Any) -> Any:
-    def impl(args: list[Any], attrs: dict, ctx: Ctx) -> np.ndarray:
-        with np.errstate(over="ignore", invalid="ignore"):
-            y = fn(np.asarray(args[0]).astype(np.float64))
-        return to_dtype(y, ctx.node.tensor.dtype)
-    return impl
+    return _in_fp64(lambda x, attrs: fn(x))
 
 
 def _activation_type(name: str) -> Any:
