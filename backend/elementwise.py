@@ -25,6 +25,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Ref
@@ -81,6 +82,7 @@ def is_elementwise(node: Node) -> bool:
 
 EARLY_ELEMENTS = 1 << 16  # a value computed from the model's inputs alone this small is computed first
 EARLY_VIEWS = frozenset({"parameter", "constant", "reshape", "broadcast", "transpose", "slice", "bitcast", "copy"})
+PURE_VIEWS = frozenset({"reshape", "broadcast", "bitcast"})  # an access pattern over the operand, no instruction
 
 
 def lowering_order(order: list[Node]) -> list[Node]:
@@ -124,23 +126,83 @@ def lowering_order(order: list[Node]) -> list[Node]:
 def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
     """Each elementwise node's cluster (see the module's docstring)."""
     position = {n.id: k for k, n in enumerate(order)}
+    for n in order:  # a parameter, a constant and views of them are read where they lie: there from the start
+        if n.op in ("parameter", "constant") or n.op in PURE_VIEWS and all(
+                position.get(o.id, 0) < 0 for o in n.operands):
+            position[n.id] = -1
     of: dict[int, Cluster] = {}
+    read_by: dict[int, list[Cluster]] = {}  # value id -> the clusters that read it from outside
     for k, n in enumerate(order):
         if not is_elementwise(n) or n.id in lw.absorbed:  # an absorbed cast is done by its consumer
             continue
-        joined = None
-        for o in n.operands:
-            c = of.get(o.id)
-            if c is None or c.shape != n.shape or len(c.members) >= MAX_CLUSTER:
-                continue
-            if all(of.get(x.id) is c or position[x.id] < c.first for x in n.operands):
-                joined = c
-                break
+        # the cluster of an operand, else one that already reads an operand (GELU's 0.5 * x beside its
+        # x ** 3 chain: one pass loads x once, and stores nothing the pass itself reads back)
+        near = [of[o.id] for o in n.operands if o.id in of] + [c for o in n.operands for c in read_by.get(o.id, ())]
+        joined = next((c for c in near if c.shape == n.shape and len(c.members) < MAX_CLUSTER and all(
+            of.get(x.id) is c or position[x.id] < c.first for x in n.operands)), None)
         if joined is None:
             joined = Cluster(n.shape, [], k)
         joined.members.append(n)
         of[n.id] = joined
+        for o in n.operands:
+            if of.get(o.id) is not joined and joined not in read_by.setdefault(o.id, []):
+                read_by[o.id].append(joined)
     return of
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """``src * scale`` not computed: the activation that alone reads it applies the scale itself."""
+
+    src: Ref
+    scale: float
+
+
+def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, tuple[Node, float]]:
+    """The fp32 multiplications by a number that only an activation of the same pass reads (GELU's
+    ``tanh(0.797885 * u)``, softmax's scaled ``exp``): ScalarE computes ``func(scale * x + bias)`` in
+    fp32, so the product is its ``scale`` and VectorE's pass over the tile is saved. Member id -> (the
+    multiplied value, the number); ``kept``: the members whose values are stored or read elsewhere."""
+    ids = {m.id for m in members}
+    readers: dict[int, list[Node]] = {}
+    for m in members:
+        for o in m.operands:
+            readers.setdefault(o.id, []).append(m)
+    out = {}
+    for m in members:
+        rs = readers.get(m.id, [])
+        if m.op != "multiply" or m.id in kept or len(rs) != 1 or rs[0].op not in ACTIVATION or \
+                lw.consumers.get(m.id, set()) - ids or _dtype(m) is not dt.F32:
+            continue
+        nums = [lw.scalar(o) if o.id not in ids else None for o in m.operands]
+        k = next((i for i, v in enumerate(nums) if v is not None), None)
+        if k is not None and nums[1 - k] is None and math.isfinite(float(nums[k])):
+            out[m.id] = (m.operands[1 - k], float(nums[k]))
+    return out
+
+
+SHARED_ARITH = {"multiply": "scale", "add": "bias", "subtract": "bias"}  # x op number as func(scale * x + bias)
+
+
+def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]]) -> frozenset[int]:
+    """The members of a pass that ScalarE computes instead of VectorE: a float times, plus or minus a
+    number is ``identity(scale * x + bias)`` on ScalarE, in fp32 as VectorE computes it. Taken in order
+    while ScalarE has less of the pass's work than VectorE (a two-tile VectorE operation counting
+    double): GELU's chain is seven VectorE passes over each tile and one ScalarE pass without it."""
+    ids = {m.id for m in members}
+    act = sum(1 for m in members if m.op in ACTIVATION)
+    dve = sum(2 if sum(o.id in ids or lw.scalar(o) is None for o in m.operands) > 1 else 1
+              for m in members if m.op not in ACTIVATION and m.id not in folds)
+    out = set()
+    for m in members:
+        if act + 1 > dve - 1:
+            break
+        if m.op in SHARED_ARITH and m.id not in folds and _dtype(m) in (dt.F32, dt.BF16) and \
+                sum(o.id not in ids and lw.scalar(o) is not None for o in m.operands) == 1 and \
+                (m.op != "subtract" or m.operands[0].id in ids or lw.scalar(m.operands[0]) is None):
+            out.add(m.id)
+            act, dve = act + 1, dve - 1
+    return frozenset(out)
 
 
 # --- the kernel ------------------------------------------------------------------------------------
@@ -158,6 +220,7 @@ class Kernel:
         self.shape = shape
         self.at = at
         self.grid = grid
+        self.on_act: frozenset[int] = frozenset()  # members whose product or sum with a number ScalarE computes
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -312,6 +375,8 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
             else:
                 inputs[o.id] = r
     stores = {m.id: lw.result(m) for m in outputs}
+    folds = scale_folds(lw, members, set(stores))
+    on_act = act_share(lw, members, folds)
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members))
     nf = lay.nfree
@@ -338,6 +403,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                 key = (*at, *((slice(c0, c0 + cn),) if lay.chunk else ()))
                 k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), shape, (o_flat * nrows + r0, c0),
                            (rows_total, lay.cols))
+                k.on_act = on_act
                 val: dict[int, Operand] = {}
                 for oid, src in inputs.items():
                     if is_num(src):
@@ -355,7 +421,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                     val[oid] = c.broadcast(1, cn) if cn > 1 else c
                 for m in members:
                     lw.graph.origin = _origin(m)
-                    val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
+                    val[m.id] = folded(k, m, val, folds)
                 for m in outputs:
                     lw.graph.origin = _origin(m)
                     v = val[m.id]
@@ -376,6 +442,16 @@ def _origin(node: Node) -> str:
     from nxsat.backend.lower import _origin as origin
 
     return origin(node)
+
+
+def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node, float]]) -> Any:
+    """``m`` on the tiles of ``val``, unless it is a product an activation takes as its scale (``folds``)."""
+    if m.id in folds and isinstance(val[folds[m.id][0].id], Ref):
+        return Scaled(val[folds[m.id][0].id], folds[m.id][1])
+    ops = [val[o.id] for o in m.operands]
+    if m.op not in ACTIVATION:  # only an activation takes a product as its scale
+        ops = [k.t.binary("mul", v.src, v.scale, dt.F32) if isinstance(v, Scaled) else v for v in ops]
+    return emit(k, m, ops)
 
 
 def emit(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
@@ -427,8 +503,8 @@ def _dtype(node: Node) -> dt.DType:
 
 @emits(*ACTIVATION)
 def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    x = ops[0]
+    x, scale = (ops[0].src, ops[0].scale) if isinstance(ops[0], Scaled) else (ops[0], 1.0)
     if is_num(x):
         x = k.t.memset(x, dt.F32)
     d = _dtype(node)
-    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d)  # e4m3fn: narrowed as XLA
+    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d, scale)  # e4m3fn: narrowed as XLA

@@ -137,6 +137,12 @@ def _arith(k: Kernel, node: Node, ops: list[Operand]) -> Operand:
     a, b = ops
     d = _out(node)
     op = ARITH[node.op]
+    if node.id in k.on_act and d.is_float and is_num(a) != is_num(b) and not (op == "sub" and is_num(a)):
+        # ScalarE's share of the pass (elementwise.act_share)
+        x, c = (b, a) if is_num(a) else (a, b)
+        if node.op == "multiply":
+            return k.t.act("identity", x, d, scale=float(c))
+        return k.t.act("identity", x, d, bias=float(c) if node.op == "add" else -float(c))
     if d.is_float:
         return k.t.binary(op, a, b, F32 if d is dt.F8E4M3FN else d)  # e4m3fn: narrowed with XLA's overflow
     if d is U8 and node.dtype.is_pred:

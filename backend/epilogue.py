@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nxsat.backend.affine import AffinePredicate, affine_predicate, tile_params, virtual
-from nxsat.backend.elementwise import Cluster, Kernel, emit
+from nxsat.backend.elementwise import Cluster, Kernel, folded, scale_folds
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
@@ -73,6 +73,7 @@ class Epilogue:
         for oid, src in self.inputs.items():
             if oid not in self.affine:  # a mask of the position: loaded only if no affine_select applies it
                 val[oid] = src if is_num(src) else self._load(oid, place, flat)
+        folds = scale_folds(lw, cl.members, set(self.stores))
         for m in cl.members:
             g.origin = _origin(m)
             masked = self._affine_select(m, val, place, shape, k.t) if m.op == "select" else None
@@ -82,7 +83,7 @@ class Epilogue:
             for o in m.operands:
                 if o.id not in val:
                     val[o.id] = self._load(o.id, place, flat)
-            val[m.id] = emit(k, m, [val[o.id] for o in m.operands])
+            val[m.id] = folded(k, m, val, folds)
         for mid, dst in self.stores.items():
             v = val[mid]
             if is_num(v):

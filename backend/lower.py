@@ -255,6 +255,17 @@ class Lowering:
                 self._lower_deferred(self._reads(n))
                 self._lower(n)
 
+    def _lower_views(self, nodes: list[Node]) -> None:
+        """Lower the constants and views of them and of parameters among ``nodes`` that come later in the
+        order: an elementwise cluster reads them from the start (backend/elementwise.py ``clusters``)."""
+        from nxsat.backend.elementwise import PURE_VIEWS
+
+        for n in nodes:
+            if n.id not in self.values and (n.op == "constant" or n.op in PURE_VIEWS):
+                self._lower_views(list(n.operands))
+                if all(o.id in self.values for o in n.operands):
+                    self._lower(n)
+
     def run(self) -> None:
         from nxsat.backend import families  # noqa: F401 - registers every lowering
         from nxsat.backend.elementwise import clusters, lowering_order
@@ -313,6 +324,7 @@ class Lowering:
                 self.deferred[node.id] = node
                 continue
             self._lower_deferred(self._reads(node))
+            self._lower_views(self._reads(node))
             self._lower(node)
         for node in list(self.deferred.values()):
             self._lower_deferred([node])

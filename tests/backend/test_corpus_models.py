@@ -14,6 +14,7 @@ that no element-wise tolerance judges.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -51,6 +52,8 @@ class Case:
     # overflow in two layers, and a comparison of NaN with NaN proves nothing)
     fan_in: bool = False
     parallel_targets: bool = False  # the two targets' tests in different workers (see _marks)
+    # targets whose run the suite leaves to NXSAT_EXTENDED=1 (see _marks)
+    extended: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -66,7 +69,7 @@ CASES = [
     Case("hlo/mha_block_1x12x128x64_bf16.hlo"),
     Case("hlo/mobilenet_v2.hlo", slow=True,
          scalars=(("p12.42", 6.0), ("p317.2351", 49.0), ("p314.2029", 96.0), ("p315.2045", 0.8)),
-         sensitivities="hlo/mobilenet_v2.sensitivity.json", reload=False, parallel_targets=True),
+         sensitivities="hlo/mobilenet_v2.sensitivity.json", reload=False, parallel_targets=True, extended=("trn2",)),
     Case("hlo/resnet50_keras_jax_f32.hlo", slow=True),
     Case("hlo/sum_axis_1x4096x1024_bf16.hlo"),
     Case("hlo/topk_logits_k10_1x50000_bf16.hlo"),
@@ -86,6 +89,11 @@ def _marks(c: Case, target: str) -> list[pytest.MarkDecorator]:
     marks = [pytest.mark.xdist_group(f"{c.id}-{target}" if c.parallel_targets else c.id)]
     if c.slow:
         marks.append(pytest.mark.slow)
+    # mobilenet_v2's training step on trn2 repeats its trn1 run's 7 minutes (the smaller models cover trn2's
+    # lowering): with both, the suite took 13 to 17 minutes on 2 cores, past its 15-minute budget
+    if target in c.extended:
+        marks.append(pytest.mark.skipif(os.environ.get("NXSAT_EXTENDED") != "1",
+                                        reason="7 minutes: NXSAT_EXTENDED=1 runs it (README, the test command)"))
     return marks
 
 

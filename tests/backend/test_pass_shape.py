@@ -1,0 +1,116 @@
+"""What one fused elementwise pass holds and which engine runs each step (backend/elementwise.py):
+a parameter's views join a pass that has started, a value's two readers share a pass, a product by a
+number becomes the scale of the activation that alone reads it, and ScalarE takes products and sums
+with numbers while VectorE has more of the pass. Each checked on the instructions and against the
+interpreter."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from harness import assert_device_matches, module_of
+
+from nxsat.backend import compile_graph
+from nxsat.sim import load_target
+
+# inference batch norm's parameter chain, as JAX writes it: gamma * rsqrt(var + eps), gamma a later parameter
+BN_SCALE = """HloModule bn
+ENTRY main {
+  var = f32[64]{0} parameter(0)
+  eps = f32[] constant(1e-05)
+  e = f32[64]{0} broadcast(eps), dimensions={}
+  a = f32[64]{0} add(var, e)
+  r = f32[64]{0} rsqrt(a)
+  gamma = f32[64]{0} parameter(1)
+  g = f32[1,64]{1,0} reshape(gamma)
+  gr = f32[64]{0} reshape(g)
+  ROOT m = f32[64]{0} multiply(r, gr)
+}
+"""
+
+# TVM's GELU (gpt2_extract.relay): x ** 3 and 0.5 * x both read x
+GELU = """HloModule gelu
+ENTRY main {
+  x = f32[256,1024]{1,0} parameter(0)
+  three = f32[] constant(3)
+  t3 = f32[256,1024]{1,0} broadcast(three), dimensions={}
+  p = f32[256,1024]{1,0} power(x, t3)
+  c1 = f32[] constant(0.044715)
+  b1 = f32[256,1024]{1,0} broadcast(c1), dimensions={}
+  q = f32[256,1024]{1,0} multiply(p, b1)
+  u = f32[256,1024]{1,0} add(x, q)
+  c2 = f32[] constant(0.797885)
+  b2 = f32[256,1024]{1,0} broadcast(c2), dimensions={}
+  v = f32[256,1024]{1,0} multiply(u, b2)
+  th = f32[256,1024]{1,0} tanh(v)
+  half = f32[] constant(0.5)
+  bh = f32[256,1024]{1,0} broadcast(half), dimensions={}
+  h = f32[256,1024]{1,0} multiply(x, bh)
+  one = f32[] constant(1)
+  bo = f32[256,1024]{1,0} broadcast(one), dimensions={}
+  w = f32[256,1024]{1,0} add(th, bo)
+  ROOT y = f32[256,1024]{1,0} multiply(h, w)
+}
+"""
+
+
+def _insts(text: str) -> list:
+    c = compile_graph(module_of(text), load_target("trn1"))
+    return c.program.instrs
+
+
+def _stores(instrs: list) -> int:
+    """DMAs that write HBM (their first operand is not an on-chip tile)."""
+    return sum(1 for i in instrs if i.opcode == "dma" and not i.operands[0].tensor.startswith(("sb", "ps")))
+
+
+def test_a_parameters_views_join_the_pass_that_reads_them() -> None:
+    """gamma's reshapes come after ``rsqrt(var + eps)`` in the order, yet nothing computes them: the product
+    is in the same pass, so nothing is stored but the result (before: rsqrt went to HBM and came back)."""
+    instrs = _insts(BN_SCALE)
+    assert _stores(instrs) == 1
+    # var + eps on ScalarE beside rsqrt (its share: VectorE has the two-tile product)
+    assert [(i.stream, i.opcode) for i in instrs if i.stream in ("act", "dve")] == [
+        ("act", "activation"), ("act", "activation"), ("dve", "tensor_tensor")]
+    rng = np.random.default_rng(0)
+    assert_device_matches(module_of(BN_SCALE), {"var": rng.uniform(0.1, 2, 64).astype(np.float32),
+                                                "gamma": rng.standard_normal(64).astype(np.float32)})
+
+
+@pytest.fixture(scope="module")
+def gelu() -> list:
+    return _insts(GELU)
+
+
+def test_two_readers_of_one_value_share_its_pass(gelu: list) -> None:
+    """``0.5 * x`` reads only x, as the ``x ** 3`` chain does: one pass, x loaded once per tile and only y
+    stored (before: 0.5 * x was a pass of its own, stored and loaded back by the last multiply)."""
+    loads = sum(1 for i in gelu if i.opcode == "dma" and i.operands[0].tensor.startswith("sb"))
+    tiles = _stores(gelu)
+    assert loads == tiles  # one load of x per stored tile of y
+    assert tiles == 2  # 128 rows of 1024 columns each
+
+
+def test_a_product_by_a_number_is_the_activations_scale(gelu: list) -> None:
+    tanh = [i for i in gelu if i.opcode == "activation" and i.attrs["func"] == "tanh"]
+    assert tanh and all(i.attrs["scale"] == pytest.approx(0.797885) for i in tanh)
+
+
+def test_scalar_engine_takes_a_share_of_the_pass(gelu: list) -> None:
+    """Of the pass's steps, ScalarE runs tanh and the products and sums with numbers while VectorE has
+    more work (a two-tile step counting double): VectorE keeps x ** 3, the two-tile add and multiply (4
+    of 8 before), ScalarE takes 0.044715 * x ** 3, 0.5 * x and th + 1."""
+    per_tile = Counter((i.stream, i.opcode, i.attrs.get("func") or i.attrs.get("op") or i.attrs.get("op0"))
+                       for i in gelu if i.stream in ("act", "dve"))
+    n = _stores(gelu)
+    assert per_tile[("act", "activation", "tanh")] == n
+    assert per_tile[("act", "activation", "identity")] == 3 * n
+    assert per_tile[("dve", "tensor_scalar", "pow")] == n
+    assert sum(per_tile.values()) == 7 * n
+    assert per_tile[("dve", "tensor_tensor", "add")] == per_tile[("dve", "tensor_tensor", "mul")] == n
+
+
+def test_the_shared_pass_matches_the_interpreter() -> None:
+    assert_device_matches(module_of(GELU))
