@@ -33,7 +33,7 @@ from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
 from nxsat.extract.plan import MAX_COLS, WIDE_COLS, WIDE_TILES, max_cols  # noqa: F401 - the tiles' widths
-from nxsat.ir import Node, TensorType, post_order
+from nxsat.ir import Module, Node, TensorType, post_order
 
 MAX_CLUSTER = 48  # operators in one fused pass (each live result holds a tile)
 
@@ -184,7 +184,17 @@ def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, 
 SHARED_ARITH = {"multiply": "scale", "add": "bias", "subtract": "bias"}  # x op number as func(scale * x + bias)
 
 
-def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]]) -> frozenset[int]:
+@dataclass(frozen=True)
+class Share:
+    """How a pass's work per tile is split: the members ScalarE takes (:func:`act_share`), and the
+    passes over the tile each engine then makes (a two-tile VectorE operation counting two)."""
+
+    on_act: frozenset[int]
+    act: int
+    dve: int
+
+
+def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]]) -> Share:
     """The members of a pass that ScalarE computes instead of VectorE: a float times, plus or minus a
     number is ``identity(scale * x + bias)`` on ScalarE, in fp32 as VectorE computes it. Taken in order
     while ScalarE has less of the pass's work than VectorE (a two-tile VectorE operation counting
@@ -202,7 +212,101 @@ def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, fl
                 (m.op != "subtract" or m.operands[0].id in ids or lw.scalar(m.operands[0]) is None):
             out.add(m.id)
             act, dve = act + 1, dve - 1
-    return frozenset(out)
+    return Share(frozenset(out), act, dve)
+
+
+# --- reshapes sunk below elementwise chains --------------------------------------------------------
+
+def _scalar_splat(n: Node) -> bool:
+    return n.op == "broadcast" and isinstance(n.operands[0].type, TensorType) and n.operands[0].shape == ()
+
+
+def sinkable_reshapes(module: Module) -> dict[int, tuple[int, ...]]:
+    """The elementwise nodes to compute in the shape their operands had before a reshape (node id ->
+    that shape): every tensor operand a reshape of a value of that shape, a number broadcast, or
+    another such node. Relay's GELU after a dense reads ``reshape(dense + bias)`` in ``[50, 32, 3072]``
+    where the dense made ``[1600, 3072]``: computed in the dense's shape, the chain joins the bias's
+    pass and runs as the dense's epilogue, and one reshape (a view) follows it. A node is left where
+    it is when an elementwise reader of it would stay in the other shape (the pass would split)."""
+    from nxsat.backend import families  # noqa: F401 - every emitter registered (is_elementwise)
+
+    order = module.entry.post_order()
+    readers: dict[int, list[Node]] = {}
+    for n in order:
+        for o in n.operands:
+            readers.setdefault(o.id, []).append(n)
+    to: dict[int, tuple[int, ...]] = {}
+    for n in order:
+        if not is_elementwise(n) or not n.operands:
+            continue
+        shapes = {o.operands[0].shape if o.op == "reshape" else to[o.id] for o in n.operands
+                  if o.op == "reshape" or o.id in to}
+        if len(shapes) == 1 and all(o.op == "reshape" or o.id in to or _scalar_splat(o) for o in n.operands):
+            (shape,) = shapes
+            if shape != n.shape and math.prod(shape) == math.prod(n.shape):
+                to[n.id] = shape
+    by_id = {n.id: n for n in order}
+    changed = True
+    while changed:
+        changed = False
+        for nid in list(to):  # a node whose elementwise reader stays: one pass would become two
+            if any(is_elementwise(r) and r.id not in to for r in readers.get(nid, ())):
+                del to[nid]
+                changed = True
+        for group in _groups(to, by_id):  # a group that joins no producer's pass, or only casts: left
+            sources = [o.operands[0] for n in group for o in n.operands if o.op == "reshape"]
+            if all(n.op == "convert" for n in group) or not any(
+                    is_elementwise(x) or x.op in ("dot", "convolution") for x in sources):
+                for n in group:
+                    del to[n.id]
+                changed = True
+    return to
+
+
+def _groups(to: dict[int, tuple[int, ...]], by_id: dict[int, Node]) -> list[list[Node]]:
+    """The chosen nodes in groups joined by operand edges (each group one pass after the change)."""
+    parent = {nid: nid for nid in to}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for nid in to:
+        for o in by_id[nid].operands:
+            if o.id in to:
+                parent[root(o.id)] = root(nid)
+    groups: dict[int, list[Node]] = {}
+    for nid in to:  # in the order chosen (post-order): deterministic
+        groups.setdefault(root(nid), []).append(by_id[nid])
+    return list(groups.values())
+
+
+def sink_reshapes(module: Module) -> Module:
+    """``module`` with :func:`sinkable_reshapes` applied: each chosen node computed in its operands' shape,
+    followed by a reshape to its own (the same values)."""
+    from nxsat.passes import rewrite_module
+
+    to = sinkable_reshapes(module)
+    if not to:
+        return module
+
+    def expand(rw: Any, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+        shape = to.get(node.id)
+        if shape is None:
+            return None
+        new_ops = []
+        for o in ops:
+            if o.op == "reshape" and o.operands[0].shape == shape:
+                new_ops.append(o.operands[0])
+            else:  # a number broadcast
+                new_ops.append(Node("broadcast", o.operands, {"shape": shape, "dimensions": ()},
+                                    o.tensor.with_shape(shape), o.name, o.loc))
+        inner = Node(node.op, new_ops, attrs, node.tensor.with_shape(shape), node.name, node.loc)
+        return Node("reshape", [inner], {"shape": node.shape}, node.type, f"{node.name}.reshape", node.loc)
+
+    return rewrite_module(module, expand)
 
 
 # --- the kernel ------------------------------------------------------------------------------------
@@ -376,7 +480,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                 inputs[o.id] = r
     stores = {m.id: lw.result(m) for m in outputs}
     folds = scale_folds(lw, members, set(stores))
-    on_act = act_share(lw, members, folds)
+    on_act = act_share(lw, members, folds).on_act
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members))
     nf = lay.nfree

@@ -7,9 +7,9 @@ and the result is ``[B, M, N]``, XLA's order. For every batch, the plan (:func:`
 by the array's columns, N by one PSUM bank and K by its rows: each K tile of L is loaded transposed
 (K on partitions) as the stationary operand, each K tile of R as the moving one (consecutive K tiles
 in runs, one DMA each: ``MatmulPlan.runs``), and the K tiles accumulate in one PSUM bank
-(``start``/``stop``). ScalarE or VectorE (in turn) evacuates the bank,
-converting to the result type, and one DMA stores the tile. Integer operands are multiplied as fp32
-(exact below 2^24, as the device computes dots).
+(``start``/``stop``). ScalarE or VectorE (whichever has less of the epilogue's work:
+``Epilogue.evacuate_on_act``) evacuates the bank, converting to the result type, and one DMA stores
+the tile. Integer operands are multiplied as fp32 (exact below 2^24, as the device computes dots).
 """
 
 from __future__ import annotations
@@ -118,7 +118,6 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     plan = matmul_plan(M, Ko * Ki, N, mt.name, t)
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
-    evac = 0
     groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki)]
     last = Ko * plan.k_tiles(Ki) - 1
     joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
@@ -135,8 +134,10 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
         width = plan.n_block * plan.n_tile or N
         for nb0 in range(0, N, width):
             n_tiles = [(n0, min(plan.n_tile, N - n0)) for n0 in range(nb0, min(N, nb0 + width), plan.n_tile)]
-            kept = {n0: [mv for grp in groups for mv in moving(*grp, n0, nn)] for n0, nn in n_tiles} \
-                if plan.n_block else None
+            # kept moving tiles are loaded where the first M tile needs them (N tile by N tile): loaded
+            # all at once, the block's loads shared the DMA bandwidth and the first one, which TensorE
+            # waits for, arrived with the last (a 2048^3 bf16 dot: TensorE idle for its first 36 us)
+            kept: dict[int, list[Ref]] | None = {} if plan.n_block else None
             for m0 in range(0, M, plan.m_tile):
                 mn = min(plan.m_tile, M - m0)
 
@@ -146,6 +147,9 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                 resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
                 for n0, nn in n_tiles:
                     acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
+                    if kept is not None and n0 not in kept:
+                        kept[n0] = [mv for ko, k0, kn, n in groups for i in range(n)
+                                    for mv in moving(ko, k0 + i * kn, kn, 1, n0, nn)]
                     j = 0
                     for ko, k0, kn, n in groups:
                         sts = resident[j:j + n] if resident is not None else stationary(ko, k0, kn, n)
@@ -154,8 +158,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                             g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
                                   **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                             j += 1
-                    _store(lw, ep, (b, m0, n0), acc, out_t, evac % 2 == 0)
-                    evac += 1
+                    _store(lw, ep, (b, m0, n0), acc, out_t, ep.evacuate_on_act())
     ep.flush()
 
 

@@ -490,12 +490,13 @@ class CostModel:
         tiles = B * mtiles * ntiles
         steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
         if plan.n_block and not joint:
-            # a block's kept moving tiles and the first M tiles' stationary ones (one per free DMA queue)
-            # start together and share the engines: TensorE starts when that first wave has arrived
+            # the first N tile's kept moving tiles (backend/matmul.py loads each N tile's where the first
+            # M tile needs them) and the first M tiles' stationary ones (one per free DMA queue) start
+            # together and share the engines: TensorE starts when that first wave has arrived
             # at most one load per queue, less two: a calibration (the [3072, 768] @ [768, 128] trace
             # showed the moving block beside 11 stationary loads)
             queues = int(t.dma["queues"]) - 2
-            first = K * min(N, plan.n_block * plan.n_tile) * rs + min(mtiles, queues) * min(M, plan.m_tile) * K * ls
+            first = K * min(N, plan.n_tile) * rs + min(mtiles, queues) * min(M, plan.m_tile) * K * ls
             steady = max(steady, self.dma_ns(first, min(st_run, mv_run)) + pe)
         return steady + 2 * self.dma_fixed
 
