@@ -23,8 +23,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from nxsat import dtypes as dt
 from nxsat.backend.affine import AffinePredicate, affine_predicate, tile_params, virtual
-from nxsat.backend.elementwise import Cluster, Kernel, Share, act_share, folded, scale_folds
+from nxsat.backend.elementwise import ACTIVATION, Cluster, Kernel, Share, act_share, folded, scale_folds
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
@@ -59,15 +60,28 @@ class Epilogue:
             self._share = folds, act_share(self.lw, self.cluster.members, folds)
         return self._share
 
-    def evacuate_on_act(self) -> bool:
+    def evacuate_on_act(self, copy: bool = True) -> bool:
         """Which engine copies the producer's next PSUM tile out: the one with less of the epilogue's work
         so far (ScalarE first; without a cluster they take turns). A dot whose epilogue is GELU's chain
-        and a bias gave VectorE 400 us of 658 while ScalarE idled: every copy goes to ScalarE."""
+        and a bias gave VectorE 400 us of 658 while ScalarE idled: every copy goes to ScalarE.
+        ``copy=False``: the tile is not copied (:meth:`reads_psum`); its work is counted."""
         act, dve = (self.split()[1].act, self.split()[1].dve) if self.cluster is not None else (0, 0)
         on_act = self._work[0] + act <= self._work[1] + dve
-        self._work[0] += act + on_act
-        self._work[1] += dve + (not on_act)
+        self._work[0] += act + (copy and on_act)
+        self._work[1] += dve + (copy and not on_act)
         return on_act
+
+    def reads_psum(self, res_type: dt.DType) -> bool:
+        """Can the cluster read the producer's fp32 PSUM tile itself, with no copy into SBUF first? When
+        the result is needed only by the cluster, in fp32, and by one member that reads it once, as a
+        VectorE or ScalarE operand (a bias add: VectorE reads PSUM at its fast rate, and the copy's
+        pass over the tile is saved)."""
+        cl = self.cluster
+        if cl is None or self.out is not None or res_type is not dt.F32:
+            return False
+        readers = [m for m in cl.members if any(o.id == self.node.id for o in m.operands)]
+        return len(readers) == 1 and sum(o.id == self.node.id for o in readers[0].operands) == 1 and \
+            readers[0].op in PSUM_READERS
 
     def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> dict[int, Operand]:
         """``res`` is an evacuated tile of the result (``[partitions, *free]``), in its type, at
@@ -177,6 +191,10 @@ class Epilogue:
             wide = wide.broadcast(d, shape[d])
         g.add("dve", "tensor_copy", full.reshape(*shape), wide)
         return full
+
+
+# the members that may take the producer's PSUM tile as an operand (one VectorE or ScalarE instruction each)
+PSUM_READERS = frozenset({"add", "subtract", "multiply", "maximum", "minimum", *ACTIVATION})
 
 
 def _flat(tile: Ref, flat: tuple[int, int]) -> Ref:

@@ -158,21 +158,27 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                             g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
                                   **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                             j += 1
-                    _store(lw, ep, (b, m0, n0), acc, out_t, ep.evacuate_on_act())
+                    _store(lw, ep, (b, m0, n0), acc, out_t)
     ep.flush()
 
 
-def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t: dt.DType, on_act: bool) -> None:
+def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t: dt.DType,
+           on_act: bool | None = None) -> None:
     """A PSUM accumulator (the ``[mn, nn]`` tile at ``[b, m0:, n0:]`` of the ``[B, M, N]`` result) evacuated
-    into SBUF in the result type (by ScalarE or VectorE, callers alternating them) and handed to the
-    epilogue."""
+    into SBUF in the result type (by ScalarE or VectorE: ``on_act``, else as the epilogue says) and
+    handed to the epilogue; or handed over as it is when the epilogue reads PSUM itself."""
+    b, m0, n0 = at
+    mn, nn = acc.shape
+    if ep.reads_psum(out_t):  # the epilogue's first step reads the accumulator itself
+        ep.evacuate_on_act(copy=False)
+        ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], acc, at)
+        return
+    on_act = ep.evacuate_on_act() if on_act is None else on_act
     res = lw.graph.tile(acc.shape, out_t, "sbuf", "mm").ref()
     if on_act:
         lw.graph.add("act", "activation", res, acc)
     else:
         lw.graph.add("dve", "tensor_copy", res, acc)
-    b, m0, n0 = at
-    mn, nn = acc.shape
     ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res, at)
 
 
