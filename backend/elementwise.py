@@ -171,7 +171,7 @@ def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, 
     out = {}
     for m in members:
         rs = readers.get(m.id, [])
-        if m.op != "multiply" or m.id in kept or len(rs) != 1 or rs[0].op not in ACTIVATION or \
+        if m.op != "multiply" or m.id in kept or len(rs) != 1 or EMITTERS.get(rs[0].op) is not _activation or \
                 lw.consumers.get(m.id, set()) - ids or _dtype(m) is not dt.F32:
             continue
         nums = [lw.scalar(o) if o.id not in ids else None for o in m.operands]
@@ -181,7 +181,7 @@ def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, 
     return out
 
 
-SHARED_ARITH = {"multiply": "scale", "add": "bias", "subtract": "bias"}  # x op number as func(scale * x + bias)
+SHARED_ARITH = frozenset({"multiply", "add", "subtract"})  # x op number: identity(scale * x + bias) on ScalarE
 
 
 @dataclass(frozen=True)

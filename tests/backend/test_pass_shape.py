@@ -30,29 +30,21 @@ ENTRY main {
 }
 """
 
-# TVM's GELU (gpt2_extract.relay): x ** 3 and 0.5 * x both read x
-GELU = """HloModule gelu
-ENTRY main {
-  x = f32[256,1024]{1,0} parameter(0)
-  three = f32[] constant(3)
-  t3 = f32[256,1024]{1,0} broadcast(three), dimensions={}
-  p = f32[256,1024]{1,0} power(x, t3)
-  c1 = f32[] constant(0.044715)
-  b1 = f32[256,1024]{1,0} broadcast(c1), dimensions={}
-  q = f32[256,1024]{1,0} multiply(p, b1)
-  u = f32[256,1024]{1,0} add(x, q)
-  c2 = f32[] constant(0.797885)
-  b2 = f32[256,1024]{1,0} broadcast(c2), dimensions={}
-  v = f32[256,1024]{1,0} multiply(u, b2)
-  th = f32[256,1024]{1,0} tanh(v)
-  half = f32[] constant(0.5)
-  bh = f32[256,1024]{1,0} broadcast(half), dimensions={}
-  h = f32[256,1024]{1,0} multiply(x, bh)
-  one = f32[] constant(1)
-  bo = f32[256,1024]{1,0} broadcast(one), dimensions={}
-  w = f32[256,1024]{1,0} add(th, bo)
-  ROOT y = f32[256,1024]{1,0} multiply(h, w)
-}
+def _gelu(x: str, t: str) -> str:
+    """TVM's GELU of ``x`` (type ``t``), as gpt2_extract.relay writes it: ``x ** 3`` and ``0.5 * x`` both read x."""
+    lines = [("three", "constant(3)"), ("t3", "broadcast(three)"), ("p", f"power({x}, t3)"),
+             ("c1", "constant(0.044715)"), ("b1", "broadcast(c1)"), ("q", "multiply(p, b1)"), ("u", f"add({x}, q)"),
+             ("c2", "constant(0.797885)"), ("b2", "broadcast(c2)"), ("v", "multiply(u, b2)"), ("th", "tanh(v)"),
+             ("half", "constant(0.5)"), ("bh", "broadcast(half)"), ("h", f"multiply({x}, bh)"),
+             ("one", "constant(1)"), ("bo", "broadcast(one)"), ("w1", "add(th, bo)"), ("ROOT y", "multiply(h, w1)")]
+    return "".join(f"  {n} = {'f32[]' if e.startswith('constant') else t} {e}"
+                   f"{', dimensions={}' if e.startswith('broadcast') else ''}\n" for n, e in lines)
+
+
+GELU = f"""HloModule gelu
+ENTRY main {{
+  x = f32[256,1024]{{1,0}} parameter(0)
+{_gelu("x", "f32[256,1024]{1,0}")}}}
 """
 
 
@@ -126,34 +118,16 @@ def test_the_shared_pass_matches_the_interpreter() -> None:
 
 
 # a dense, its bias and TVM's GELU read through a reshape (gpt2_extract.relay's tail, smaller)
-DENSE_GELU = """HloModule dense_gelu
-ENTRY main {
-  x = f32[256,128]{1,0} parameter(0)
-  w = f32[128,512]{1,0} parameter(1)
-  b = f32[512]{0} parameter(2)
-  d = f32[256,512]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  bb = f32[256,512]{1,0} broadcast(b), dimensions={1}
-  db = f32[256,512]{1,0} add(d, bb)
-  r = f32[8,32,512]{2,1,0} reshape(db)
-  three = f32[] constant(3)
-  t3 = f32[8,32,512]{2,1,0} broadcast(three), dimensions={}
-  p = f32[8,32,512]{2,1,0} power(r, t3)
-  c1 = f32[] constant(0.044715)
-  b1 = f32[8,32,512]{2,1,0} broadcast(c1), dimensions={}
-  q = f32[8,32,512]{2,1,0} multiply(p, b1)
-  u = f32[8,32,512]{2,1,0} add(r, q)
-  c2 = f32[] constant(0.797885)
-  b2 = f32[8,32,512]{2,1,0} broadcast(c2), dimensions={}
-  v = f32[8,32,512]{2,1,0} multiply(u, b2)
-  th = f32[8,32,512]{2,1,0} tanh(v)
-  half = f32[] constant(0.5)
-  bh = f32[8,32,512]{2,1,0} broadcast(half), dimensions={}
-  h = f32[8,32,512]{2,1,0} multiply(r, bh)
-  one = f32[] constant(1)
-  bo = f32[8,32,512]{2,1,0} broadcast(one), dimensions={}
-  w1 = f32[8,32,512]{2,1,0} add(th, bo)
-  ROOT y = f32[8,32,512]{2,1,0} multiply(h, w1)
-}
+DENSE_GELU = f"""HloModule dense_gelu
+ENTRY main {{
+  x = f32[256,128]{{1,0}} parameter(0)
+  w = f32[128,512]{{1,0}} parameter(1)
+  b = f32[512]{{0}} parameter(2)
+  d = f32[256,512]{{1,0}} dot(x, w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  bb = f32[256,512]{{1,0}} broadcast(b), dimensions={{1}}
+  db = f32[256,512]{{1,0}} add(d, bb)
+  r = f32[8,32,512]{{2,1,0}} reshape(db)
+{_gelu("r", "f32[8,32,512]{2,1,0}")}}}
 """
 
 
