@@ -36,14 +36,16 @@ def device_forms(module: Module) -> Module:
     """The same values with operators rewritten into the forms the backend tiles best: convolutions
     that are weight gradients (more window taps than outputs) as one contraction per output position
     (:func:`nxsat.backend.conv.weight_gradients`; a depthwise layer's stays, for the planes path), and
-    elementwise chains read through a reshape computed before it (:func:`nxsat.backend.elementwise.sink_reshapes`).
+    elementwise chains read through a reshape computed before it (:func:`nxsat.backend.elementwise.sink_reshapes`),
+    and constant dot operands stored with their contraction outermost (:func:`nxsat.backend.matmul.kmajor_constants`).
     A module with nothing to rewrite comes back as it is (the driver then dumps nothing)."""
     from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
     from nxsat.backend.elementwise import sink_reshapes
+    from nxsat.backend.matmul import kmajor_constants
 
     if any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         module = weight_gradients(module)
-    return sink_reshapes(module)
+    return kmajor_constants(sink_reshapes(module))
 
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:

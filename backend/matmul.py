@@ -15,6 +15,9 @@ the tile. Integer operands are multiplied as fp32 (exact below 2^24, as the devi
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.backend.epilogue import Epilogue
@@ -22,7 +25,7 @@ from nxsat.backend.fused import require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
 from nxsat.extract.plan import dot_sizes, matmul_plan, segments_pay
-from nxsat.ir import Node
+from nxsat.ir import Module, Node, TensorType
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
 
@@ -398,3 +401,69 @@ def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dty
             else:
                 g.add("dve", "tensor_copy", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
     return tile
+
+
+# --- constant operands laid out K-major ------------------------------------------------------------
+
+def _kmajor_perm(node: Node, side: int) -> tuple[int, ...] | None:
+    """The order of a dot operand's dimensions that puts its contraction before its free dimensions
+    (batch first); None when the operand already lies that way or has no free dimension."""
+    d = node.attrs["dims"]
+    batch, contracting = (d.lhs_batch, d.lhs_contracting) if side == 0 else (d.rhs_batch, d.rhs_contracting)
+    rank = len(node.operands[side].shape)
+    free = tuple(i for i in range(rank) if i not in batch and i not in contracting)
+    perm = (*batch, *contracting, *free)
+    return perm if free and contracting and perm != tuple(range(rank)) else None
+
+
+def kmajor_constants(module: Module) -> Module:
+    """Constant dot operands stored with their contraction outermost (the constant transposed at compile
+    time, read through a transpose: a view). A weight kept as ``[out, in]`` (Relay's dense, gemma's
+    projections) is otherwise K-contiguous: on trn1 every tile of it goes through a TensorE transpose,
+    a PSUM copy on ScalarE or VectorE, then the matmul; laid out ``[in, out]`` it loads with plain DMAs.
+    A constant is moved only when every reader (through conversions) is a dot that wants the same order."""
+    from nxsat.passes import rewrite_module
+
+    order = module.entry.post_order()
+    readers: dict[int, list[Node]] = {}
+    for n in order:
+        for o in n.operands:
+            readers.setdefault(o.id, []).append(n)
+
+    def dot_uses(n: Node) -> list[tuple[Node, int]] | None:
+        """The (dot, operand side) pairs reading ``n`` through conversions; None if anything else reads it."""
+        out: list[tuple[Node, int]] = []
+        for r in readers.get(n.id, ()):
+            if r.op == "convert":
+                sub = dot_uses(r)
+                if sub is None:
+                    return None
+                out.extend(sub)
+            elif r.op == "dot":
+                out.extend((r, side) for side, o in enumerate(r.operands) if o is n)
+            else:
+                return None
+        return out
+
+    chosen: dict[int, tuple[int, ...]] = {}
+    for n in order:
+        if n.op != "constant" or not isinstance(n.type, TensorType) or len(n.shape) < 2 or n in module.entry.params:
+            continue
+        uses = dot_uses(n)
+        perms = {_kmajor_perm(dot, side) for dot, side in uses} if uses else {None}
+        if len(perms) == 1 and None not in perms:
+            chosen[n.id] = perms.pop()
+    if not chosen:
+        return module
+
+    def expand(rw: Any, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+        perm = chosen.get(node.id)
+        if perm is None:
+            return None
+        value = np.ascontiguousarray(np.transpose(attrs["value"], perm))
+        t = node.tensor.with_shape(value.shape)
+        stored = Node("constant", [], {**attrs, "value": value, "type": t}, t, f"{node.name}.kmajor", node.loc)
+        inverse = tuple(int(i) for i in np.argsort(perm))
+        return Node("transpose", [stored], {"dimensions": inverse}, node.type, node.name, node.loc)
+
+    return rewrite_module(module, expand)

@@ -244,3 +244,25 @@ def test_kept_moving_tiles_are_loaded_where_the_first_m_tile_needs_them() -> Non
         assert all(k < first_mm[j] for k in loads[2 * j:2 * j + 2])
         if j:
             assert all(k > first_mm[j - 1] for k in loads[2 * j:2 * j + 2])
+
+
+def test_a_constant_weight_is_stored_k_major() -> None:
+    """A constant ``[out, in]`` weight (Relay's dense) is K-contiguous: on trn1 each of its tiles would go
+    through a TensorE transpose and a PSUM copy. device-forms stores it transposed (backend/matmul.py
+    kmajor_constants), read through a transpose (a view): plain loads, no transposes of it; same values."""
+    from nxsat.backend import device_forms
+    from nxsat.passes import fill_elided_constants
+
+    rng = np.random.default_rng(0)
+    text = _dot("f32[128,256]", "f32[384,256]", "f32[128,384]", "lhs_contracting_dims={1}, rhs_contracting_dims={1}")
+    m = fill_elided_constants(module_of(text.replace("b = f32[384,256] parameter(1)",
+                                                     "b = f32[384,256] constant({...})")), 0)
+    w = m.entry.root.operands[1].attrs["value"]
+    formed = device_forms(m)
+    rhs = formed.entry.root.operands[1]
+    assert rhs.op == "transpose" and rhs.operands[0].op == "constant"
+    np.testing.assert_array_equal(rhs.operands[0].attrs["value"], w.T)
+    c = compile_graph(m, sim.load_target("trn1"))
+    # the transposes left are the activations' (x is K-contiguous too): 1 row block x 2 K tiles
+    assert [i.opcode for i in c.program.instrs].count("transpose") == 2
+    assert_device_matches(m, {"a": rng.standard_normal((128, 256)).astype(np.float32)})
