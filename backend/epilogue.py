@@ -65,7 +65,8 @@ class Epilogue:
         so far (ScalarE first; without a cluster they take turns). A dot whose epilogue is GELU's chain
         and a bias gave VectorE 400 us of 658 while ScalarE idled: every copy goes to ScalarE.
         ``copy=False``: the tile is not copied (:meth:`reads_psum`); its work is counted."""
-        act, dve = (self.split()[1].act, self.split()[1].dve) if self.cluster is not None else (0, 0)
+        share = self.split()[1] if self.cluster is not None else Share(frozenset(), 0, 0)
+        act, dve = share.act, share.dve
         on_act = self._work[0] + act <= self._work[1] + dve
         self._work[0] += act + (copy and on_act)
         self._work[1] += dve + (copy and not on_act)

@@ -156,19 +156,25 @@ class Lowering:
         one; others are copied), else a new scratch buffer."""
         t = node.tensor
         outs = self.output_of.get(node.id)
-        readers = self.consumers.get(node.id, set())
-        if not outs and len(readers) == 1:  # the model returns it reshaped (backend/elementwise.py
-            # sink_reshapes): written into the output through the reshape, not copied there after
-            (reader,) = readers
-            if self.node(reader).op == "reshape" and self.output_of.get(reader):
-                outs = [None]
-                r = self.output_of[reader][0].ref().reshape(*t.shape)
-        if outs and outs[0] is not None:
+        via = None if outs else self._returned_reshaped(node)
+        if outs:
             r = outs[0].ref()
-        elif not outs:
+        elif via is not None:
+            r = via
+        else:
             r = self.graph.buf(name or node.name, "scratch", device_dtype(t.dtype, node), t.shape).ref()
         self.set(node, r)
         return r
+
+    def _returned_reshaped(self, node: Node) -> Ref | None:
+        """The output buffer seen in ``node``'s shape when the model returns ``node`` only through one
+        reshape (backend/elementwise.py ``sink_reshapes`` makes that): written there, not copied after."""
+        readers = self.consumers.get(node.id, set())
+        if len(readers) != 1:
+            return None
+        (reader,) = readers
+        outs = self.output_of.get(reader)
+        return outs[0].ref().reshape(*node.shape) if outs and self.node(reader).op == "reshape" else None
 
     def results(self, node: Node) -> tuple[Ref, ...]:
         """Where each element of a tuple-valued operator's value goes (its output buffer when the model
