@@ -447,7 +447,7 @@ def kmajor_constants(module: Module) -> Module:
 
     chosen: dict[int, tuple[int, ...]] = {}
     for n in order:
-        if n.op != "constant" or not isinstance(n.type, TensorType) or len(n.shape) < 2 or n in module.entry.params:
+        if n.op != "constant" or not isinstance(n.type, TensorType) or len(n.shape) < 2:
             continue
         uses = dot_uses(n)
         perms = {_kmajor_perm(dot, side) for dot, side in uses} if uses else {None}
