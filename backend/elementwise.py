@@ -215,6 +215,14 @@ def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, fl
     return Share(frozenset(out), act, dve)
 
 
+def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[int, tuple[Node, float]], Share]:
+    """What a pass over ``members`` computes where: the products its activations take as their scale
+    (:func:`scale_folds`) and ScalarE's share of the rest (:func:`act_share`); ``kept``: the members
+    whose values are stored or read elsewhere. A fused pass and a producer's epilogue both follow it."""
+    folds = scale_folds(lw, members, kept)
+    return folds, act_share(lw, members, folds)
+
+
 # --- reshapes sunk below elementwise chains --------------------------------------------------------
 
 def _scalar_splat(n: Node) -> bool:
@@ -317,14 +325,14 @@ class Kernel:
     what an operator whose values depend on the position (iota) needs."""
 
     def __init__(self, lw: Lowering, tiles: Tiles, shape: tuple[int, ...] = (), at: tuple[int, int] = (0, 0),
-                 grid: tuple[int, int] = (1, 1)) -> None:
+                 grid: tuple[int, int] = (1, 1), on_act: frozenset[int] = frozenset()) -> None:
         self.lw = lw
         self.t = tiles
         self.g = lw.graph
         self.shape = shape
         self.at = at
         self.grid = grid
-        self.on_act: frozenset[int] = frozenset()  # members whose product or sum with a number ScalarE computes
+        self.on_act = on_act  # members whose product or sum with a number ScalarE computes (act_share)
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -479,8 +487,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
             else:
                 inputs[o.id] = r
     stores = {m.id: lw.result(m) for m in outputs}
-    folds = scale_folds(lw, members, set(stores))
-    on_act = act_share(lw, members, folds).on_act
+    folds, share = pass_plan(lw, members, set(stores))
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members))
     nf = lay.nfree
@@ -506,8 +513,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                 at: tuple = (*o_idx, slice(r0, r0 + rn))
                 key = (*at, *((slice(c0, c0 + cn),) if lay.chunk else ()))
                 k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), shape, (o_flat * nrows + r0, c0),
-                           (rows_total, lay.cols))
-                k.on_act = on_act
+                           (rows_total, lay.cols), share.on_act)
                 val: dict[int, Operand] = {}
                 for oid, src in inputs.items():
                     if is_num(src):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from nxsat import dtypes as dt
 from nxsat.backend.affine import AffinePredicate, affine_predicate, tile_params, virtual
-from nxsat.backend.elementwise import ACTIVATION, Cluster, Kernel, Share, act_share, folded, scale_folds
+from nxsat.backend.elementwise import ACTIVATION, Cluster, Kernel, Share, folded, pass_plan
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
@@ -56,8 +56,7 @@ class Epilogue:
         """The cluster's products folded into activations and its ScalarE share (backend/elementwise.py)."""
         if self._share is None:
             assert self.cluster is not None
-            folds = scale_folds(self.lw, self.cluster.members, set(self.stores))
-            self._share = folds, act_share(self.lw, self.cluster.members, folds)
+            self._share = pass_plan(self.lw, self.cluster.members, set(self.stores))
         return self._share
 
     def evacuate_on_act(self, copy: bool = True) -> bool:
@@ -103,13 +102,12 @@ class Epilogue:
         cl = self.cluster
         assert cl is not None
         flat = (shape[0], math.prod(shape[1:]))  # the members run on 2-D tiles, as a fused pass's do
-        k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape)
+        folds, share = self.split()
+        k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape, on_act=share.on_act)
         val: dict[int, Operand] = {} if res is None else {self.node.id: _flat(res, flat)}
         for oid, src in self.inputs.items():
             if oid not in self.affine:  # a mask of the position: loaded only if no affine_select applies it
                 val[oid] = src if is_num(src) else self._load(oid, place, flat)
-        folds, share = self.split()
-        k.on_act = share.on_act
         for m in cl.members:
             g.origin = _origin(m)
             masked = self._affine_select(m, val, place, shape, k.t) if m.op == "select" else None

@@ -873,7 +873,7 @@ class AffineSelect(Op):
             shape = [1] * len(dst.shape)
             shape[k + 1] = n
             v += s * np.arange(n, dtype=np.int64).reshape(shape)
-        keep = {"ge": v >= 0, "gt": v > 0, "le": v <= 0, "lt": v < 0, "eq": v == 0, "ne": v != 0}[c.attrs["cmp"]]
+        keep = nm.BINARY[c.attrs["cmp"]](v, np.int64(0)).astype(bool)  # the ALU's comparison of the position
         fill = nm.device_cast(np.full(dst.shape, float(c.attrs["fill"])), dst.dtype, False)
         x.write_raw(dst, np.where(keep, x.read(src).reshape(dst.shape), np.asarray(fill).reshape(dst.shape)))
 

@@ -131,10 +131,11 @@ def _group_norm_flax() -> Module:
     return b.module(b.op("multiply", [d, b.op("broadcast", [rg], shape=shape, dimensions=(0, 3))]))
 
 
-def _layer_norm_two_pass() -> Module:
-    """tests/data/hlo/layer_norm's form: bf16 values, f32 statistics rounded back, two passes."""
-    b = Builder("ln")
-    shape, keep = (2, 4, 16), (0, 1)
+def _bf16_rows(name: str) -> tuple[Builder, Node, Callable[[Node], Node], Callable[[Node], Node]]:
+    """A bf16 ``[2, 4, 16]`` value normalized over its rows as JAX writes it: ``mean`` sums in f32 and
+    rounds the ``[2, 4, 1]`` mean back to bf16; ``back`` broadcasts a row statistic over the rows."""
+    b = Builder(name)
+    shape = (2, 4, 16)
     x = b.param(BF16, shape)
     n = _splat(b, 16.0, F32, (2, 4, 1))
     add = reducer_body("add", "f32")
@@ -143,7 +144,15 @@ def _layer_norm_two_pass() -> Module:
         s = b.op("reduce", [b.op("convert", [v], dtype=F32), b.constant(0.0, F32)], dimensions=(2,), to_apply=add)
         return b.op("convert", [b.op("divide", [b.op("reshape", [s], shape=(2, 4, 1)), n])], dtype=BF16)
 
-    back = lambda v: b.op("broadcast", [b.op("reshape", [v], shape=(2, 4))], shape=shape, dimensions=keep)  # noqa: E731
+    def back(v: Node) -> Node:
+        return b.op("broadcast", [b.op("reshape", [v], shape=(2, 4))], shape=shape, dimensions=(0, 1))
+
+    return b, x, mean, back
+
+
+def _layer_norm_two_pass() -> Module:
+    """tests/data/hlo/layer_norm's form: bf16 values, f32 statistics rounded back, two passes."""
+    b, x, mean, back = _bf16_rows("ln")
     d = b.op("subtract", [x, back(mean(x))])
     v = b.op("add", [mean(b.op("multiply", [d, d])), _splat(b, 1e-5, BF16, (2, 4, 1))])
     return b.module(b.op("divide", [d, back(b.op("sqrt", [v]))]))
@@ -151,17 +160,9 @@ def _layer_norm_two_pass() -> Module:
 
 def _rms_norm_f32_sum() -> Module:
     """Gemma's RMSNorm: bf16 squares summed in f32, the mean rounded back, eps added, rsqrt, times x."""
-    b = Builder("rms")
-    shape, keep = (2, 4, 16), (0, 1)
-    x = b.param(BF16, shape)
-    n = _splat(b, 16.0, F32, (2, 4, 1))
-    add = reducer_body("add", "f32")
-    s = b.op("reduce", [b.op("convert", [b.op("multiply", [x, x])], dtype=F32), b.constant(0.0, F32)], dimensions=(2,),
-             to_apply=add)
-    ms = b.op("convert", [b.op("divide", [b.op("reshape", [s], shape=(2, 4, 1)), n])], dtype=BF16)
-    r = b.op("rsqrt", [b.op("add", [ms, _splat(b, 1e-6, BF16, (2, 4, 1))])])
-    return b.module(b.op("multiply", [x, b.op("broadcast", [b.op("reshape", [r], shape=(2, 4))], shape=shape,
-                                              dimensions=keep)]))
+    b, x, mean, back = _bf16_rows("rms")
+    r = b.op("rsqrt", [b.op("add", [mean(b.op("multiply", [x, x])), _splat(b, 1e-6, BF16, (2, 4, 1))])])
+    return b.module(b.op("multiply", [x, back(r)]))
 
 
 def _layer_norm_centred() -> Module:
