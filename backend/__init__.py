@@ -32,7 +32,7 @@ class Compiled:
         return len(self.program.instrs)
 
 
-def device_forms(module: Module) -> Module:
+def device_forms(module: Module, target: Target) -> Module:
     """The same values with operators rewritten into the forms the backend tiles best: convolutions
     that are weight gradients (more window taps than outputs) as one contraction per output position
     (:func:`nxsat.backend.conv.weight_gradients`; a depthwise layer's stays, for the planes path), and
@@ -41,11 +41,12 @@ def device_forms(module: Module) -> Module:
     A module with nothing to rewrite comes back as it is (the driver then dumps nothing)."""
     from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
     from nxsat.backend.elementwise import sink_reshapes
+    from nxsat.backend.layout import channels_first
     from nxsat.backend.matmul import kmajor_constants
 
     if any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         module = weight_gradients(module)
-    return kmajor_constants(sink_reshapes(module))
+    return kmajor_constants(sink_reshapes(channels_first(module, target)))
 
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:
@@ -68,7 +69,7 @@ def compile_graph(module: Module, target: Target, options: Options | None = None
                   flags: tuple[str, ...] = ()) -> Compiled:
     """Rewrite into device forms, lower and schedule ``module`` for ``target`` (the driver's last
     stages, without the front end and the e-graph)."""
-    return schedule_graph(lower_graph(device_forms(module), target, options), target, flags)
+    return schedule_graph(lower_graph(device_forms(module, target), target, options), target, flags)
 
 
 def graph_summary(g: Graph) -> dict[str, object]:

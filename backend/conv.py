@@ -597,6 +597,16 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
         # direct: each fold block straight from HBM
         ext = [len_of(b) for b in boxes]
         raw_t = onchip_dtype(cv.X.dtype)
+        last = boxes[-1] if boxes else None
+        if (not channels_last and not folding and isinstance(last, Box) and last.step > 1
+                and _stride_one(cv.lw, cv.X, cv.nsp + 1)):
+            # a strided window along contiguous rows (a stride-2 convolution stored channels-first): one
+            # element per descriptor; the whole span loads as rows instead and is read every step-th
+            dense = Box(last.lo, 1, (last.extent - 1) * last.step + 1)
+            raw = cv.g.tile((ck, nb, *ext[:-1], dense.extent), raw_t, "sbuf", "cvin").ref()
+            _fill_direct(cv, raw, [(0, [*boxes[:-1], dense])], cin, ck, nin, nb)
+            view = raw[(*[slice(None)] * (cv.nsp + 1), slice(0, dense.extent, last.step))]
+            return _converted(cv, view), boxes
         raw = cv.g.tile((nblk * ck, nb, *ext), raw_t, "sbuf", "cvin").ref()
         if channels_last:
             _fill_transposed(cv, raw, union, cin, ck, nin, nb)

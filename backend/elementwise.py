@@ -24,13 +24,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype
-from nxsat.backend.tiles import Operand, Tiles, is_num
+from nxsat.backend.tiles import COMMUTATIVE, SWAPPED, Operand, Tiles, column, is_num
 from nxsat.diagnostics import error
 from nxsat.extract.plan import MAX_COLS, WIDE_COLS, WIDE_TILES, max_cols  # noqa: F401 - the tiles' widths
 from nxsat.ir import Module, Node, TensorType, post_order
@@ -192,6 +192,7 @@ class Share:
     on_act: frozenset[int]
     act: int
     dve: int
+    chained: frozenset[int] = frozenset()  # members their one reader takes as its first step (:func:`chains`)
 
 
 def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]]) -> Share:
@@ -220,7 +221,39 @@ def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[i
     (:func:`scale_folds`) and ScalarE's share of the rest (:func:`act_share`); ``kept``: the members
     whose values are stored or read elsewhere. A fused pass and a producer's epilogue both follow it."""
     folds = scale_folds(lw, members, kept)
-    return folds, act_share(lw, members, folds)
+    share = act_share(lw, members, folds)
+    return folds, replace(share, chained=chains(lw, members, kept, folds, share.on_act))
+
+
+SCALAR_ALU = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "divide"})  # tensor_scalar's steps
+
+
+def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float]],
+           on_act: frozenset[int]) -> frozenset[int]:
+    """The members that may be the first step of their reader's ``tensor_scalar``: ``(x op0 a) op1 b``
+    is one VectorE pass when ``a`` and ``b`` are numbers or one value per partition (a batch norm's
+    ``(x - mean) * scale``, then ``+ beta`` and the ReLU). The first result must be fp32 (the instruction
+    carries it to the second step in fp32 unrounded, as the separate steps would), read once and by the
+    pass alone; whether the other operands are numbers or columns is seen when the tile is made."""
+    ids = {m.id for m in members}
+    readers: dict[int, list[Node]] = {}
+    for m in members:
+        for o in m.operands:
+            if o.id in ids:
+                readers.setdefault(o.id, []).append(m)
+    out: set[int] = set()
+    seconds: set[int] = set()
+    for m in members:
+        rs = readers.get(m.id, [])
+        if (m.op not in SCALAR_ALU or m.id in kept or m.id in folds or m.id in on_act or m.id in seconds
+                or _dtype(m) is not dt.F32 or lw.consumers.get(m.id, set()) - ids or len(rs) != 1):
+            continue
+        r = rs[0]
+        if r.op in SCALAR_ALU and r.id not in folds and r.id not in on_act and _dtype(r).is_float \
+                and sum(o.id == m.id for o in r.operands) == 1:
+            out.add(m.id)
+            seconds.add(r.id)
+    return frozenset(out)
 
 
 # --- reshapes sunk below elementwise chains --------------------------------------------------------
@@ -325,14 +358,15 @@ class Kernel:
     what an operator whose values depend on the position (iota) needs."""
 
     def __init__(self, lw: Lowering, tiles: Tiles, shape: tuple[int, ...] = (), at: tuple[int, int] = (0, 0),
-                 grid: tuple[int, int] = (1, 1), on_act: frozenset[int] = frozenset()) -> None:
+                 grid: tuple[int, int] = (1, 1), share: Share | None = None) -> None:
         self.lw = lw
         self.t = tiles
         self.g = lw.graph
         self.shape = shape
         self.at = at
         self.grid = grid
-        self.on_act = on_act  # members whose product or sum with a number ScalarE computes (act_share)
+        self.on_act = share.on_act if share else frozenset()  # members ScalarE computes (act_share)
+        self.chained = share.chained if share else frozenset()  # first steps of a tensor_scalar (chains)
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -513,7 +547,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                 at: tuple = (*o_idx, slice(r0, r0 + rn))
                 key = (*at, *((slice(c0, c0 + cn),) if lay.chunk else ()))
                 k = Kernel(lw, Tiles(lw.graph, (rn, cn), "ew"), shape, (o_flat * nrows + r0, c0),
-                           (rows_total, lay.cols), share.on_act)
+                           (rows_total, lay.cols), share)
                 val: dict[int, Operand] = {}
                 for oid, src in inputs.items():
                     if is_num(src):
@@ -554,13 +588,50 @@ def _origin(node: Node) -> str:
     return origin(node)
 
 
+@dataclass(frozen=True)
+class Chained:
+    """``src op scalar`` not computed: its one reader makes it the first step of its ``tensor_scalar``."""
+
+    src: Ref
+    op: str
+    scalar: Ref | float | int
+
+
+def _scalar_form(m: Node, ops: list[Any]) -> tuple[Any, str, Ref | float | int] | None:
+    """``m`` as ``x op s`` with ``s`` a number or a column (one value per partition), if it is one."""
+    if len(ops) != 2 or m.op not in SCALAR_ALU:
+        return None
+    op = ALU[m.op]
+    a, b = ops
+    if any(isinstance(v, Ref) and not v.dtype.is_float for v in ops):
+        return None
+    sb = b if is_num(b) else column(b)
+    if sb is not None and not is_num(a) and column(a) is None:
+        return a, op, sb
+    sa = a if is_num(a) else column(a)
+    if sa is not None and not is_num(b) and column(b) is None and (op in COMMUTATIVE or op in SWAPPED):
+        return b, op if op in COMMUTATIVE else SWAPPED[op], sa
+    return None
+
+
 def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node, float]]) -> Any:
-    """``m`` on the tiles of ``val``, unless it is a product an activation takes as its scale (``folds``)."""
+    """``m`` on the tiles of ``val``, unless it is a product an activation takes as its scale (``folds``)
+    or the first step of its reader's ``tensor_scalar`` (``Kernel.chained``)."""
     if m.id in folds and isinstance(val[folds[m.id][0].id], Ref):
         return Scaled(val[folds[m.id][0].id], folds[m.id][1])
     ops = [val[o.id] for o in m.operands]
     if m.op not in ACTIVATION:  # only an activation takes a product as its scale
         ops = [k.t.binary("mul", v.src, v.scale, dt.F32) if isinstance(v, Scaled) else v for v in ops]
+    first = next((v for v in ops if isinstance(v, Chained)), None)
+    if first is not None:
+        form = _scalar_form(m, [v.src if v is first else v for v in ops])
+        if form is not None and form[0] is first.src and m.id not in k.on_act:
+            return k.t.scalar2(first.src, first.op, first.scalar, form[1], form[2], _dtype(m))
+        ops = [k.t.scalar2(v.src, v.op, v.scalar, "none", 0, dt.F32) if v is first else v for v in ops]
+    if m.id in k.chained and all(isinstance(v, Ref) or is_num(v) for v in ops):
+        form = _scalar_form(m, ops)
+        if form is not None and isinstance(form[0], Ref):
+            return Chained(*form)
     return emit(k, m, ops)
 
 

@@ -103,7 +103,7 @@ class Epilogue:
         assert cl is not None
         flat = (shape[0], math.prod(shape[1:]))  # the members run on 2-D tiles, as a fused pass's do
         folds, share = self.split()
-        k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape, on_act=share.on_act)
+        k = Kernel(lw, Tiles(g, flat, "ep"), cl.shape, share=share)
         val: dict[int, Operand] = {} if res is None else {self.node.id: _flat(res, flat)}
         for oid, src in self.inputs.items():
             if oid not in self.affine:  # a mask of the position: loaded only if no affine_select applies it

@@ -409,6 +409,13 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     return _emit(graph, target, order, extra, inputs, outputs, flags, lnc, sbuf.peak, psum.peak)
 
 
+def _passthrough(i: Inst, extra: dict[int, list[Inst]]) -> bool:
+    """A DMA from the model's inputs or constants into its outputs that waits for nothing."""
+    return (i.engine == "dma" and not i.deps and not extra.get(i.index) and bool(i.writes)
+            and all(w.buf.kind == "output" for w in i.writes)
+            and all(r.buf.kind in ("input", "const") for r in i.reads))
+
+
 def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list[Inst]], inputs: list[Buf],
           outputs: list[Buf], flags: tuple[str, ...], lnc: int | None, sbuf_peak: int, psum_peak: int) -> Scheduled:
     prog = Program(target=target.name, lnc=lnc, flags=tuple(flags))
@@ -449,13 +456,24 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
                 prog.tensors[name] = Tensor(name, b.kind, r.as_type, b.shape, partition=b.partition, offset=b.offset)
         return Access(name, a.index, a.views)
 
-    # Streams: engines as named; DMA queues chosen round-robin, loads and stores apart.
+    # Streams: engines as named; DMA queues chosen round-robin, loads and stores apart. Copies of the
+    # model's inputs into its outputs (state a step returns unchanged: ResNet-50's 100 MB of weights)
+    # depend on nothing and nothing depends on them: they go first, on a queue of their own, and flow
+    # under the whole run instead of after it.
     stream: dict[int, str] = {}
     queues = target.dma_queues
+    background = [i for i in order if _passthrough(i, extra)]
     load_q = list(range(0, max(1, queues * 3 // 4)))
-    store_q = list(range(len(load_q), queues)) or load_q
+    store_q = list(range(len(load_q), queues - bool(background))) or list(range(len(load_q), queues)) or load_q
+    if background:
+        ids = {i.index for i in background}
+        order = background + [i for i in order if i.index not in ids]
+        for i in background:
+            stream[i.index] = f"q{queues - 1}"
     nl = ns = 0
     for i in order:
+        if i.index in stream:
+            continue
         if i.engine != "dma":
             stream[i.index] = i.engine
         elif i.writes and i.writes[0].buf.onchip:

@@ -73,6 +73,14 @@ class Tiles:
     def binary_into(self, out: Ref, op: str, a: Operand, b: Operand) -> None:
         if is_num(a) and is_num(b):
             a = self.memset(a, out.dtype)
+        ca, cb = column(a), column(b)
+        if ca is not None and cb is None and isinstance(b, Ref) and (op in COMMUTATIVE or op in SWAPPED):
+            a, b, op, ca, cb = b, a, op if op in COMMUTATIVE else SWAPPED[op], None, ca
+        if cb is not None and ca is None and isinstance(a, Ref) and all(t.dtype.is_float for t in (out, a, cb)):
+            # one value per partition (a per-channel scale, a per-row statistic): the scalar operand of
+            # tensor_scalar, one pass over the tile where tensor_tensor reading the repeated column makes two
+            self.g.add(self.engine(op, out, a, cb), "tensor_scalar", out, a, op0=op, scalar0=cb)
+            return
         if is_num(a):
             if op in COMMUTATIVE:
                 a, b = b, a
@@ -85,11 +93,13 @@ class Tiles:
             return
         self.g.add(self.engine(op, out, a, b), "tensor_tensor", out, a, b, op=op)
 
-    def scalar2(self, a: Ref, op0: str, s0: float | int, op1: str, s1: float | int, dtype: dt.DType) -> Ref:
-        """``(a op0 s0) op1 s1`` in one instruction."""
+    def scalar2(self, a: Ref, op0: str, s0: Operand, op1: str, s1: Operand, dtype: dt.DType) -> Ref:
+        """``(a op0 s0) op1 s1`` in one instruction; a scalar is a number or a ``[rows, 1]`` column."""
         out = self.tile(dtype)
-        self.g.add(self.engine(op0, out, a), "tensor_scalar", out, a, op0=op0, scalar0=_imm(s0, out, a), op1=op1,
-                   scalar1=_imm(s1, out, a))
+        cols = [s for s in (s0, s1) if isinstance(s, Ref)]
+        self.g.add(self.engine(op0, out, a, *cols), "tensor_scalar", out, a, op0=op0,
+                   scalar0=s0 if isinstance(s0, Ref) else _imm(s0, out, a), op1=op1,
+                   scalar1=s1 if isinstance(s1, Ref) else _imm(s1, out, a))
         return out
 
     def act(self, func: str, a: Ref, dtype: dt.DType, scale: float = 1.0, bias: float = -0.0) -> Ref:
@@ -128,6 +138,15 @@ class Tiles:
         self.g.add("dve" if not (pred.dtype.is_int and a.dtype.name in EXACT_INT) else "pool", "select", out, pred,
                    a, b)
         return out
+
+
+def column(x: Operand) -> Ref | None:
+    """The ``[rows, 1]`` tile a ``[rows, n]`` operand repeats along its row (one value per partition), if it
+    is one."""
+    if not isinstance(x, Ref) or not x.ops or x.ops[-1][0] != "broadcast" or len(x.shape) != 2:
+        return None
+    src = x._up()
+    return src if len(src.shape) == 2 and src.shape[1] == 1 and x.ops[-1][1][0] == 1 and src.buf.onchip else None
 
 
 def _imm(v: float | int, *tiles: Ref) -> float | int:

@@ -816,6 +816,10 @@ class CostModel:
             pad = False
             if not cl:
                 for bxs in regions:
+                    if not folding and bxs[-1][1] > 1 and xs[-1] == 1:  # a strided window: its span as rows
+                        lo_, st_, ex_ = bxs[-1]
+                        bxs = [*bxs[:-1], (lo_, 1, (ex_ - 1) * st_ + 1)]
+                        ext = [bx[2] for bx in bxs]
                     valid = [_box_valid(bx, n) for bx, n in zip(bxs, geo.in_spatial)]
                     if any(a >= b for a, b in valid):
                         pad = True

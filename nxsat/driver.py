@@ -207,7 +207,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if sharding.ranks > 1:
         st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
         st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
-    formed = st.run("device-forms", lambda: device_forms(parted))
+    formed = st.run("device-forms", lambda: device_forms(parted, target))
     if formed is not parted:
         st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
     # Lowering to the timing replay build millions of long-lived objects and no cyclic garbage (the

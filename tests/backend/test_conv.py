@@ -450,7 +450,7 @@ def test_depthwise_weight_gradients_on_planes(case: str, blocks: bool, target: s
     m = module_of(conv_hlo(*PLANE_GRADS[case]))
     (conv,) = [n for n in m.entry.post_order() if n.op == "convolution"]
     assert conv_module.plane_weight_gradient(conv) and conv_module.is_weight_gradient(conv)
-    assert device_forms(m) is m
+    assert device_forms(m, sim.load_target("trn1")) is m
     model = assert_device_matches(m, small_ints(m), target)
     ops = [(i.stream, i.opcode) for i in model.program.instrs]
     d = conv.attrs["dims"]
@@ -485,7 +485,7 @@ def test_first_layer_gradient_is_one_contraction_over_stacked_windows() -> None:
     tap and position, more than 100,000)."""
     m = module_of(conv_hlo("4,3,224,224", "4,32,112,112", "3,3,3,32",
                            "window={size=112x112 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf"))
-    lw = lower_graph(device_forms(m), sim.load_target("trn1"))
+    lw = lower_graph(device_forms(m, sim.load_target("trn1")), sim.load_target("trn1"))
     count = Counter(i.opcode for i in lw.graph.insts)
     ideal = 4 * 112 * 112 / 128
     assert 0.95 * ideal <= count["matmul"] <= 1.15 * ideal, count

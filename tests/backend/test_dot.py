@@ -258,7 +258,7 @@ def test_a_constant_weight_is_stored_k_major() -> None:
     m = fill_elided_constants(module_of(text.replace("b = f32[384,256] parameter(1)",
                                                      "b = f32[384,256] constant({...})")), 0)
     w = m.entry.root.operands[1].attrs["value"]
-    formed = device_forms(m)
+    formed = device_forms(m, sim.load_target("trn1"))
     rhs = formed.entry.root.operands[1]
     assert rhs.op == "transpose" and rhs.operands[0].op == "constant"
     np.testing.assert_array_equal(rhs.operands[0].attrs["value"], w.T)

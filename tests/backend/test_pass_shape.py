@@ -141,7 +141,7 @@ def test_a_chain_read_through_a_reshape_runs_as_the_dense_epilogue() -> None:
 
     m = module_of(DENSE_GELU)
     assert sorted(sinkable_reshapes(m).values()) == [(256, 512)] * 8  # p, q, u, v, th, h, w1, y
-    formed = device_forms(m)
+    formed = device_forms(m, load_target("trn1"))
     assert formed.entry.root.op == "reshape" and formed.entry.root.operands[0].shape == (256, 512)
     c = compile_graph(m, load_target("trn1"))
     instrs = c.program.instrs
@@ -187,7 +187,7 @@ def test_psum_is_copied_out_by_the_engine_with_less_of_the_epilogue() -> None:
     text = DENSE_GELU.replace("  bb = f32[256,512]{1,0} broadcast(b), dimensions={1}\n", "").replace(
         "  db = f32[256,512]{1,0} add(d, bb)\n", "").replace("reshape(db)", "reshape(d)").replace(
         "  b = f32[512]{0} parameter(2)\n", "")
-    assert _evacuations(device_forms(module_of(text))) == ["act", "act"]
+    assert _evacuations(device_forms(module_of(text), load_target("trn1"))) == ["act", "act"]
 
 
 def test_without_an_epilogue_the_engines_take_turns_copying_psum_out() -> None:

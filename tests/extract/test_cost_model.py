@@ -186,7 +186,7 @@ def simulated_us(module: Module, cast: str) -> float:
     t = _target()
     precise, _ = apply_precision(module, cast)
     parted, _ = partition(precise, t, "bf16" if cast == "matmult" else "f32")
-    compiled = schedule_graph(lower_graph(device_forms(parted), t), t)
+    compiled = schedule_graph(lower_graph(device_forms(parted, t), t), t)
     model = sim.build_model(compiled.program, t, compiled.constants)[1]
     return model.profile()[1].latency / 1000
 

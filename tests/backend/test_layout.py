@@ -1,0 +1,173 @@
+"""Where values live in HBM and how they get there: convolution regions stored channels-first where the
+cost model says it pays (backend/layout.py), a strided window read as whole rows (backend/conv.py), a
+pad's value written around the operand from an SBUF tile (backend/movement.py), and a model's inputs
+returned unchanged copied under the run (backend/schedule.py). Each checked on the program and
+against the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from harness import assert_device_matches, module_of
+
+from nxsat.attrs import ConvDims
+from nxsat.backend import compile_graph, device_forms
+from nxsat.backend.layout import channels_first_orders
+from nxsat.sim import load_target
+
+
+def _block(h: int, c: int, o: int, tail: str = "") -> str:
+    """JAX's NHWC conv -> inference batch norm -> ReLU -> 1x1 conv, at ``h x h`` positions, ``c`` channels
+    in and ``o`` out (``tail``: more lines, the root among them, after ``y``)."""
+    t = f"f32[1,{h},{h},{o}]{{3,2,1,0}}"
+    nhwc = "dim_labels=b01f_01io->b01f"
+    return f"""HloModule block
+ENTRY main {{
+  x = bf16[1,{h},{h},{c}]{{3,2,1,0}} parameter(0)
+  w1 = bf16[3,3,{c},{o}]{{3,2,1,0}} parameter(1)
+  mean = f32[{o}]{{0}} parameter(2)
+  scale = f32[{o}]{{0}} parameter(3)
+  beta = f32[{o}]{{0}} parameter(4)
+  w2 = bf16[1,1,{o},{o}]{{3,2,1,0}} parameter(5)
+  c1 = {t} convolution(x, w1), window={{size=3x3 pad=1_1x1_1}}, {nhwc}
+  bm = {t} broadcast(mean), dimensions={{3}}
+  s = {t} subtract(c1, bm)
+  bs = {t} broadcast(scale), dimensions={{3}}
+  m = {t} multiply(s, bs)
+  bb = {t} broadcast(beta), dimensions={{3}}
+  a = {t} add(m, bb)
+  zero = f32[] constant(0)
+  bz = {t} broadcast(zero), dimensions={{}}
+  r = {t} maximum(a, bz)
+  rb = bf16[1,{h},{h},{o}]{{3,2,1,0}} convert(r)
+  {"ROOT " if not tail else ""}y = {t} convolution(rb, w2), window={{size=1x1}}, {nhwc}
+{tail}}}
+"""
+
+
+def _inputs(h: int, c: int, o: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    import ml_dtypes
+
+    return {"x": rng.standard_normal((1, h, h, c)).astype(ml_dtypes.bfloat16),
+            "w1": (rng.standard_normal((3, 3, c, o)) / np.sqrt(9 * c)).astype(ml_dtypes.bfloat16),
+            "mean": rng.standard_normal(o).astype(np.float32),
+            "scale": rng.uniform(0.5, 1.5, o).astype(np.float32),
+            "beta": rng.standard_normal(o).astype(np.float32),
+            "w2": (rng.standard_normal((1, 1, o, o)) / np.sqrt(o)).astype(ml_dtypes.bfloat16)}
+
+
+def _pe_transposes(module: object, formed: bool) -> int:
+    """TensorE transposes in the lowering of ``module``, with or without the device forms."""
+    from nxsat.backend import lower_graph
+
+    t = load_target("trn1")
+    lw = lower_graph(device_forms(module, t) if formed else module, t)  # type: ignore[arg-type]
+    return sum(1 for i in lw.graph.insts if i.opcode == "transpose")
+
+
+def test_a_large_image_is_stored_channels_first() -> None:
+    """56x56 positions of 64 channels: the first convolution's result and its batch norm are stored
+    [N, C, H, W] and the second convolution reads them through a transpose (a view): the middle value
+    is no longer transposed on TensorE on its way out of the first convolution and into the second."""
+    text = _block(56, 64, 64)
+    m = module_of(text)
+    t = load_target("trn1")
+    orders = channels_first_orders(m, t)
+    assert sorted(n.op for n in m.entry.post_order() if n.id in orders) == [
+        "add", "convert", "convolution", "maximum", "multiply", "subtract"]
+    formed = device_forms(m, t)
+    root = formed.entry.root
+    assert root.op == "convolution" and root.operands[0].op == "transpose"
+    assert root.operands[0].operands[0].shape == (1, 64, 56, 56)
+    first = next(n for n in formed.entry.post_order() if n.op == "convolution" and n is not root)
+    d: ConvDims = first.attrs["dims"]
+    assert (d.output_batch, d.output_feature, d.output_spatial) == (0, 1, (2, 3))
+    assert first.shape == (1, 64, 56, 56)
+    assert _pe_transposes(m, formed=True) <= 0.7 * _pe_transposes(m, formed=False)  # measured: 140 of 224
+    assert_device_matches(m, _inputs(56, 64, 64), rtol=2e-2, atol_scale=2e-2)
+
+
+def test_a_small_image_of_many_channels_stays_channels_last() -> None:
+    """7x7 positions of 512 channels: channels-first rows would be 7 elements per descriptor where
+    channels-last moves 1 KB channel vectors; the cost model keeps the layout."""
+    assert channels_first_orders(module_of(_block(7, 512, 512)), load_target("trn1")) == {}
+
+
+def test_a_value_something_else_reads_keeps_its_layout() -> None:
+    """The batch norm's result is also returned: it stays NHWC, and so does everything computed up to it."""
+    text = _block(56, 64, 64, tail="  ROOT out = (f32[1,56,56,64]{3,2,1,0}, f32[1,56,56,64]{3,2,1,0}) tuple(y, r)\n")
+    m = module_of(text)
+    orders = channels_first_orders(m, load_target("trn1"))
+    kept = {n.op for n in m.entry.post_order() if n.id in orders}
+    assert "maximum" not in kept and "subtract" not in kept
+    assert_device_matches(m, _inputs(56, 64, 64), rtol=2e-2, atol_scale=2e-2)
+
+
+def test_a_strided_window_over_channels_first_rows_loads_whole_rows() -> None:
+    """A stride-2 convolution reading a channels-first value: its input box loads as whole rows and is
+    read every second element on chip (one element per descriptor before). The values match."""
+    text = _block(56, 64, 64, tail="  ROOT out = f32[1,28,28,64]{3,2,1,0} add(y, y)\n")
+    text = text.replace("window={size=1x1}", "window={size=1x1 stride=2x2}").replace(
+        "y = f32[1,56,56,64]{3,2,1,0} convolution(rb", "y = f32[1,28,28,64]{3,2,1,0} convolution(rb")
+    m = module_of(text)
+    t = load_target("trn1")
+    assert any(n.name == "rb" for n in m.entry.post_order() if n.id in channels_first_orders(m, t))
+    from nxsat.backend import lower_graph
+
+    lw = lower_graph(device_forms(m, t), t)
+    loads = [i for i in lw.graph.insts if i.engine == "dma" and (i.origin or "").startswith("y ")
+             and i.writes[0].buf.onchip and i.reads[0].buf.kind == "scratch"]
+    assert loads and all(i.reads[0].ap.dims[-1][1] == 1 for i in loads)
+    assert_device_matches(m, _inputs(56, 64, 64), rtol=2e-2, atol_scale=2e-2)
+
+
+PAD = """HloModule pad
+ENTRY main {
+  x = f32[1,20,24,16]{3,2,1,0} parameter(0)
+  v = f32[] parameter(1)
+  ROOT p = f32[1,23,27,16]{3,2,1,0} pad(x, v), padding=0_0x1_2x2_1x0_0
+}
+"""
+
+
+@pytest.mark.parametrize("value", ["parameter", "constant"])
+def test_a_pads_value_is_written_around_the_operand_from_sbuf(value: str) -> None:
+    """The value goes only where the operand does not (the border's slabs), from one SBUF tile: no DMA
+    reads HBM through a stride-0 pattern (a descriptor per element)."""
+    text = PAD if value == "parameter" else PAD.replace("v = f32[] parameter(1)", "v = f32[] constant(-1.5)")
+    m = module_of(text)
+    c = compile_graph(m, load_target("trn1"))
+    dmas = [i for i in c.program.instrs if i.opcode == "dma"]
+    hbm_writes = [i for i in dmas if i.operands[0].tensor == "out0_p"]
+    from_sbuf = [i for i in hbm_writes if i.operands[1].tensor.startswith("sb")]
+    assert len(from_sbuf) == 4 and len(hbm_writes) == 5  # four slabs (H before/after, W before/after), the interior
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.standard_normal((1, 20, 24, 16)).astype(np.float32)}
+    if value == "parameter":
+        inputs["v"] = np.array(2.25, np.float32)
+    assert_device_matches(m, inputs)
+
+
+PASSTHROUGH = """HloModule step
+ENTRY main {
+  w = f32[512,1024]{1,0} parameter(0)
+  x = f32[128,512]{1,0} parameter(1)
+  d = f32[128,1024]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT out = (f32[128,1024]{1,0}, f32[512,1024]{1,0}) tuple(d, w)
+}
+"""
+
+
+def test_a_returned_input_is_copied_first_on_a_queue_of_its_own() -> None:
+    """A step that returns its weights unchanged: the copy waits for nothing, so it is the program's
+    first instruction, alone on the last queue, and flows under the dot instead of after it."""
+    m = module_of(PASSTHROUGH)
+    c = compile_graph(m, load_target("trn1"))
+    instrs = c.program.instrs
+    first = instrs[0]
+    assert (first.opcode, first.operands[0].tensor, first.operands[1].tensor) == ("dma", "out1_w", "w")
+    assert [i for i in instrs if i.stream == first.stream] == [first]
+    rng = np.random.default_rng(2)
+    assert_device_matches(m, {"w": rng.standard_normal((512, 1024)).astype(np.float32),
+                              "x": rng.standard_normal((128, 512)).astype(np.float32)})
