@@ -531,6 +531,10 @@ def _compute(cv: Conv, w: Work) -> None:
             tile, boxes = w.inputs[(ct, gid)]
             mv = _moving(cv, tile, boxes, w.combo, piece, group, taps, st.shape[0], w.chunk)
             g.add("pe", "matmul", bank, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
+    if len(pieces) == 1 and (cv.plan.transpose_out == "dma" or cv.nsp == 0) and cv.ep.reads_psum(cv.out_t):
+        cv.ep.evacuate_on_act(copy=False)  # the epilogue's first step reads the accumulator itself
+        _store(cv, w.job, w.combo, w.chunk, w.ot, acc)
+        return
     res = g.tile(out_shape, cv.out_t, "sbuf", "cvres").ref()
     if len(pieces) == 1:
         _evacuate(cv, res, acc)
@@ -557,12 +561,17 @@ def _pieces(cv: Conv, chunk: Chunk) -> list[Chunk]:
 
 
 def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
-    """PSUM to SBUF with the conversion, on ScalarE and VectorE in turn."""
-    if cv.evac % 2 == 0:
+    """PSUM to SBUF with the conversion: on the engine with less of the epilogue's work, or on ScalarE
+    and VectorE in turn."""
+    if cv.ep.cluster is not None:
+        on_act = cv.ep.evacuate_on_act()
+    else:
+        on_act = cv.evac % 2 == 0
+        cv.evac += 1
+    if on_act:
         cv.g.add("act", "activation", dst, src)
     else:
         cv.g.add("dve", "tensor_copy", dst, src)
-    cv.evac += 1
 
 
 # --- inputs ----------------------------------------------------------------------------------------
