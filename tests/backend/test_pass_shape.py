@@ -219,3 +219,57 @@ ENTRY main {
 }
 """)
     assert sinkable_reshapes(m) == {}
+
+
+# inference batch norm and ReLU on a [channels, positions] value (a channels-first convolution's result):
+# every parameter is one value per row of the tile
+ROW_BN = """HloModule bn
+ENTRY main {
+  x = f32[128,1024]{1,0} parameter(0)
+  mean = f32[128]{0} parameter(1)
+  scale = f32[128]{0} parameter(2)
+  beta = f32[128]{0} parameter(3)
+  bm = f32[128,1024]{1,0} broadcast(mean), dimensions={0}
+  s = f32[128,1024]{1,0} subtract(x, bm)
+  bs = f32[128,1024]{1,0} broadcast(scale), dimensions={0}
+  m = f32[128,1024]{1,0} multiply(s, bs)
+  bb = f32[128,1024]{1,0} broadcast(beta), dimensions={0}
+  a = f32[128,1024]{1,0} add(m, bb)
+  zero = f32[] constant(0)
+  bz = f32[128,1024]{1,0} broadcast(zero), dimensions={}
+  ROOT r = f32[128,1024]{1,0} maximum(a, bz)
+}
+"""
+
+
+def test_values_per_row_are_scalar_operands_and_two_steps_share_an_instruction() -> None:
+    """``(x - mean) * scale`` and ``+ beta`` then the ReLU: each parameter is a ``[rows, 1]`` column, the
+    scalar operand of ``tensor_scalar`` (one pass over the tile; ``tensor_tensor`` reading the repeated
+    column made two), and each pair of steps is one instruction (its first result carried in fp32): two
+    VectorE instructions per tile where there were four. The values are the interpreter's, bit for bit."""
+    from nxsat.backend.tiles import column
+
+    instrs = _insts(ROW_BN)
+    dve = [(i.opcode, i.attrs.get("op0"), i.attrs.get("op1")) for i in instrs if i.stream == "dve"]
+    assert dve == [("tensor_scalar", "sub", "mul"), ("tensor_scalar", "add", "max")]  # one [128, 1024] tile
+    assert all(not isinstance(i.attrs.get("scalar0"), (int, float)) for i in instrs
+               if i.stream == "dve" and i.attrs.get("op0") != "add")
+    assert column(3.0) is None
+    rng = np.random.default_rng(3)
+    assert_device_matches(module_of(ROW_BN), {
+        "x": rng.standard_normal((128, 1024)).astype(np.float32), "mean": rng.standard_normal(128).astype(np.float32),
+        "scale": rng.uniform(0.5, 2, 128).astype(np.float32), "beta": rng.standard_normal(128).astype(np.float32)},
+        rtol=0, atol_scale=0)
+
+
+def test_a_step_whose_result_is_kept_is_not_chained() -> None:
+    """The normalized value is also returned: ``x - mean`` is stored, so it is an instruction of its own."""
+    text = ROW_BN.replace("ROOT r = f32[128,1024]{1,0} maximum(a, bz)", "r = f32[128,1024]{1,0} maximum(a, bz)") \
+        .replace("\n}\n", "\n  ROOT t = (f32[128,1024]{1,0}, f32[128,1024]{1,0}) tuple(r, s)\n}\n")
+    instrs = _insts(text)
+    dve = [(i.attrs.get("op0"), i.attrs.get("op1", "none")) for i in instrs if i.stream == "dve"]
+    assert dve == [("sub", "none"), ("mul", "add"), ("max", "none")]
+    rng = np.random.default_rng(4)
+    assert_device_matches(module_of(text), {
+        "x": rng.standard_normal((128, 1024)).astype(np.float32), "mean": rng.standard_normal(128).astype(np.float32),
+        "scale": rng.uniform(0.5, 2, 128).astype(np.float32), "beta": rng.standard_normal(128).astype(np.float32)})
