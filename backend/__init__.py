@@ -33,11 +33,18 @@ class Compiled:
 
 
 def device_forms(module: Module, target: Target) -> Module:
-    """The same values with operators rewritten into the forms the backend tiles best: convolutions
-    that are weight gradients (more window taps than outputs) as one contraction per output position
-    (:func:`nxsat.backend.conv.weight_gradients`; a depthwise layer's stays, for the planes path), and
-    elementwise chains read through a reshape computed before it (:func:`nxsat.backend.elementwise.sink_reshapes`),
-    and constant dot operands stored with their contraction outermost (:func:`nxsat.backend.matmul.kmajor_constants`).
+    """The same values with operators rewritten into the forms the backend tiles best:
+
+    - convolution regions stored channels-first where ``target``'s cost model prices it faster
+      (:func:`nxsat.backend.layout.channels_first`);
+    - convolutions that are weight gradients (more window taps than outputs) as one contraction per
+      output position (:func:`nxsat.backend.conv.weight_gradients`; a depthwise layer's stays, for the
+      planes path);
+    - elementwise chains read through a reshape computed before it
+      (:func:`nxsat.backend.elementwise.sink_reshapes`);
+    - constant dot operands stored with their contraction outermost
+      (:func:`nxsat.backend.matmul.kmajor_constants`).
+
     A module with nothing to rewrite comes back as it is (the driver then dumps nothing)."""
     from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
     from nxsat.backend.elementwise import sink_reshapes

@@ -410,7 +410,8 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
 
 
 def _passthrough(i: Inst, extra: dict[int, list[Inst]]) -> bool:
-    """A DMA from the model's inputs or constants into its outputs that waits for nothing."""
+    """A DMA from the model's inputs or constants into its outputs that waits for nothing (the caller
+    checks that nothing waits for it: a KV cache copied before its update is not one)."""
     return (i.engine == "dma" and not i.deps and not extra.get(i.index) and bool(i.writes)
             and all(w.buf.kind == "output" for w in i.writes)
             and all(r.buf.kind in ("input", "const") for r in i.reads))
@@ -462,7 +463,8 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
     # under the whole run instead of after it.
     stream: dict[int, str] = {}
     queues = target.dma_queues
-    background = [i for i in order if _passthrough(i, extra)]
+    depended = {d.index for i in order for d in (*i.deps, *extra.get(i.index, ()))}
+    background = [i for i in order if i.index not in depended and _passthrough(i, extra)]
     load_q = list(range(0, max(1, queues * 3 // 4)))
     store_q = list(range(len(load_q), queues - bool(background))) or list(range(len(load_q), queues)) or load_q
     if background:

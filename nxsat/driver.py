@@ -9,8 +9,9 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
     extract       the program the extractor chooses by the device cost model   04-extracted.hlo/04-extraction.json
     precision     --auto-cast as a policy: casts as explicit converts                05-precision.hlo/.json
     partition     weights split across a logical core's physical cores where it pays  05-partition.hlo/.json
-    device-forms  operators in the forms the backend tiles best (weight gradients as dots; reshapes
-                  after elementwise chains; constant dot operands K-major)            05-device-forms.hlo
+    device-forms  operators in the forms the backend tiles best (convolution regions channels-first;
+                  weight gradients as dots; reshapes after elementwise chains; constant
+                  dot operands K-major)                                              05-device-forms.hlo
     lower         operators -> an instruction graph on tiles                         06-lowered.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
@@ -54,7 +55,8 @@ STAGES = (
     Stage("precision", "the --auto-cast policy applied: casts as explicit converts, inputs and outputs kept"),
     Stage("partition", "the same values; weights whose split pays are sharded over the logical core's "
           "physical cores, their results joined by all-gathers or sharded outputs"),
-    Stage("device-forms", "the same values; convolutions that are weight gradients (more taps than outputs) "
+    Stage("device-forms", "the same values; convolution regions stored channels-first where the cost model "
+          "prices it faster; convolutions that are weight gradients (more taps than outputs) "
           "as one contraction per output position; elementwise chains read through a reshape computed "
           "before it; constants only dots read stored with their contraction outermost"),
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
