@@ -24,7 +24,7 @@ from nxsat.backend.epilogue import Epilogue
 from nxsat.backend.fused import require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import dot_sizes, matmul_plan, segments_pay
+from nxsat.extract.plan import dot_sizes, matmul_plan, pe_transpose_pays, segments_pay
 from nxsat.ir import Module, Node, TensorType
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
@@ -130,7 +130,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                           {"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {})
             continue
         def moving(ko: int, k0: int, kn: int, n: int, n0: int, nn: int, b: int = b) -> list[Ref]:
-            return _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma)
+            return _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma, Ko * Ki)
 
         # N in blocks whose moving tiles are loaded once for every M tile (plan.n_block), or one block
         # whose moving tiles are loaded per M tile
@@ -145,7 +145,8 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                 mn = min(plan.m_tile, M - m0)
 
                 def stationary(ko: int, k0: int, kn: int, n: int, b: int = b, m0: int = m0, mn: int = mn) -> list[Ref]:
-                    return _load_ktiles(lw, L[b, m0:m0 + mn, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma)
+                    return _load_ktiles(lw, L[b, m0:m0 + mn, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma,
+                                        Ko * Ki)
 
                 resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
                 for n0, nn in n_tiles:
@@ -286,21 +287,23 @@ def _narrow(lw: Lowering, res: Ref, t: dt.DType) -> Ref:
     return narrow
 
 
-def _load_kmajor(lw: Lowering, src: Ref, dtype: dt.DType, transpose_dma: bool) -> Ref:
+def _load_kmajor(lw: Lowering, src: Ref, dtype: dt.DType, transpose_dma: bool, k: int | None = None) -> Ref:
     """A ``[K, X]`` operand tile (K on partitions) read the way its bytes lie: a plain DMA when X is
     the contiguous dimension in HBM, else a transposing load of the ``[X, K]`` view (the DMA
     engines' transpose where the target has one) rather than an element-by-element copy."""
     if _k_contiguous(src):
-        return _load(lw, src.T, src.shape, dtype, transpose=True, transpose_dma=transpose_dma)
+        return _load(lw, src.T, src.shape, dtype, transpose=True, transpose_dma=transpose_dma, k=k)
     return _load(lw, src, src.shape, dtype)
 
 
-def _load_ktiles(lw: Lowering, src: Ref, kn: int, dtype: dt.DType, transpose_dma: bool) -> list[Ref]:
+def _load_ktiles(lw: Lowering, src: Ref, kn: int, dtype: dt.DType, transpose_dma: bool, k: int | None = None
+                 ) -> list[Ref]:
     """The ``[kn, X]`` operand tiles of the consecutive K tiles of ``src`` (``[n * kn, X]``), loaded
     together where their bytes allow: one DMA for the ``n`` tiles of a run that lies in rows (one
     ``[kn, n, X]`` tile), or one DMA of the ``[X, n * kn]`` rows, transposed on TensorE block by block
     into one PSUM bank and evacuated once (:func:`_load_pe_transposed`). A DMA takes about 1.3 us to
-    start whatever it moves, and a K tile of 128 x 144 fp32 is 576 bytes per partition."""
+    start whatever it moves, and a K tile of 128 x 144 fp32 is 576 bytes per partition. ``k``: the
+    operand's whole contraction (whether TensorE transposes pay is decided for the operand, not the run)."""
     n = src.shape[0] // kn
     if n > 1:
         X = src.shape[1]
@@ -313,10 +316,10 @@ def _load_ktiles(lw: Lowering, src: Ref, kn: int, dtype: dt.DType, transpose_dma
             if grouped is not None:
                 tile = _load(lw, grouped, (kn, n, X), dtype)
                 return [tile[:, i, :] for i in range(n)]
-        elif _pe_transposable(src, dtype, transpose_dma):
+        elif _pe_transposable(src, dtype, transpose_dma, k):
             tile = _load_pe_transposed(lw, src.T, kn, n, dtype)
             return [tile[:, i, :] for i in range(n)]
-    return [_load_kmajor(lw, src[i * kn:(i + 1) * kn, :], dtype, transpose_dma) for i in range(n)]
+    return [_load_kmajor(lw, src[i * kn:(i + 1) * kn, :], dtype, transpose_dma, k) for i in range(n)]
 
 
 def _k_contiguous(src: Ref) -> bool:
@@ -333,22 +336,23 @@ def _inner_stride(r: Ref) -> int | None:
     return 1 if size == 1 else stride
 
 
-def _pe_transposable(src: Ref, dtype: dt.DType, transpose_dma: bool) -> bool:
+def _pe_transposable(src: Ref, dtype: dt.DType, transpose_dma: bool, k: int | None = None) -> bool:
     """A K-contiguous ``[K, X]`` operand goes through TensorE transposes (no DMA transpose on the
-    target, a type TensorE transposes, and the tile wide enough to pay for it)."""
+    target, a type TensorE transposes, and an operand large enough to pay for it: ``k`` its whole
+    contraction, else the tile's)."""
     return (not transpose_dma and onchip_dtype(src.dtype) in PE_TRANSPOSABLE and dtype.is_float
-            and min(src.shape) >= PE_MIN)
+            and pe_transpose_pays(src.shape[1], k or src.shape[0]))
 
 
 def _load(lw: Lowering, src: Ref, shape: tuple[int, ...], dtype: dt.DType, transpose: bool = False,
-          transpose_dma: bool = False) -> Ref:
+          transpose_dma: bool = False, k: int | None = None) -> Ref:
     """An SBUF tile of ``shape`` and ``dtype`` holding ``src`` (transposed when asked), converted on chip
     when the operand's type is not the multiply type: by ScalarE, which copies at 1.4 GHz to VectorE's
     1.12 and is otherwise idle but for half the evacuations (BERT-base's fp32 weights: VectorE was 48.5%
     busy, 3,693.4 -> 3,371.9 us)."""
     g = lw.graph
     sd = onchip_dtype(src.dtype)
-    if transpose and _pe_transposable(src.T, dtype, transpose_dma):
+    if transpose and _pe_transposable(src.T, dtype, transpose_dma, k):
         return _load_pe_transposed(lw, src, shape[0], 1, dtype)[:, 0, :]
     tile = g.tile(shape, sd, "sbuf", "mmop").ref()
     if transpose and transpose_dma:
@@ -363,7 +367,6 @@ def _load(lw: Lowering, src: Ref, shape: tuple[int, ...], dtype: dt.DType, trans
 
 
 PE_TRANSPOSABLE = (dt.F32, dt.BF16, dt.F16)
-PE_MIN = 16  # a smaller transposed tile is cheaper as an element-wise DMA than as load, transpose, copy
 
 
 def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dtype: dt.DType) -> Ref:

@@ -50,6 +50,7 @@ from nxsat.extract.plan import (
     max_cols,
     op_ns,
     out_block,
+    pe_transpose_pays,
     softmax_rows,
 )
 from nxsat.ops import registry
@@ -57,8 +58,6 @@ from nxsat.rules import terms
 from nxsat.rules.egraph import EGraph, View, operand_layout
 from nxsat.sim.target import Target
 
-# Operands narrower than this go through an element-wise DMA instead of TensorE transposes (backend/matmul.py).
-PE_MIN = 16
 NODE_NS = 0.01  # every operator's own price: a tie-break, far below any instruction's time
 
 # Operators the backend lowers as access patterns on their operand's buffer (backend/movement.py).
@@ -433,8 +432,8 @@ class CostModel:
         factor = t.matmul_dtype_factor(mt) or 1.0
         mtiles, ktiles, ntiles = -(-M // plan.m_tile), plan.k_tiles(K), -(-N // plan.n_tile)
         pe_t = bool(t.dma["transpose_efficiency"]) is False
-        lt = lhs_k_contiguous and pe_t and min(M, K) >= PE_MIN
-        rt = rhs_k_contiguous and pe_t and min(N, K) >= PE_MIN
+        lt = lhs_k_contiguous and pe_t and pe_transpose_pays(M, K)
+        rt = rhs_k_contiguous and pe_t and pe_transpose_pays(N, K)
         joint = plan.joint and lt and rt
         # times each operand is loaded: the stationary once per M tile if resident (once per N block
         # when the moving one is kept across the M tiles), else once per N tile; the moving once per

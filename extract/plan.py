@@ -91,6 +91,19 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     return MatmulPlan(m, k, n, resident, group, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block)
 
 
+PE_MIN = 16  # rows of a K-contiguous operand from which TensorE transposes pay whatever K is
+PE_MIN_ELEMENTS = 4096  # elements from which they pay however few the rows (an element-wise DMA: 12 ns each)
+
+
+def pe_transpose_pays(rows: int, k: int) -> bool:
+    """Does a K-contiguous ``[rows, K]`` operand (K on the partitions wanted) go through TensorE transposes
+    (rows loaded as they lie, a transpose per 128 of K, a copy out of PSUM) rather than an element-wise
+    DMA, a descriptor per element? A narrow tile is cheaper element-wise only while it is small: gemma's
+    11 tokens against a 6,912-long contraction were 76,032 descriptors per dot (2.75 ms of DMA engine
+    time over its 26 layers)."""
+    return min(rows, k) >= PE_MIN or rows * k >= PE_MIN_ELEMENTS
+
+
 def segments_pay(ko: int, ki: int, target: Target) -> bool:
     """A contraction run as ``ko`` segments of ``ki`` (K tiles never crossing one) rather than copied
     into one merged run: worth it while the segments' partial tiles add at most ``SPLIT_TILES`` times

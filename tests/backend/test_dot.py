@@ -266,3 +266,26 @@ def test_a_constant_weight_is_stored_k_major() -> None:
     # the transposes left are the activations' (x is K-contiguous too): 1 row block x 2 K tiles
     assert [i.opcode for i in c.program.instrs].count("transpose") == 2
     assert_device_matches(m, {"a": rng.standard_normal((128, 256)).astype(np.float32)})
+
+
+def test_a_few_tokens_against_a_long_contraction_are_transposed_on_tensore() -> None:
+    """gemma's MLP down-projection at 11 tokens: ``[11, 6912] @ [6912, 1152]`` with the tokens' K contiguous.
+    An element-wise DMA would move one element per descriptor (76,032 of them); the rows load as they lie
+    and TensorE transposes them, 128 of K at a time (extract/plan.py ``pe_transpose_pays``)."""
+    from nxsat.extract.plan import pe_transpose_pays
+
+    assert pe_transpose_pays(11, 6912) and not pe_transpose_pays(4, 64) and pe_transpose_pays(16, 16)
+    text = _dot("bf16[11,6912]", "bf16[6912,1152]", "f32[11,1152]",
+                "lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+    m = module_of(text)
+    from nxsat.backend import lower_graph
+
+    lw = lower_graph(m, sim.load_target("trn1"))
+    loads = [i for i in lw.graph.insts if i.engine == "dma" and i.reads[0].buf.name == "a"]
+    assert loads and all(i.reads[0].ap.dims[-1][1] == 1 for i in loads)  # rows, K contiguous
+    assert sum(1 for i in lw.graph.insts if i.opcode == "transpose") >= 6912 // 128 - 4
+    rng = np.random.default_rng(6)
+    import ml_dtypes
+
+    assert_device_matches(m, {"a": rng.standard_normal((11, 6912)).astype(ml_dtypes.bfloat16),
+                              "b": (rng.standard_normal((6912, 1152)) / 80).astype(ml_dtypes.bfloat16)})
