@@ -104,15 +104,35 @@ class Interpreter:
                         "interpreter may use on this host", node.loc, "run it on a host with more memory")
         try:
             out = opdef.impl(args, node.attrs, _Frame(self, node))
+            if lanes and isinstance(node.type, TensorType) and node.shape == () and not isinstance(out, tuple) \
+                    and not any(isinstance(a, tuple) for a in args) \
+                    and np.shape(out) != np.broadcast_shapes(*(np.shape(a) for a in args)):
+                raise ValueError(f"{node.op} is not elementwise over lanes")  # a dot of two scalars: lane by lane
         except NxsatError:
             raise
         except MemoryError:
             raise error("NCC_EOOM002", f"the host ran out of memory computing {node.op} at {node.name} "
                         f"({node.type})", node.loc, "run it on a host with more memory") from None
         except Exception as exc:  # a bug in an implementation: say where, keep the cause for --debug
-            raise error("NCC_IINT001", f"reference implementation of {node.op} failed at {node.name}: "
-                        f"{type(exc).__name__}: {exc}", node.loc, "please report this with the model") from exc
+            out = self._lane_by_lane(opdef, node, args) if lanes and isinstance(node.type, TensorType) else None
+            if out is None:
+                raise error("NCC_IINT001", f"reference implementation of {node.op} failed at {node.name}: "
+                            f"{type(exc).__name__}: {exc}", node.loc, "please report this with the model") from exc
         return self._conform(out, node.type, node, lanes) if self.check_types else out
+
+    def _lane_by_lane(self, opdef: Any, node: Node, args: list[Any]) -> np.ndarray | None:
+        """A scalar operator that is not elementwise (a ``dot`` of two scalars in a reducer) given whole
+        arrays of lanes (:func:`_applied_to_arrays`): run once per lane. None if it fails there too."""
+        if any(isinstance(a, tuple) for a in args):
+            return None
+        arrays = np.broadcast_arrays(*[np.asarray(a) for a in args])
+        out = np.empty(arrays[0].shape, dtype=node.tensor.dtype.np)
+        try:
+            for idx in np.ndindex(out.shape):
+                out[idx] = opdef.impl([a[idx] for a in arrays], node.attrs, _Frame(self, node))
+        except Exception:
+            return None
+        return out
 
     def _conform(self, value: Any, t: Type, node: Node, lanes: bool = False) -> Any:
         if isinstance(t, TupleType):

@@ -40,3 +40,27 @@ def test_the_host_running_out_of_memory_is_a_coded_error_not_an_internal_one(mon
     with pytest.raises(NxsatError) as exc:
         Interpreter().call(m.entry, [np.zeros(1024, np.float32)])
     assert exc.value.code == "NCC_EOOM002" and "negate" in exc.value.message
+
+
+def test_a_reducer_that_is_not_elementwise_runs_lane_by_lane():
+    """A reduce body is run once over whole arrays of lanes, which assumes its operators are elementwise.
+    A ``dot`` of two scalars is not (on arrays it is an outer product): it runs lane by lane and gives
+    what ``multiply`` gives. (Found by tests/test_fuzz_hlo.py: a mutated argmax reducer.)"""
+    from nxsat.frontend.hlo import parse_hlo
+
+    text = """HloModule r
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] OP(a, b)
+}
+ENTRY main {
+  x = f32[6,5]{1,0} parameter(0)
+  one = f32[] constant(1)
+  ROOT p = f32[6]{0} reduce(x, one), dimensions={1}, to_apply=add
+}
+"""
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (6, 5)).astype(np.float32)
+    got, want = (Interpreter().call(parse_hlo(text.replace("OP", op), "r.hlo").entry, [x])
+                 for op in ("dot", "multiply"))
+    np.testing.assert_array_equal(got, want)
