@@ -887,14 +887,17 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
             wt = cv.weights[key] = _weights_converted(cv, raw)
         idx = [taps[d].k for d in range(nsp) if d != fd]
         return wt[(slice(None), *idx, slice(None))]
-    key = ("all", job, ct, ot)
+    span = plan.weight_group(cv.geo, onchip_dtype(W.dtype).itemsize) * plan.o_tile  # output channels a load
+    ga = o_off // span * span  # the group's first output channel in the job
+    key = ("all", job, ct, ga)
     wt = cv.weights.get(key)
     if wt is None:
-        raw = g.tile((ck, *W.shape[2:], on), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
-        src = W[o0:o0 + on, c_off:c_off + ck].permute(*wperm)
+        gn = min(span, job.on - ga)
+        raw = g.tile((ck, *W.shape[2:], gn), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
+        src = W[job.o0 + ga:job.o0 + ga + gn, c_off:c_off + ck].permute(*wperm)
         g.add("dma", "dma", raw, src)
         wt = cv.weights[key] = _weights_converted(cv, raw)
-    return wt[(slice(None), *(tp.k for tp in taps), slice(None))]
+    return wt[(slice(None), *(tp.k for tp in taps), slice(o_off - ga, o_off - ga + on))]
 
 
 def _weights_converted(cv: Conv, raw: Ref) -> Ref:

@@ -669,6 +669,7 @@ class CostModel:
             return out
 
         chunks = chunk_list()
+        wgroup = plan.weight_group(geo, wsz)
         order = [(ot, ch) for ot in range(len(o_tiles)) for ch in chunks] if o_outer else \
             [(ot, ch) for ch in chunks for ot in range(len(o_tiles))]
         inputs_seen: set = set()
@@ -713,17 +714,19 @@ class CostModel:
                         pe += r_[1]
                         pool += r_[2]
                     # weights
-                    wkey = (ci, oi, tuple(tp for tp, _ in group[fd])) if folding else (ci, oi)
+                    gi = oi // wgroup  # output-channel tiles loaded together (ConvPlan.weight_group)
+                    wkey = (ci, oi, tuple(tp for tp, _ in group[fd])) if folding else (ci, gi)
                     if plan.pack > 1:
                         wkey = ("pack",)
                     if wkey not in loaded:
                         loaded.add(wkey)
                         nblk = len(group[fd]) if folding else 1
-                        r1, r2 = weight_load(ck, on)
+                        won = sum(o_tiles[gi * wgroup:(gi + 1) * wgroup]) if wgroup > 1 else on
+                        r1, r2 = weight_load(ck, won)
                         w_res += r1 * nblk
                         w_lat = max(w_lat, r2)
                         if wsz != geo.itemsize and plan.pack == 1:  # fp32 weights converted on chip
-                            per = math.prod(ksize) // (ksize[fd] if folding else 1) * on
+                            per = math.prod(ksize) // (ksize[fd] if folding else 1) * won
                             dve += op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": per,
                                                                      "P": ck * nblk})
                         if plan.pack > 1:

@@ -584,3 +584,29 @@ def test_resnet50(target: str) -> None:
     prof = model.profile()[0]
     assert prof["latency_ns"] >= prof["roofline"]["bound_ns"]
     print(f"resnet50 {target}: compile+simulate {t1 - t0:.0f} s, latency {prof['latency_ns'] / 1e6:.2f} ms")
+
+
+def test_an_input_channel_tiles_weights_load_in_one_dma_for_every_output_channel_tile() -> None:
+    """A 1x1 HWIO weight of 512 output channels: each input-channel tile's weights are one DMA of whole
+    rows (512 fp32, 2 KB) sliced into the four output-channel tiles on chip, not four DMAs of 512-byte
+    runs (extract/plan.py ``ConvPlan.weight_group``)."""
+    from nxsat.backend import lower_graph
+
+    text = """HloModule c
+ENTRY main {
+  x = bf16[1,28,28,128]{3,2,1,0} parameter(0)
+  w = f32[1,1,128,512]{3,2,1,0} parameter(1)
+  wb = bf16[1,1,128,512]{3,2,1,0} convert(w)
+  ROOT y = f32[1,28,28,512]{3,2,1,0} convolution(x, wb), window={size=1x1}, dim_labels=b01f_01io->b01f
+}
+"""
+    m = module_of(text)
+    lw = lower_graph(m, sim.load_target("trn1"))
+    loads = [i for i in lw.graph.insts if i.engine == "dma" and i.reads[0].buf.name == "w"]
+    assert len(loads) == 1 and loads[0].reads[0].ap.dims[-1] == (512, 1)
+    rng = np.random.default_rng(7)
+    import ml_dtypes
+
+    assert_device_matches(m, {"x": rng.standard_normal((1, 28, 28, 128)).astype(ml_dtypes.bfloat16),
+                              "w": (rng.standard_normal((1, 1, 128, 512)) / 12).astype(np.float32)},
+                          rtol=2e-2, atol_scale=2e-2)
