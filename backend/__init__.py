@@ -35,8 +35,6 @@ class Compiled:
 def device_forms(module: Module, target: Target) -> Module:
     """The same values with operators rewritten into the forms the backend tiles best:
 
-    - convolution regions stored channels-first where ``target``'s cost model prices it faster
-      (:func:`nxsat.backend.layout.channels_first`);
     - convolutions that are weight gradients (more window taps than outputs) as one contraction per
       output position (:func:`nxsat.backend.conv.weight_gradients`; a depthwise layer's stays, for the
       planes path);
@@ -48,12 +46,11 @@ def device_forms(module: Module, target: Target) -> Module:
     A module with nothing to rewrite comes back as it is (the driver then dumps nothing)."""
     from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
     from nxsat.backend.elementwise import sink_reshapes
-    from nxsat.backend.layout import channels_first
     from nxsat.backend.matmul import kmajor_constants
 
     if any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         module = weight_gradients(module)
-    return kmajor_constants(sink_reshapes(channels_first(module, target)))
+    return kmajor_constants(sink_reshapes(module))
 
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:

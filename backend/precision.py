@@ -75,6 +75,13 @@ def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
             return x
         key = (x.id, to.name)
         n = cast_cache.get(key)
+        if n is None and x.op == "transpose":
+            # cast the source and transpose the cast (a view): a cast of the view would be a pass that
+            # moves every element into the other order (a channels-first value read by a channels-last
+            # convolution: 3.8 ms of ResNet-50's DMA time)
+            src = convert(x.operands[0], to)
+            n = Node("transpose", (src,), dict(x.attrs), x.tensor.with_dtype(to), f"{src.name}.t", x.loc)
+            cast_cache[key] = n
         if n is None:
             attrs = {"dtype": to}
             n = Node("convert", (x,), attrs, infer_type("convert", [x], attrs), f"{x.name}.{to.name}", x.loc)

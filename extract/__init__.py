@@ -34,8 +34,79 @@ ILP_SECONDS = 60.0  # the exact extractor's time limit before it settles for the
 # model's own error bound (tests/extract/test_cost_model.py holds it to 15% per operator). Below that a
 # "gain" is as likely the model's error: BERT's attention, extracted on bare prices, took a P.V product
 # the model found 1.5 us cheaper that the simulator runs 5 us slower (the layout it leaves the output
-# projection is not a price of the product itself).
+# projection is not a price of the product itself); ResNet-50's channels-first regions, their batch norms
+# reassociated at bare prices, ran 8% slower (a shift added to the residual before the convolution's
+# result: a pass of its own, where the model sees an epilogue). Exempt are the variants that are the
+# input's own operators priced by the same formulas: a dot's precision variants, every convolution (each
+# layout of one is priced by the same conv plan) and the channels-first twin of a loaded operator (the
+# layout set's: the same operator on the twins of its operands). With the margin on those twins every
+# elementwise operator of a region paid 15% of its whole price, and no region of resnet_small was flipped.
 CONFIDENCE = 0.15
+
+
+def _margins(view: Any, preferred: frozenset[int], variants: set[int]) -> list[bool]:
+    """Per e-node: does it pay :data:`CONFIDENCE` when choosing?"""
+    from nxsat.rules import terms
+
+    exempt = set(preferred) | variants | _layout_twins(view, preferred)
+    return [i not in exempt and node.ctor in terms.BY_CTOR and terms.BY_CTOR[node.ctor].op != "convolution"
+            for i, node in enumerate(view.nodes)]
+
+
+def _into_channels_first(view: Any, preferred: frozenset[int]) -> list[int]:
+    """The transposes into channels-first order the layout set made (the other operand of an elementwise
+    operator seen channels-first): not for extraction. A channels-first twin is computed natively from
+    its operands' twins or not at all, as a region is flipped whole or not at all; a transpose that
+    moves a channels-last value into channels-first order is a pass reading one element per descriptor.
+    Available, they gave a value and its twin transposes of each other, whose alternating halves made
+    the ILP's relaxation worthless (resnet_small: 30 s to prove what the DAG greedy found, 60 s and no
+    proof on ResNet-50); an operand that has no twin (a broadcast becomes one) leaves its reader's twin
+    without a term, and the region as written."""
+    out = []
+    for i, node in enumerate(view.nodes):
+        if node.ctor == "Transpose" and i not in preferred:
+            p = tuple(node.slots[0])
+            r = len(p)
+            if r >= 3 and p == (0, r - 1, *range(1, r - 1)):
+                out.append(i)
+    return out
+
+
+# Operators whose attributes the layout set permutes with the dimensions (their twins' slots differ).
+_PERMUTED_SLOTS = frozenset({"Pad", "ReduceWindow", "Reduce", "Broadcast", "Fill"})
+
+
+def _layout_twins(view: Any, preferred: frozenset[int]) -> set[int]:
+    """The channels-first twins of loaded e-nodes (rules/sets/layout.egg): a node of the operator of a
+    loaded node L, in a class B whose channels-last view is in L's class, each of whose operands is L's
+    operand, its channels-first twin (L's operand class holds a channels-last view of it) or its
+    channels-first view (it holds L's operand seen channels-first)."""
+    views: dict[int, set[int]] = {}  # class -> the classes of which it holds a channels-last view
+    seen_cf: dict[int, set[int]] = {}  # class -> the classes it holds a channels-first view of
+    for i, node in enumerate(view.nodes):
+        if node.ctor != "Transpose" or not node.children:
+            continue
+        p = tuple(node.slots[0])
+        r = len(p)
+        if r < 3:
+            continue
+        if p == (0, *range(2, r), 1):
+            views.setdefault(view.node_class[i], set()).add(node.children[0])
+        elif p == (0, r - 1, *range(1, r - 1)):
+            seen_cf.setdefault(view.node_class[i], set()).add(node.children[0])
+    out: set[int] = set()
+    for i in preferred:
+        loaded = view.nodes[i]
+        for b in views.get(view.node_class[i], ()):
+            for j in view.class_nodes[b]:
+                n = view.nodes[j]
+                if n.ctor != loaded.ctor or len(n.children) != len(loaded.children) or \
+                        (n.ctor not in _PERMUTED_SLOTS and n.slots != loaded.slots):
+                    continue
+                if all(c == lc or c in views.get(lc, ()) or lc in seen_cf.get(c, ())
+                       for c, lc in zip(n.children, loaded.children)):
+                    out.add(j)
+    return out
 
 
 @dataclass
@@ -52,7 +123,7 @@ class Extraction:
     ilp: IlpResult | None = None
     kept_input: bool = False  # the extractor's choice cost more than the loaded program, which was kept
     objective_ns: float = 0.0  # what the extractors minimise: the price with CONFIDENCE on new nodes
-    # every dot offered in two precisions: which one was chosen, and both prices (us)
+    # every dot and convolution offered in two precisions: which one was chosen, and both prices (us)
     casts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -86,7 +157,10 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     prices = node_costs(eg, view, model)
     # what the extractors minimise: a node the input does not have pays the model's error bound on top
     variants = _precision_variants(view, preferred)
-    costs = [p if i in preferred or i in variants else p * (1 + CONFIDENCE) for i, p in enumerate(prices)]
+    margins = _margins(view, preferred, variants)
+    costs = [p * (1 + CONFIDENCE) if m else p for p, m in zip(prices, margins)]
+    for i in _into_channels_first(view, preferred):
+        costs[i] = math.inf
     root = view.handles[loaded.root]
     result = None
     if extractor == "greedy":
@@ -112,19 +186,23 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
                       objective, casts)
 
 
+_TENSOR_CTORS = ("Dot", "Convolution")
+
+
 def _precision_variants(view: Any, preferred: frozenset[int]) -> set[int]:
-    """The dots the precision rules added beside a loaded dot: the same product of the same operands,
-    each cast to a narrower type. Both are priced by the same plan, so the model's error is common to
-    them and such a variant pays no :data:`CONFIDENCE` margin (with it, BERT-base kept its 12
-    attention-score products in fp32, priced 1% dearer, and ran 3% slower than with all of them cast)."""
+    """The dots (and convolutions) the precision rules added beside a loaded one: the same product of
+    the same operands, each cast to a narrower type. Both are priced by the same plan, so the model's
+    error is common to them and such a variant pays no :data:`CONFIDENCE` margin (with it, BERT-base kept
+    its 12 attention-score products in fp32, priced 1% dearer, and ran 3% slower than with all of them
+    cast)."""
     out: set[int] = set()
     for nodes in view.class_nodes:
-        loaded = [view.nodes[i].children for i in nodes if i in preferred and view.nodes[i].ctor == "Dot"]
+        loaded = [view.nodes[i].children for i in nodes if i in preferred and view.nodes[i].ctor in _TENSOR_CTORS]
         if not loaded:
             continue
         for i in nodes:
             node = view.nodes[i]
-            if node.ctor != "Dot" or i in preferred:
+            if node.ctor not in _TENSOR_CTORS or i in preferred:
                 continue
             casts = [{view.nodes[j].children[0] for j in view.class_nodes[k] if view.nodes[j].ctor == "Convert"}
                      for k in node.children]
@@ -135,14 +213,14 @@ def _precision_variants(view: Any, preferred: frozenset[int]) -> set[int]:
 
 def _precision_choices(view: Any, best: list[int], root: int, prices: list[float],
                        originals: dict[int, Any]) -> list[dict[str, Any]]:
-    """Per dot of the chosen program that the precision rules offered in a narrower type: the type its
-    operands were chosen in and the price of each variant (a variant's casts, absorbed by the dot,
-    are in its price)."""
+    """Per dot or convolution of the chosen program that the precision rules offered in a narrower type:
+    the type its operands were chosen in and the price of each variant (a variant's casts, absorbed by
+    the operation, are in its price)."""
     from nxsat.extract.greedy import reachable
 
     out = []
     for c in reachable(view, best, root) or ():
-        dots = [i for i in view.class_nodes[c] if view.nodes[i].ctor == "Dot"]
+        dots = [i for i in view.class_nodes[c] if view.nodes[i].ctor in _TENSOR_CTORS]
         by_type: dict[str, int] = {}
         for i in dots:
             t = view.dtype.get(view.nodes[i].children[0], "")
@@ -152,10 +230,10 @@ def _precision_choices(view: Any, best: list[int], root: int, prices: list[float
             continue
         chosen = best[c]
         name = next((originals[i].name for i in view.class_nodes[c] if i in originals), f"class{c}")
-        out.append({"dot": name, "chosen": view.dtype.get(view.nodes[chosen].children[0], "") if chosen in dots
+        out.append({"op": name, "chosen": view.dtype.get(view.nodes[chosen].children[0], "") if chosen in dots
                     else view.nodes[chosen].ctor, **{f"{t}_us": round(prices[i] / 1000, 3) for t, i in
                                                        sorted(by_type.items())}})
-    return sorted(out, key=lambda d: d["dot"])
+    return sorted(out, key=lambda d: d["op"])
 
 
 def _input_choice(view: Any, originals: dict[int, Any]) -> list[int]:

@@ -1030,7 +1030,14 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     in the e-graph is a contraction, or a view only contractions read, is priced as a view."""
     inputs = [any(view.nodes[i].ctor in _INPUT_CTORS for i in nodes) for nodes in view.class_nodes]
     ops = [eg.operator(n)[0] if n.ctor in terms.BY_CTOR and n.ctor not in ("Fill",) else "" for n in view.nodes]
-    contracted = _read_by_contractions(view, ops)
+    contracted = _read_by_contractions(view, ops, _CONTRACTIONS)
+    # A dot's price does not depend on its operands' order in memory beyond what its own dimension
+    # numbers say, so a transpose only dots read is their access pattern. A convolution's does (its
+    # labels say which dimension is contiguous): a transposed input is read as it lies by the
+    # convolution with permuted labels (conv-transpose-input), which the cost model prices in that
+    # layout, while a convolution of the transpose is priced in the layout its labels give it.
+    # Free, the transpose let the extraction pair the cheaper layout's price with the other's data.
+    dotted = _read_by_contractions(view, ops, _DOTS)
     reduced = _reductions_of(view, ops)
     # A cast only contractions read is absorbed by them (backend/matmul.py: the source is loaded and
     # converted on chip): the dot is priced on the source, multiplying in the cast's type, and the
@@ -1052,7 +1059,8 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         if view.class_is_list[c]:
             out.append(0.0)
             continue
-        if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] in ("transpose", "convert") and contracted[c]):
+        if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] == "convert" and contracted[c]) \
+                or (ops[i] == "transpose" and dotted[c]):
             out.append(NODE_NS)
             continue
         fixed, variadic = operand_layout(node)
@@ -1079,11 +1087,12 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
 
 
 _CONTRACTIONS = frozenset({"dot", "convolution"})
+_DOTS = frozenset({"dot"})
 _PASS_VIEWS = frozenset({"reshape", "bitcast", "transpose"})
 
 
-def _read_by_contractions(view: View, ops: Sequence[str]) -> list[bool]:
-    """Per class: it has readers, and every one is a contraction or a view (reshape, bitcast,
+def _read_by_contractions(view: View, ops: Sequence[str], contractions: frozenset[str]) -> list[bool]:
+    """Per class: it has readers, and every one is one of ``contractions`` or a view (reshape, bitcast,
     transpose) of which the same holds. Decided from the readers up, cycles of views counting as
     not read by a contraction."""
     readers: list[list[int]] = [[] for _ in range(view.n_classes)]
@@ -1098,7 +1107,7 @@ def _read_by_contractions(view: View, ops: Sequence[str]) -> list[bool]:
         if c in open_ or not readers[c]:
             return False
         open_.add(c)
-        res = all(ops[i] in _CONTRACTIONS or (ops[i] in _PASS_VIEWS and ok(view.node_class[i], open_))
+        res = all(ops[i] in contractions or (ops[i] in _PASS_VIEWS and ok(view.node_class[i], open_))
                   for i in readers[c])
         open_.discard(c)
         memo[c] = res

@@ -5,13 +5,15 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 
     frontend      text -> IR; every instruction's shape checked            01-input.hlo
     canonicalize  calls inlined, conditionals if-converted, static loops unrolled   02-canonical.hlo
-    saturate      the model type's rules in the e-graph, bounded by the -O level     03-egraph.json
-    extract       the program the extractor chooses by the device cost model   04-extracted.hlo/04-extraction.json
-    precision     --auto-cast as a policy: casts as explicit converts                05-precision.hlo/.json
+    saturate      the model type's rules (and at -O2/-O3 the precision set) in the e-graph,
+                  bounded by the -O level                                            03-egraph.json
+    extract       the program the extractor chooses by the device cost model: which
+                  layout, which precision                                  04-extracted.hlo/04-extraction.json
+    precision     --auto-cast as a policy where the extraction did not choose (-O1,
+                  --precision policy): casts as explicit converts                    05-precision.hlo/.json
     partition     weights split across a logical core's physical cores where it pays  05-partition.hlo/.json
-    device-forms  operators in the forms the backend tiles best (convolution regions channels-first;
-                  weight gradients as dots; reshapes after elementwise chains; constant
-                  dot operands K-major)                                              05-device-forms.hlo
+    device-forms  operators in the forms the backend tiles best (weight gradients as dots;
+                  reshapes after elementwise chains; constant dot operands K-major)  05-device-forms.hlo
     lower         operators -> an instruction graph on tiles                         06-lowered.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
@@ -51,12 +53,13 @@ STAGES = (
     Stage("frontend", "the model's text as IR, every instruction's shape checked"),
     Stage("canonicalize", "the same values, with no call, fusion or conditional, and static loops unrolled"),
     Stage("saturate", "an e-graph holding the program and everything the rules prove equal to it"),
-    Stage("extract", "one program from the e-graph (the extractor's choice)"),
-    Stage("precision", "the --auto-cast policy applied: casts as explicit converts, inputs and outputs kept"),
+    Stage("extract", "one program from the e-graph (the extractor's choice): its layouts and, at -O2/-O3, the "
+          "precision of its dots and convolutions"),
+    Stage("precision", "the --auto-cast policy where the extraction did not choose: casts as explicit converts, "
+          "inputs and outputs kept"),
     Stage("partition", "the same values; weights whose split pays are sharded over the logical core's "
           "physical cores, their results joined by all-gathers or sharded outputs"),
-    Stage("device-forms", "the same values; convolution regions stored channels-first where the cost model "
-          "prices it faster; convolutions that are weight gradients (more taps than outputs) "
+    Stage("device-forms", "the same values; convolutions that are weight gradients (more taps than outputs) "
           "as one contraction per output position; elementwise chains read through a reshape computed "
           "before it; constants only dots read stored with their contraction outermost"),
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
@@ -82,9 +85,12 @@ class CompileOptions:
     lnc: int | None = None
     num_parallel_jobs: int = 8
     extractor: str | None = None
-    # dots' precision chosen by the cost model at -O2/-O3 instead of the policy (off: measured slower on
-    # BERT-base, docs/extraction.md)
-    precision_by_cost: bool = False
+    # who decides the precision of TensorE operations at -O2/-O3: the extraction by cost (the precision
+    # rule sets), or the policy pass (what -O1 always runs; the baseline the cost model must beat)
+    precision: str = "cost"
+    # channels-first convolution regions where the cost model prices them faster (the layout set), or the
+    # model's own layout
+    layout: str = "cost"
     disabled_rules: tuple[str, ...] = ()  # rules left out of saturation (what one buys: nxsat rules stats --savings)
     workdir: str | None = None
     relay_constants: str | None = None
@@ -100,6 +106,10 @@ class CompileOptions:
             raise error("NCC_EARG002", f"-O{self.optlevel}: the levels are 1, 2 and 3")
         if self.extractor is not None and self.extractor not in EXTRACTORS:
             raise error("NCC_EARG002", f"--extractor {self.extractor}: one of {', '.join(EXTRACTORS)}")
+        if self.precision not in PRECISION_MODES:
+            raise error("NCC_EARG002", f"--precision {self.precision}: one of {', '.join(PRECISION_MODES)}")
+        if self.layout not in LAYOUT_MODES:
+            raise error("NCC_EARG002", f"--layout {self.layout}: one of {', '.join(LAYOUT_MODES)}")
         if self.num_parallel_jobs < 1:
             raise error("NCC_EARG002", "--num-parallel-jobs must be at least 1")
         if self.disabled_rules:
@@ -178,13 +188,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     st.dump("01-input.hlo", lambda: print_module(module, large_constants=False))
     canonical = st.run("canonicalize", lambda: canonicalize(module))
     st.dump("02-canonical.hlo", lambda: print_module(canonical, large_constants=False))
-    # with --precision-by-cost, -O2 and -O3 choose the dots' precision by cost (the precision rule set)
-    # where the auto-cast type has one; the policy pass casts what is left (convolutions), and
-    # everything otherwise
+    # -O2 and -O3 choose the precision of dots and convolutions by cost (a precision rule set) where the
+    # auto-cast type has one; the policy pass does it otherwise (-O1, --precision policy, tf32)
     by_cost = precision_by_cost(opts)
     sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True,
                                                      allow_approximate=bool(by_cost), extra_sets=by_cost,
-                                                     without=opts.disabled_rules))
+                                                     without=opts.disabled_rules + _layout_left_out(opts)))
     rep = sat.report
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
@@ -201,7 +210,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
                                                                   opts.mixed_precision_accumulation,
                                                                   opts.saturate_infinity,
-                                                                  ("convolution",) if by_cost else TENSOR_OPS))
+                                                                  () if by_cost else TENSOR_OPS))
     st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
     st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
     mm_type = matmul_precision(opts)
@@ -221,6 +230,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     info = model_info(canonical)
     report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
     report["extraction"] = chosen.to_json()
+    report["decisions"] = _decisions(opts, by_cost, canonical, extracted, chosen.casts)
     report["sharding"] = sharding.to_json()
     return CompileResult(data, report, warnings, model)
 
@@ -278,16 +288,32 @@ def _cost_model(target: Any, opts: CompileOptions, by_cost: tuple[str, ...]) -> 
     return CostModel(target, matmul_precision(opts))
 
 
-# --auto-cast-type -> the precision rule set that offers dots in that type (the others: the policy pass)
-PRECISION_SETS = {"bf16": "precision-bf16"}
+# --auto-cast-type -> the precision rule set that offers dots and convolutions in that type. tf32 has none:
+# TensorE's tf32 mode rounds the operands as it loads them, at no cost and at bf16's rate, so there is
+# nothing for the cost model to weigh. fp8_e4m3 has none either: with 4 significant bits a sum of products
+# that cancels keeps almost nothing, so no bound tells a sound rule from a wrong one (the checker found
+# 0.03 against 2.2 on a three-tap convolution); the policy casts every fp32 operand, as the user asked.
+PRECISION_SETS = {"bf16": "precision-bf16", "fp16": "precision-fp16"}
+PRECISION_MODES = ("cost", "policy")
+LAYOUT_MODES = ("cost", "input")
 
 
 def precision_by_cost(opts: CompileOptions) -> tuple[str, ...]:
-    """The precision rule sets the e-graph runs: with ``--precision-by-cost`` at -O2 and -O3, under
-    ``--auto-cast matmult`` and a type that has one, the extraction chooses each dot's precision by
-    cost (docs/extraction.md)."""
+    """The precision rule sets the e-graph runs: at -O2 and -O3 (unless ``--precision policy``), under
+    ``--auto-cast matmult`` or ``all`` and a type that has one, the extraction chooses each TensorE
+    operation's precision by cost (docs/extraction.md); elementwise operations under ``all`` stay the
+    policy's."""
     name = PRECISION_SETS.get(opts.auto_cast_type)
-    return (name,) if opts.precision_by_cost and name and opts.auto_cast == "matmult" and opts.optlevel >= 2 else ()
+    return (name,) if (opts.precision == "cost" and name and opts.auto_cast != "none" and opts.optlevel >= 2) else ()
+
+
+def _layout_left_out(opts: CompileOptions) -> tuple[str, ...]:
+    """The rules ``--layout input`` leaves out: the layout set's (the model's own layout is kept)."""
+    if opts.layout == "cost":
+        return ()
+    from nxsat.rules.catalog import catalog
+
+    return tuple(r.name for r in catalog().set_rules(("layout",)))
 
 
 def matmul_precision(opts: CompileOptions) -> str:
@@ -297,12 +323,15 @@ def matmul_precision(opts: CompileOptions) -> str:
     return {"bf16": "bf16", "fp16": "f16", "tf32": "tf32", "fp8_e4m3": "f8e4m3fn"}[opts.auto_cast_type]
 
 
+SHARED_SETS = ("generic", "layout")  # the sets every model type runs
+
+
 def _model_type_matches(model_type: str, matches: dict[str, int]) -> dict[str, int]:
     """How often each rule of the model type's own sets (beyond generic) matched: what --model-type did."""
     from nxsat.rules.catalog import catalog
 
     cat = catalog()
-    own = {r.name for r in cat.set_rules([s for s in cat.sets_for(model_type) if s != "generic"])}
+    own = {r.name for r in cat.set_rules([s for s in cat.sets_for(model_type) if s not in SHARED_SETS])}
     return {k: v for k, v in sorted(matches.items()) if k in own and v}
 
 
@@ -361,6 +390,21 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
     }
 
 
+def _decisions(opts: CompileOptions, by_cost: tuple[str, ...], before: Module, after: Module,
+               casts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Who chose the precision of TensorE operations and the convolutions' layouts, and what was chosen
+    (the choices themselves, with both prices: ``extraction.casts``)."""
+    def cf(m: Module) -> int:
+        return sum(1 for n in m.entry.post_order() if n.op == "convolution" and n.attrs["dims"].output_feature == 1
+                   and n.attrs["dims"].output_batch == 0 and len(n.shape) >= 3)
+
+    convs = sum(1 for n in after.entry.post_order() if n.op == "convolution")
+    narrow = sum(1 for c in casts if c["chosen"] not in ("f32", ""))
+    return {"precision": "cost" if by_cost else "policy", "offered": len(casts), "narrowed": narrow,
+            "layout": opts.layout, "convolutions": convs, "channels_first": cf(after),
+            "channels_first_in_model": cf(before)}
+
+
 def format_report(r: dict[str, Any]) -> str:
     """The report as a short table for a terminal."""
     lines = [
@@ -377,6 +421,15 @@ def format_report(r: dict[str, Any]) -> str:
         f"{r['egraph']['iterations']} iterations ({r['egraph']['stop_reason']})",
         "  stages       " + ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items()),
     ]
+    d = r.get("decisions")
+    if d and r["auto_cast"] != "none":
+        lines.insert(-2, "  precision    " + (f"by cost: {d['narrowed']} of {d['offered']} dots and convolutions "
+                                              f"in {r['auto_cast_type']} (extraction.casts in the report)"
+                                              if d["precision"] == "cost" else "the --auto-cast policy"))
+    if d and d["convolutions"]:
+        lines.insert(-2, f"  layout       {d['channels_first']} of {d['convolutions']} convolutions write "
+                         f"channels-first ({d['channels_first_in_model']} in the model; "
+                         + ("chosen by cost)" if d["layout"] == "cost" else "--layout input)"))
     if r["model_type"] != "generic":
         fired = r["egraph"].get("model_type_rules", {})
         lines.insert(-1, "  model type   " + (", ".join(f"{k} x{v}" for k, v in r["fused"].items())

@@ -373,7 +373,7 @@ def _check_batch(rule: Rule, eg: EGraph, instances: list[_Instance], rng: np.ran
         failed: set[int] = set()  # load ids the reference interpreter cannot run
         for lid, node in sorted(loaded.nodes.items()):
             if node.op == "parameter":
-                v = random_array(rng, node.type, trial)  # type: ignore[arg-type]
+                v = random_array(rng, node.type, trial, infinities=not rule.narrows)  # type: ignore[arg-type]
                 inputs[node.name] = v
             elif node.op == "constant":
                 v = node.attrs["value"]

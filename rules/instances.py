@@ -127,10 +127,11 @@ def float_extremes(d: dt.DType) -> np.ndarray:
     return np.array(edges + [-e for e in edges], np.float64)
 
 
-def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0) -> np.ndarray:
+def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0, infinities: bool = True) -> np.ndarray:
     """Random values of type ``t``: small numbers for trial (``salt``) 0, wider ones and special
     values (NaN, infinities, signed zeros, the integer type's extremes) for trial 1, and the float
-    type's extremes for trial 2 on."""
+    type's extremes for trial 2 on. Without ``infinities`` (a narrowing rule: values beyond the narrow
+    type's range may change, and fp8 e4m3 has no infinity) the specials are NaN and the zeros."""
     d = t.dtype
     if d.is_pred:
         return rng.random(t.shape) < 0.5
@@ -141,7 +142,8 @@ def random_array(rng: np.random.Generator, t: TensorType, salt: int = 0) -> np.n
         extremes = np.array([info.min, info.max, info.min + 1, info.max - 1], d.np)
         return np.where(special, extremes[rng.integers(len(extremes), size=t.shape)],
                         rng.integers(lo, hi, t.shape)).astype(d.np)
-    pool = np.array(FLOAT_SPECIALS) if salt < RANGE_TRIAL else float_extremes(d)
+    pool = np.array([v for v in FLOAT_SPECIALS if infinities or not np.isinf(v)]) if salt < RANGE_TRIAL \
+        else float_extremes(d)
     v = np.where(special, pool[rng.integers(len(pool), size=t.shape)], rng.standard_normal(t.shape) * (1.0 + 2 * salt))
     return dt.cast(v, d)
 
@@ -206,6 +208,8 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
             plan["dimensions"] = _inverse(x.attrs["dimensions"])
         elif rng.random() < 0.25:
             plan["dimensions"] = tuple(range(r))
+        elif r >= 3 and rng.random() < 0.4:  # a channels-first value seen channels-last, or back (the layout set)
+            plan["dimensions"] = _CHANNELS_LAST(r) if rng.random() < 0.6 else _inverse(_CHANNELS_LAST(r))
         else:
             plan["dimensions"] = _perm(rng, r)
     elif ctor in ("Reshape", "Bitcast"):
@@ -228,6 +232,9 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         plan["types"] = [xt, TensorType(xt.dtype, ())]
         if _splits_last(x) and r >= 3 and rng.random() < 0.8:  # a group norm's: all but the batch and group
             plan["dimensions"] = tuple(i for i in range(1, r) if i != r - 2)
+        elif x is not None and x.op == "transpose" and r >= 3 and x.attrs["dimensions"] == _CHANNELS_LAST(r) \
+                and rng.random() < 0.7:  # global pooling, or per-channel statistics, of a channels-last view
+            plan["dimensions"] = tuple(range(1, r - 1)) if rng.random() < 0.5 else tuple(range(r - 1))
         elif r and rng.random() < 0.6:  # the last dimension: what softmax and the norms reduce
             plan["dimensions"] = (r - 1,)
         else:
@@ -284,6 +291,12 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
         plan["dtype"] = _convert_type(ctor, x, xt.dtype, rng).name
     elif ctor == "Dot":
         plan.update(_dot_plan(ops, first, env))
+    elif ctor == "Convolution":
+        plan.update(_conv_plan(ops, env))
+    elif ctor == "ReduceWindow":
+        plan["types"] = [xt, TensorType(xt.dtype, ())]
+        plan.update(_window(xt.shape, range(xt.rank), rng))
+        plan.update(reducer=("maximum", "add")[int(rng.integers(2))], reducer_dtype=xt.dtype.name)
     elif ctor == "Compare":
         plan.update(direction=("EQ", "NE", "LT", "LE", "GT", "GE")[int(rng.integers(6))], type="")
     elif ctor == "Reverse":
@@ -304,6 +317,69 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
     elif ctor == "GetTupleElement":
         n = len(x.type.elements) if x is not None and isinstance(x.type, TupleType) else 1
         plan["index"] = int(rng.integers(n))
+    return plan
+
+
+def _CHANNELS_LAST(r: int) -> tuple[int, ...]:
+    """The transpose that shows a channels-first value channels-last: [0, 2, ..., r-1, 1]."""
+    return (0, *range(2, r), 1)
+
+
+def _window(shape: Sequence[int], dims: Sequence[int], rng: np.random.Generator, spatial: Sequence[int] = ()
+            ) -> Plan:
+    """Window slots over ``dims`` of ``shape`` (sizes given by ``spatial`` when the kernel fixes them):
+    sizes within the dimension, strides 1-2, padding 0-1, now and then a dilation."""
+    sizes = list(spatial) or [int(rng.integers(1, min(3, max(1, shape[d])) + 1)) for d in dims]
+    n = len(sizes)
+    pick = lambda lo, hi, p: tuple(int(rng.integers(lo, hi + 1)) if rng.random() < p else lo for _ in range(n))  # noqa: E731
+    return {"window_sizes": tuple(sizes), "strides": pick(1, 2, 0.4), "pad_lo": pick(0, 1, 0.4),
+            "pad_hi": pick(0, 1, 0.4), "lhs_dilation": pick(1, 2, 0.1), "rhs_dilation": pick(1, 2, 0.1),
+            "reversal": pick(0, 1, 0.1)}
+
+
+def _conv_plan(ops: list[Node | None], env: _Env) -> Plan:
+    """Labels, window and (where the pattern leaves them free) operand types for a valid convolution:
+    channels-last (JAX's b01f) or channels-first labels most of the time, random ones otherwise."""
+    rng = env.rng
+
+    def labels(r: int) -> tuple[int, ...]:
+        u = rng.random()
+        if u < 0.4:
+            return (0, r - 1, *range(1, r - 1))  # b01f: batch first, feature last
+        if u < 0.7:
+            return tuple(range(r))  # bf01
+        return tuple(int(i) for i in rng.permutation(r))
+
+    x = ops[0].type if ops[0] is not None and isinstance(ops[0].type, TensorType) else None
+    w = ops[1].type if ops[1] is not None and isinstance(ops[1].type, TensorType) else None
+    if x is not None and w is not None and x.rank != w.rank:
+        raise Reject()
+    r = x.rank if x is not None else w.rank if w is not None else int(rng.integers(3, 5))
+    if r < 3:
+        raise Reject()
+    il, kl, ol = labels(r), labels(r), labels(r)
+    if w is not None:  # the kernel fixes the channels and the window
+        ki, ko, ks = w.shape[kl[0]], w.shape[kl[1]], tuple(w.shape[d] for d in kl[2:])
+    else:
+        ki = x.shape[il[1]] if x is not None else int(rng.integers(1, 4))
+        ko, ks = int(rng.integers(1, 4)), ()
+    if x is None:
+        shape = [0] * r
+        shape[il[0]], shape[il[1]] = int(rng.integers(1, 3)), ki
+        for d, k in zip(il[2:], ks or [3] * (r - 2)):
+            shape[d] = int(rng.integers(max(1, k), max(1, k) + 3))
+        x = TensorType(dt.F32 if w is None else w.dtype, tuple(shape))
+    if x.shape[il[1]] != ki:
+        raise Reject()
+    plan: Plan = _window(x.shape, il[2:], rng, ks)
+    if w is None:
+        shape = [0] * r
+        shape[kl[0]], shape[kl[1]] = ki, ko
+        for d, k in zip(kl[2:], plan["window_sizes"]):
+            shape[d] = k
+        w = TensorType(x.dtype, tuple(shape))
+    plan.update(types=[x, w], input_labels=il, kernel_labels=kl, output_labels=ol, feature_group_count=1,
+                batch_group_count=1, dtype="", lhs_precision="", rhs_precision="")
     return plan
 
 

@@ -20,7 +20,7 @@ from functools import cache
 from typing import Any
 
 from nxsat import dtypes as dt
-from nxsat.attrs import DotDims, PadDim, SliceDim
+from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
 from nxsat.ir import Computation, Node, TensorType
 
 I64, STRING, IVEC = "i64", "String", "IVec"
@@ -100,6 +100,34 @@ def _padding(v: Any) -> tuple:
     return (tuple(p.lo for p in v), tuple(p.hi for p in v), tuple(p.interior for p in v))
 
 
+def _window(v: Any) -> tuple:
+    """A window as seven vectors: sizes, strides, padding low and high, base and window dilation, reversal."""
+    if not isinstance(v, tuple) or not all(isinstance(w, WindowDim) for w in v):
+        raise NotRepresentable(v)
+    return (tuple(w.size for w in v), tuple(w.stride for w in v), tuple(w.pad_lo for w in v),
+            tuple(w.pad_hi for w in v), tuple(w.lhs_dilation for w in v), tuple(w.rhs_dilation for w in v),
+            tuple(int(w.reversal) for w in v))
+
+
+def _window_decode(s: tuple) -> tuple[WindowDim, ...]:
+    return tuple(WindowDim(a, b, c, d, e, f, bool(g)) for a, b, c, d, e, f, g in zip(*s))
+
+
+def _conv_dims(v: Any) -> tuple:
+    """A convolution's dimension numbers as three label vectors: input (batch, feature, spatial...),
+    kernel (input feature, output feature, spatial...), output (batch, feature, spatial...)."""
+    if not isinstance(v, ConvDims):
+        raise NotRepresentable(v)
+    return ((v.input_batch, v.input_feature, *v.input_spatial),
+            (v.kernel_input_feature, v.kernel_output_feature, *v.kernel_spatial),
+            (v.output_batch, v.output_feature, *v.output_spatial))
+
+
+def _conv_dims_decode(s: tuple) -> ConvDims:
+    i, k, o = (tuple(x) for x in s)
+    return ConvDims(i[0], i[1], i[2:], k[0], k[1], k[2:], o[0], o[1], o[2:])
+
+
 def _tensor_type(v: Any) -> tuple:
     if not isinstance(v, TensorType):
         raise NotRepresentable(v)
@@ -155,6 +183,7 @@ def _number(v: Any) -> tuple:
 
 
 INT = Codec((I64,), _int, lambda s: s[0])
+COUNT = Codec((I64,), _int, lambda s: s[0], 1, True)  # a group count: 1 when absent
 DIMS = Codec((IVEC,), _dims, lambda s: tuple(s[0]))
 DTYPE = Codec((STRING,), _dtype, lambda s: dt.by_name(s[0]))
 OPT_DTYPE = Codec((STRING,), _opt_dtype, lambda s: dt.by_name(s[0]) if s[0] else None, None, True)
@@ -167,6 +196,8 @@ PADDING = Codec((IVEC, IVEC, IVEC), _padding,
                 lambda s: tuple(PadDim(a, b, c) for a, b, c in zip(s[0], s[1], s[2])))
 TENSOR_TYPE = Codec((STRING, IVEC), _tensor_type, lambda s: TensorType(dt.by_name(s[0]), tuple(s[1])))
 REDUCER = Codec((STRING, STRING), _reducer, lambda s: reducer_body(s[0], s[1]))
+WINDOW = Codec((IVEC,) * 7, _window, _window_decode)
+CONV_DIMS = Codec((IVEC, IVEC, IVEC), _conv_dims, _conv_dims_decode)
 NUMBER = Codec((STRING,), _number, lambda s: float(s[0]), 1.0, True)  # a float, spelled as splats are
 EPSILON = Codec((STRING,), _number, lambda s: float(s[0]), 0.0, True)
 
@@ -289,6 +320,20 @@ def _terms() -> list[Term]:
              slot_names=("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch", "dtype",
                          "lhs_precision", "rhs_precision"),
              doc="general dot; result = batch, lhs free, rhs free; dtype \"\" = default"),
+        Term("Convolution", "convolution", 2,
+             attrs=(("window", WINDOW), ("dims", CONV_DIMS), ("feature_group_count", COUNT),
+                    ("batch_group_count", COUNT), ("dtype", OPT_DTYPE), ("precision", PRECISION)),
+             slot_names=("window_sizes", "strides", "pad_lo", "pad_hi", "lhs_dilation", "rhs_dilation", "reversal",
+                         "input_labels", "kernel_labels", "output_labels", "feature_group_count",
+                         "batch_group_count", "dtype", "lhs_precision", "rhs_precision"),
+             doc="convolution(input, kernel); labels list the dimension of each role: input (batch, "
+                 "feature, spatial...), kernel (input feature, output feature, spatial...), output (batch, "
+                 "feature, spatial...); reversal 0/1 per spatial dimension; dtype \"\" = default"),
+        Term("ReduceWindow", "reduce-window", 2,
+             attrs=(("window", WINDOW), ("to_apply", REDUCER)),
+             slot_names=("window_sizes", "strides", "pad_lo", "pad_hi", "lhs_dilation", "rhs_dilation", "reversal",
+                         "reducer", "reducer_dtype"),
+             doc="reduce-window(x, init) with one binary operator (pooling); multi-operand forms stay Opaque"),
         Term("Reduce", "reduce", 2, attrs=(("dimensions", DIMS), ("to_apply", REDUCER)),
              slot_names=("dimensions", "reducer", "reducer_dtype"),
              doc="reduce(x, init) over dimensions with one binary operator (add, maximum, ...) of type "

@@ -31,7 +31,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         auto_cast_type=args.auto_cast_type, mixed_precision_accumulation=args.mixed_precision_accumulation,
         saturate_infinity=args.enable_saturate_infinity, optlevel=args.O,
         distribution_strategy=args.distribution_strategy, lnc=args.lnc, num_parallel_jobs=args.num_parallel_jobs,
-        extractor=args.extractor, precision_by_cost=args.precision_by_cost, workdir=args.workdir,
+        extractor=args.extractor, precision=args.precision, layout=args.layout, workdir=args.workdir,
         disabled_rules=tuple(args.disable_rule or ()),
         relay_constants=args.relay_constants,
         fill_elided_constants=args.seed if args.fill_elided_constants else None, flags=tuple(args.flags_given))
@@ -78,7 +78,7 @@ class _Flags(argparse.Action):
 def register(sub: Any) -> None:
     """Add ``compile`` to the CLI's subparsers."""
     from nxsat.cli.model import add_elided_argument
-    from nxsat.driver import AUTO_CAST, AUTO_CAST_TYPES, EXTRACTORS
+    from nxsat.driver import AUTO_CAST, AUTO_CAST_TYPES, EXTRACTORS, LAYOUT_MODES, PRECISION_MODES
 
     p = sub.add_parser(
         "compile", help="compile a model to a NEFF: the device program, checked, with a report of its cost",
@@ -116,10 +116,15 @@ def register(sub: Any) -> None:
                    help="parallel compiler jobs (default 8)")
     p.add_argument("--enable-fast-loading-neuron-binaries", action="store_true",
                    help="accepted for compatibility: nxsat's NEFF is never compressed")
-    p.add_argument("--precision-by-cost", action="store_true",
-                   help="nxsat's own (off by default): at -O2/-O3 with --auto-cast matmult and bf16, each dot's "
-                        "precision is chosen by the cost model (the report lists every choice) instead of "
-                        "casting them all; measured slower than the policy on BERT-base (docs/extraction.md)")
+    p.add_argument("--precision", choices=PRECISION_MODES, default="cost",
+                   help="nxsat's own: who picks the precision of dots and convolutions within --auto-cast at -O2/-O3: "
+                        "cost (default: the extraction, by the device cost model; the report lists every choice) "
+                        "or policy (cast every one, as -O1 does)")
+    p.add_argument("--precision-by-cost", dest="precision", action="store_const", const="cost",
+                   help=argparse.SUPPRESS)  # the flag of the time this was opt-in: now the default
+    p.add_argument("--layout", choices=LAYOUT_MODES, default="cost",
+                   help="nxsat's own: cost (default: convolution regions stored channels-first where the cost "
+                        "model prices it faster) or input (the model's own layout)")
     p.add_argument("--extractor", choices=EXTRACTORS,
                    help="how the program is chosen from the e-graph by the device cost model: greedy (tree cost, "
                         "-O1's), dag (shared values paid once, -O2's), ilp (exact, -O3's); smallest: fewest "

@@ -61,11 +61,27 @@ def test_compiling_twice_gives_the_same_bytes(tmp_path: Path, capsys: pytest.Cap
 def test_auto_cast_matmult_casts_tensor_engine_operands_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rep = tmp_path / "r.json"
     _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--report", str(rep), "--logfile", "",
-         "--auto-cast", "matmult", "--auto-cast-type", "fp16", "--auto-cast-type", "bf16")
+         "--auto-cast", "matmult", "--auto-cast-type", "fp16", "--auto-cast-type", "bf16", "--precision", "policy")
     r = json.loads(rep.read_text())
     assert r["precision"]["auto_cast_type"] == "bf16"  # the right-most flag wins
     assert r["precision"]["ops_by_type"].get("bf16") == 2  # the two dots; everything else stays f32
     assert r["precision"]["ops_by_type"].get("f32", 0) > 0
+    assert r["decisions"]["precision"] == "policy"
+
+
+def test_precision_by_cost_reports_each_choice(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """-O2's default: each dot is offered in bf16 and the extraction keeps the cheaper; the report lists both
+    prices per dot and the summary line says how many were narrowed."""
+    rep = tmp_path / "r.json"
+    code, out, _ = _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--report", str(rep),
+                        "--logfile", "", "--auto-cast", "matmult")
+    r = json.loads(rep.read_text())
+    casts = r["extraction"]["casts"]
+    assert code == 0 and len(casts) == 2 and r["decisions"]["offered"] == 2
+    for c in casts:
+        assert c["chosen"] in ("bf16", "f32") and c["bf16_us"] > 0 and c["f32_us"] > 0
+    assert r["decisions"]["narrowed"] == sum(c["chosen"] == "bf16" for c in casts)
+    assert f"by cost: {r['decisions']['narrowed']} of 2 dots and convolutions in bf16" in out
 
 
 def test_flags_from_neuron_cc_flags(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:

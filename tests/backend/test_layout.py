@@ -1,8 +1,8 @@
 """Where values live in HBM and how they get there: convolution regions stored channels-first where the
-cost model says it pays (backend/layout.py), a strided window read as whole rows (backend/conv.py), a
-pad's value written around the operand from an SBUF tile (backend/movement.py), and a model's inputs
-returned unchanged copied under the run (backend/schedule.py). Each checked on the program and
-against the interpreter."""
+cost model says it pays (the layout rule set, rules/sets/layout.egg, chosen by the extraction), a strided
+window read as whole rows (backend/conv.py), a pad's value written around the operand from an SBUF tile
+(backend/movement.py), and a model's inputs returned unchanged copied under the run
+(backend/schedule.py). Each checked on the program and against the interpreter."""
 
 from __future__ import annotations
 
@@ -12,8 +12,33 @@ from harness import assert_device_matches, module_of
 
 from nxsat.attrs import ConvDims
 from nxsat.backend import compile_graph, device_forms
-from nxsat.backend.layout import channels_first_orders
+from nxsat.ir import Module
 from nxsat.sim import load_target
+
+
+def _extracted(text: str, layout: bool = True) -> Module:
+    """The module as -O2 extracts it (generic rules, with or without the layout set), trn1's cost model."""
+    from nxsat.extract import extract
+    from nxsat.extract.cost import CostModel
+    from nxsat.rules import saturate_module
+    from nxsat.rules.catalog import catalog
+
+    m = module_of(text)
+    without = () if layout else tuple(r.name for r in catalog().set_rules(("layout",)))
+    sat = saturate_module(m, "generic", 2, without=without)
+    return extract(sat.egraph, sat.loaded, "dag", CostModel(load_target("trn1"), "f32", in_program=True)).module
+
+
+def _channels_first(m: Module) -> set[str]:
+    """The operators of ``m`` computed on a channels-first value: convolutions writing [N, C, ...] and the
+    elementwise operators of their shape."""
+    out = set()
+    for n in m.entry.post_order():
+        if n.op == "convolution" and n.attrs["dims"].output_feature == 1:
+            out.add(n.op)
+            shape = n.shape
+            out |= {r.op for r in m.entry.post_order() if r.shape == shape and r.op not in ("broadcast", "parameter")}
+    return out
 
 
 def _block(h: int, c: int, o: int, tail: str = "") -> str:
@@ -68,60 +93,48 @@ def _pe_transposes(module: object, formed: bool) -> int:
 
 def test_a_large_image_is_stored_channels_first() -> None:
     """56x56 positions of 64 channels: the first convolution's result and its batch norm are stored
-    [N, C, H, W] and the second convolution reads them through a transpose (a view): the middle value
-    is no longer transposed on TensorE on its way out of the first convolution and into the second."""
-    text = _block(56, 64, 64)
-    m = module_of(text)
-    t = load_target("trn1")
-    orders = channels_first_orders(m, t)
-    assert sorted(n.op for n in m.entry.post_order() if n.id in orders) == [
-        "add", "convert", "convolution", "maximum", "multiply", "subtract"]
-    formed = device_forms(m, t)
-    root = formed.entry.root
-    assert root.op == "convolution" and root.operands[0].op == "transpose"
-    assert root.operands[0].operands[0].shape == (1, 64, 56, 56)
-    first = next(n for n in formed.entry.post_order() if n.op == "convolution" and n is not root)
+    [N, C, H, W] and the second convolution reads them as they lie (its input labels permuted): the middle
+    value is no longer transposed on TensorE on its way out of the first convolution and into the second."""
+    m = _extracted(_block(56, 64, 64))
+    assert _channels_first(m) == {"add", "convert", "convolution", "maximum", "multiply", "subtract"}
+    root = m.entry.root
+    assert root.op == "convolution" and root.operands[0].shape == (1, 64, 56, 56)
+    assert root.attrs["dims"].input_feature == 1
+    first = next(n for n in m.entry.post_order() if n.op == "convolution" and n is not root)
     d: ConvDims = first.attrs["dims"]
     assert (d.output_batch, d.output_feature, d.output_spatial) == (0, 1, (2, 3))
     assert first.shape == (1, 64, 56, 56)
-    assert _pe_transposes(m, formed=True) <= 0.7 * _pe_transposes(m, formed=False)  # measured: 140 of 224
+    kept = _extracted(_block(56, 64, 64), layout=False)
+    assert _pe_transposes(m, formed=True) <= 0.7 * _pe_transposes(kept, formed=True)  # measured: 140 of 224
     assert_device_matches(m, _inputs(56, 64, 64), rtol=2e-2, atol_scale=2e-2)
 
 
 def test_the_layout_is_chosen_by_the_convolutions_price() -> None:
     """Each region is flipped where the cost model prices its convolutions faster so. At 7x7 positions and
     512 channels the flip pays (simulated: 35.0 us against 39.5 kept); with 2,048 output channels the
-    model keeps channels-last (simulated 138.9 us either way: its result's 4 KB channel vectors)."""
+    model keeps channels-last (its result's 4 KB channel vectors)."""
     from nxsat import sim
 
     t = load_target("trn1")
 
-    def latency(module: object) -> float:
-        c = compile_graph(module, t)  # type: ignore[arg-type]
+    def latency(module: Module) -> float:
+        c = compile_graph(module, t)
         return sim.load(sim.build_neff(c.program, t, c.constants), verify=False).timeline().latency
 
-    m = module_of(_block(7, 512, 512))
-    assert channels_first_orders(m, t)
-    from nxsat.backend import layout
-
-    flipped = latency(m)
-    saved = layout._priced
-    try:
-        layout._priced = lambda order, perm, target: {}  # type: ignore[assignment]
-        kept = latency(m)
-    finally:
-        layout._priced = saved
-    assert flipped < 0.95 * kept
-    assert channels_first_orders(module_of(_block(7, 512, 2048)), t) == {}
+    flipped = _extracted(_block(7, 512, 512))
+    assert "convolution" in _channels_first(flipped)
+    assert latency(flipped) < 0.95 * latency(_extracted(_block(7, 512, 512), layout=False))
+    assert _channels_first(_extracted(_block(7, 512, 2048))) == set()
 
 
 def test_a_value_something_else_reads_keeps_its_layout() -> None:
-    """The batch norm's result is also returned: it stays NHWC, and so does everything computed up to it."""
+    """The batch norm's result is also returned: it stays NHWC (the model's output keeps its layout), and
+    so does everything computed up to it (a transpose moving it back would cost more than the flip saves)."""
     text = _block(56, 64, 64, tail="  ROOT out = (f32[1,56,56,64]{3,2,1,0}, f32[1,56,56,64]{3,2,1,0}) tuple(y, r)\n")
-    m = module_of(text)
-    orders = channels_first_orders(m, load_target("trn1"))
-    kept = {n.op for n in m.entry.post_order() if n.id in orders}
-    assert "maximum" not in kept and "subtract" not in kept
+    m = _extracted(text)
+    out = m.entry.root.operands[1]
+    assert out.op == "maximum" and out.shape == (1, 56, 56, 64)
+    assert not {"maximum", "subtract"} & _channels_first(m)
     assert_device_matches(m, _inputs(56, 64, 64), rtol=2e-2, atol_scale=2e-2)
 
 
@@ -131,13 +144,14 @@ def test_a_strided_window_over_channels_first_rows_loads_whole_rows() -> None:
     text = _block(56, 64, 64, tail="  ROOT out = f32[1,28,28,64]{3,2,1,0} add(y, y)\n")
     text = text.replace("window={size=1x1}", "window={size=1x1 stride=2x2}").replace(
         "y = f32[1,56,56,64]{3,2,1,0} convolution(rb", "y = f32[1,28,28,64]{3,2,1,0} convolution(rb")
-    m = module_of(text)
+    m = _extracted(text)
     t = load_target("trn1")
-    assert any(n.name == "rb" for n in m.entry.post_order() if n.id in channels_first_orders(m, t))
+    y = next(n for n in m.entry.post_order() if n.op == "convolution" and n.attrs["window"][0].stride == 2)
+    assert y.attrs["dims"].input_feature == 1 and y.operands[0].op == "convert"
     from nxsat.backend import lower_graph
 
     lw = lower_graph(device_forms(m, t), t)
-    loads = [i for i in lw.graph.insts if i.engine == "dma" and (i.origin or "").startswith("y ")
+    loads = [i for i in lw.graph.insts if i.engine == "dma" and (i.origin or "").split(" ")[0] == y.name
              and i.writes[0].buf.onchip and i.reads[0].buf.kind == "scratch"]
     assert loads and all(i.reads[0].ap.dims[-1][1] == 1 for i in loads)
     assert_device_matches(m, _inputs(56, 64, 64), rtol=2e-2, atol_scale=2e-2)

@@ -79,7 +79,7 @@ def test_iteration_limit_and_saturation():
 def test_report_has_per_iteration_sizes_matches_and_per_rule_time():
     o = optimize(load(DATA / "jax" / "transformer_layer.hlo"), level=2)
     r = o.report
-    assert r.level == 2 and r.sets == ("generic",) and r.stop_reason
+    assert r.level == 2 and r.sets == ("generic", "layout") and r.stop_reason
     assert r.initial.nodes > 100 and r.load_seconds > 0
     for it in r.iterations:
         assert it.enodes > 0 and it.eclasses > 0 and it.seconds >= 0

@@ -107,7 +107,7 @@ def test_levels_gate_explosive_rules_and_budgets_grow():
 
 @pytest.mark.parametrize("edit, words", [
     (lambda c: c + "\n[levels.9]\niterations = -1\nseconds = 1.0\nnode-factor = 2.0\nnode-min = 10\n", "positive"),
-    (lambda c: c.replace('generic = ["generic"]', 'generic = ["missing"]'), "configured sets"),
+    (lambda c: c.replace('generic = ["generic", "layout"]', 'generic = ["missing"]'), "configured sets"),
     (lambda c: c + "\n[[[", ""),
 ])
 def test_bad_configuration_is_diagnosed(edit, words):

@@ -64,14 +64,16 @@ def test_the_tutorial_stats_as_quoted(tmp_path, monkeypatch, capsys):
 def test_the_rule_counts_the_doc_states_are_the_catalogs():
     rules = catalog().rules
     generic_files = [r for r in rules if r.set == "generic" and not r.builtin]
-    m = re.search(r"The (\d+) rules are the (\d+) of the generic set, yours, and the built-in `constant-fold` "
-                  r"\(`nxsat rules list` shows (\d+):", " ".join(DOC.split()))
+    layout = [r for r in rules if r.set == "layout"]
+    m = re.search(r"The (\d+) rules are the (\d+) of the generic set, the (\d+) of the layout set \(every model "
+                  r"type runs it\), yours, and the built-in `constant-fold` \(`nxsat rules list` shows (\d+):",
+                  " ".join(DOC.split()))
     assert m, "docs/rules.md no longer explains the tutorial's rule count"
-    in_stats, in_generic, in_list = map(int, m.groups())
-    assert in_generic == len(generic_files)
-    assert in_stats == len(generic_files) + 2  # yours and constant-fold
+    in_stats, in_generic, in_layout, in_list = map(int, m.groups())
+    assert in_generic == len(generic_files) and in_layout == len(layout)
+    assert in_stats == len(generic_files) + len(layout) + 2  # yours and constant-fold
     assert in_list == len(rules)
-    assert f"(generic, my-rules: {in_stats} rules)" in block("$ nxsat rules stats")
+    assert f"(generic, layout, my-rules: {in_stats} rules)" in block("$ nxsat rules stats")
 
 
 def test_working_on_a_copy_of_a_shipped_set_runs(tmp_path, capsys):

@@ -16,7 +16,7 @@ import pytest
 from firing import fire_alone
 
 from nxsat import dtypes as dt
-from nxsat.attrs import DotDims, PadDim, SliceDim
+from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
 from nxsat.builder import Builder
 from nxsat.extract.smallest import extract
 from nxsat.interpreter import run_module
@@ -200,6 +200,23 @@ def _dot_transpose_rhs() -> Module:
     return b.module(b.op("dot", [a, ct], dims=DotDims((1,), (0,))))
 
 
+def _conv_transpose(side: int) -> Callable[[], Module]:
+    """A 3x3 NHWC convolution whose input (side 0: stored NCHW) or kernel (side 1: stored OIHW) is read
+    through a transpose."""
+    def make() -> Module:
+        b = Builder("ct")
+        if side == 0:
+            x = b.op("transpose", [b.param(F32, (1, 4, 5, 5))], dimensions=(0, 2, 3, 1))
+            w = b.param(F32, (3, 3, 4, 6))
+        else:
+            x = b.param(F32, (1, 5, 5, 4))
+            w = b.op("transpose", [b.param(F32, (6, 4, 3, 3))], dimensions=(2, 3, 1, 0))
+        window = (WindowDim(3, 1, 1, 1), WindowDim(3, 1, 1, 1))
+        return b.module(b.op("convolution", [x, w], window=window, dims=ConvDims.from_labels("b01f_01io->b01f"),
+                             feature_group_count=1, batch_group_count=1))
+    return make
+
+
 def _dot_swap() -> Module:
     b = Builder("dswap")
     a, c = b.param(F32, (5, 2, 3)), b.param(F32, (5, 3, 4))
@@ -328,6 +345,8 @@ CASES: dict[str, Callable[[], Module]] = {
     "dot-transpose-lhs": _dot_transpose_lhs,
     "dot-transpose-rhs": _dot_transpose_rhs,
     "dot-swap-operands": _dot_swap,
+    "conv-transpose-input": _conv_transpose(0),
+    "conv-transpose-kernel": _conv_transpose(1),
     "slice-identity": _slice_identity,
     "slice-concatenate-first": _slice_concatenate_first,
     "slice-concatenate-rest": _slice_concatenate_rest,
@@ -351,7 +370,7 @@ SHRINKS = {"add-zero-right", "add-zero-left", "subtract-zero", "multiply-one-rig
            "convert-convert-to-float", "reshape-convert-reshape",
            "dot-transpose-lhs", "dot-transpose-rhs", "slice-identity", "slice-concatenate-first",
            "concatenate-single", "slice-pad-inverse", "slice-pad-inside", "tuple-get-first",
-           "constant-fold", "pred-convert-ne-zero"}
+           "constant-fold", "pred-convert-ne-zero", "conv-transpose-input", "conv-transpose-kernel"}
 
 
 def _inputs(m: Module, seed: int = 0) -> list[np.ndarray]:
