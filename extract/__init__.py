@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ def _margins(view: Any, preferred: frozenset[int], variants: set[int]) -> list[b
     """Per e-node: does it pay :data:`CONFIDENCE` when choosing?"""
     from nxsat.rules import terms
 
-    exempt = set(preferred) | variants | _layout_twins(view, preferred)
+    exempt = set(preferred) | variants | set(_layout_twins(view, preferred))
     return [i not in exempt and node.ctor in terms.BY_CTOR and terms.BY_CTOR[node.ctor].op != "convolution"
             for i, node in enumerate(view.nodes)]
 
@@ -76,13 +76,24 @@ def _into_channels_first(view: Any, preferred: frozenset[int]) -> list[int]:
 _PERMUTED_SLOTS = frozenset({"Pad", "ReduceWindow", "Reduce", "Broadcast", "Fill"})
 
 
-def _layout_twins(view: Any, preferred: frozenset[int]) -> set[int]:
-    """The channels-first twins of loaded e-nodes (rules/sets/layout.egg): a node of the operator of a
-    loaded node L, in a class B whose channels-last view is in L's class, each of whose operands is L's
-    operand, its channels-first twin (L's operand class holds a channels-last view of it) or its
-    channels-first view (it holds L's operand seen channels-first)."""
-    views: dict[int, set[int]] = {}  # class -> the classes of which it holds a channels-last view
-    seen_cf: dict[int, set[int]] = {}  # class -> the classes it holds a channels-first view of
+def _labels(view: Any, best: list[int], originals: dict[int, Any]) -> dict[int, Any]:
+    """The IR node whose name and line a chosen node the input does not have takes: its class's loaded
+    node (a precision variant, a convolution reading its input as it lies), or that of the class holding
+    its class's channels-last view (a channels-first twin), so the profile still points at the model."""
+    loaded_of = {view.node_class[i]: n for i, n in originals.items()}
+    for a, bs in _channels_last_views(view)[0].items():
+        for b in bs:
+            if a in loaded_of:
+                loaded_of.setdefault(b, loaded_of[a])
+    return {best[c]: loaded_of[c] for c in range(view.n_classes)
+            if best[c] >= 0 and best[c] not in originals and c in loaded_of}
+
+
+def _channels_last_views(view: Any) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+    """Per class, the classes of which it holds a channels-last view, and those it holds a channels-first
+    view of (the layout set's transposes)."""
+    views: dict[int, set[int]] = {}
+    seen_cf: dict[int, set[int]] = {}
     for i, node in enumerate(view.nodes):
         if node.ctor != "Transpose" or not node.children:
             continue
@@ -94,7 +105,17 @@ def _layout_twins(view: Any, preferred: frozenset[int]) -> set[int]:
             views.setdefault(view.node_class[i], set()).add(node.children[0])
         elif p == (0, r - 1, *range(1, r - 1)):
             seen_cf.setdefault(view.node_class[i], set()).add(node.children[0])
-    out: set[int] = set()
+    return views, seen_cf
+
+
+def _layout_twins(view: Any, preferred: Collection[int]) -> dict[int, int]:
+    """The channels-first twins of loaded e-nodes (rules/sets/layout.egg), each with the loaded node it is
+    the twin of: a node of the operator of a
+    loaded node L, in a class B whose channels-last view is in L's class, each of whose operands is L's
+    operand, its channels-first twin (L's operand class holds a channels-last view of it) or its
+    channels-first view (it holds L's operand seen channels-first)."""
+    views, seen_cf = _channels_last_views(view)
+    out: dict[int, int] = {}
     for i in preferred:
         loaded = view.nodes[i]
         for b in views.get(view.node_class[i], ()):
@@ -105,7 +126,7 @@ def _layout_twins(view: Any, preferred: frozenset[int]) -> set[int]:
                     continue
                 if all(c == lc or c in views.get(lc, ()) or lc in seen_cf.get(c, ())
                        for c, lc in zip(n.children, loaded.children)):
-                    out.add(j)
+                    out.setdefault(j, i)
     return out
 
 
@@ -179,7 +200,8 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     kept_input = extractor != "smallest" and input_objective < objective
     if kept_input:  # a greedy misjudgement (tree costs on a shared subterm): never worse than the input
         best, objective = input_best, input_objective
-    module = build_module(eg, loaded, view, best, originals)
+    named = _labels(view, best, originals)
+    module = build_module(eg, loaded, view, best, originals, named)
     casts = _precision_choices(view, best, root, prices, originals)
     return Extraction(module, extractor, dag_cost(view, best, root, prices), dag_cost(view, input_best, root, prices),
                       time.perf_counter() - t0, view.term_nodes(), view.term_classes(), result, kept_input,

@@ -110,6 +110,7 @@ class CostModel:
         # under earlier operators, and leave its critical path; alone (the calibrated view) they are not
         self.in_program = in_program
         self._conv_cache: dict[tuple, float] = {}  # convolution prices by geometry and layout
+        self._siblings: dict[str, CostModel] = {}  # the same target, TensorE in another type
         self.matmul_dtype = matmul_dtype if target.supports_matmul_dtype(matmul_dtype) else "f32"
         self.bw = target.memory_bw  # bytes per ns
         dma = target.dma
@@ -171,7 +172,7 @@ class CostModel:
             ahead = tuple(inputs) if self.in_program else ()
             return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead)
         if op == "convolution":
-            return NODE_NS + self.conv_ns(attrs, operands, result)
+            return NODE_NS + self.conv_ns(attrs, operands, result, multiply_in)
         if op == "transpose":
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
         if op == "softmax" and operands and operands[0] is not None:
@@ -521,17 +522,22 @@ class CostModel:
                              rhs_k_contiguous=True) - 2 * self.dma_fixed
         return positions * one + 2 * self.dma_fixed
 
-    def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value) -> float:
+    def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
+                multiply_in: str | None = None) -> float:
         """A convolution as backend/conv.py emits :func:`~nxsat.extract.plan.conv_plan`: fp32 operands that
         TensorE multiplies in a narrower type are converted by a pass through HBM first (the precision
         policy's ``convert`` nodes); then per output chunk its input tiles (one DMA per fold block,
         zero-filled where padding; channels-last inputs in blocks of positions transposed on TensorE),
         the weights when not kept, the matmuls, the PSUM evacuation and the store (channels-last results
         transposed back first), counted chunk by chunk (:meth:`_gemm_ns`); a depthwise convolution on
-        the vector engines by :meth:`_depthwise_ns`."""
+        the vector engines by :meth:`_depthwise_ns`. ``multiply_in``: fp32 weights (a model input) cast to
+        the input's type by the convolution as it loads them (the cast it absorbs)."""
         x, w = operands[0], operands[1]
         if x is None or w is None:
             return 0.0
+        if multiply_in is not None and w.dtype == "f32" and x.dtype == multiply_in:
+            x = Value(x.shape, "f32")  # as the policy's fp32 model: its weights' cast absorbed, its input's
+            return self._with_matmul_dtype(multiply_in).conv_ns(attrs, [x, w], result) - self._convert_x(x, multiply_in)
         d = attrs["dims"]
         window = tuple(attrs["window"])
         fgc = int(attrs.get("feature_group_count", 1) or 1)
@@ -561,8 +567,7 @@ class CostModel:
             # the precision policy's converts: an operand through VectorE and back to HBM, one trigger
             # latency of each pass hidden under its neighbour's; the implicit GEMM absorbs the weights'
             # (backend/lower.py: it converts the fp32 weight tiles it loads), the depthwise path does not
-            convert_x = self.elementwise_ns("convert", registry.VECTOR, [x], Value(x.shape, mt), [True]) \
-                - self.dma_fixed
+            convert_x = self._convert_x(x, mt)
             convert = convert_x + self.elementwise_ns(
                 "convert", registry.VECTOR, [w], Value(w.shape, mt), [True]) - self.dma_fixed
             x, w = Value(x.shape, mt), Value(w.shape, mt)
@@ -585,6 +590,18 @@ class CostModel:
         return (convert if dw is not None and dw.pays else convert_x) + cache[key]
 
     # -- convolution parts ------------------------------------------------------------------------------
+
+    def _convert_x(self, x: Value, mt: str) -> float:
+        """The policy's cast of a convolution's fp32 input: a pass through VectorE and back to HBM, its
+        trigger latency hidden under its neighbour's."""
+        return self.elementwise_ns("convert", registry.VECTOR, [x], Value(x.shape, mt), [True]) - self.dma_fixed
+
+    def _with_matmul_dtype(self, mt: str) -> CostModel:
+        """This model with TensorE multiplying fp32 operands in ``mt`` (its convolution prices cached apart)."""
+        other = self._siblings.get(mt)
+        if other is None:
+            other = self._siblings[mt] = CostModel(self.target, mt, self.in_program)
+        return other
 
     def _xfer(self, nbytes: float, run_bytes: float, partitions: int) -> tuple[float, float]:
         """A DMA's share of the DMA engines (its engine time over all of them) and its time alone."""
@@ -1071,6 +1088,12 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         if ops[i] == "dot" and all(k in cast_from for k in kids):
             multiply_in = view.dtype.get(kids[0])
             kids = [cast_from[k] for k in kids]
+        elif ops[i] == "convolution" and len(kids) == 2 and kids[1] in cast_from and inputs[cast_from[kids[1]]] \
+                and view.dtype.get(kids[0]) == view.dtype.get(kids[1]):
+            # fp32 weights cast to the input's type: the implicit GEMM loads and converts them (backend/lower.py
+            # _absorbs), so they are priced as the fp32 weights the policy's convolution reads
+            multiply_in = view.dtype.get(kids[1])
+            kids = [kids[0], cast_from[kids[1]]]
         vals = tuple(value(k) for k in kids)
         # an operand that another operand reduces (softmax's x - max(x), e / sum(e)) was stored before
         # the reduction could finish: it is loaded back, not fused (the backend's passes do the same)

@@ -30,8 +30,11 @@ def original_nodes(view: View, loaded: Loaded) -> dict[int, Node]:
 
 
 def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
-                 originals: dict[int, Node] | None = None) -> Module:
-    """IR for the chosen nodes, from the module's root class down."""
+                 originals: dict[int, Node] | None = None, named: dict[int, Node] | None = None) -> Module:
+    """IR for the chosen nodes, from the module's root class down. ``named``: nodes that take another
+    node's name and location only (a value computed in another layout, so the profile and the errors
+    still point at the model's line)."""
+    named = named or {}
     originals = originals if originals is not None else original_nodes(view, loaded)
     src = loaded.module
     params = [Node("parameter", (), dict(p.attrs), p.type, p.name, p.loc) for p in src.entry.params]
@@ -69,7 +72,8 @@ def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
             list_items[c] = [] if node.ctor == "TNil" else [node.children[0], *list_items[node.children[1]]]
             continue
         built[c] = _make(eg, node, [built[k] if not view.class_is_list[k] else None for k in node.children],
-                         [list_items.get(k) for k in node.children], built, by_index, originals.get(i))
+                         [list_items.get(k) for k in node.children], built, by_index, originals.get(i),
+                         named.get(i))
     comp = Computation(src.entry.name, params, built[root], None, src.entry.loc)
     out = Module(src.name, comp, attrs=dict(src.attrs), source=src.source, framework=src.framework)
     out.warnings.extend(src.warnings)
@@ -77,9 +81,10 @@ def build_module(eg: EGraph, loaded: Loaded, view: View, best: list[int],
 
 
 def _make(eg: EGraph, node: ENode, kids: list[Node | None], lists: list[list[int] | None], built: dict[int, Node],
-          params: dict[int, Node], original: Node | None) -> Node:
-    name = original.name if original is not None else ""
-    loc = original.loc if original is not None else None
+          params: dict[int, Node], original: Node | None, named: Node | None = None) -> Node:
+    label = original if original is not None else named
+    name = label.name if label is not None else ""
+    loc = label.loc if label is not None else None
     ctor = node.ctor
     if ctor == "Parameter":
         p = params.get(node.slots[0])
