@@ -405,8 +405,7 @@ class CostModel:
         B, M, K, N = dot_sizes(lhs.shape, rhs.shape, d)
         if lhs.dtype in ("s32", "u32", "s64") or rhs.dtype in ("s32", "u32", "s64"):
             return self.engine_ns("pool", "tensor_tensor", B * M * K * N) + 2 * self.dma_fixed
-        mt = self.matmul_dtype if lhs.dtype == rhs.dtype == "f32" or self.matmul_dtype != "f32" else (
-            lhs.dtype if lhs.dtype == rhs.dtype and self.target.supports_matmul_dtype(lhs.dtype) else "f32")
+        mt = self.multiply_type(lhs.dtype, rhs.dtype)
         if multiply_in is not None and self.target.supports_matmul_dtype(multiply_in):
             mt = multiply_in
         # K is an operand's contiguous dimension when its contracting dimensions are its innermost ones
@@ -415,6 +414,13 @@ class CostModel:
         flags = tuple(ahead) + (False, False)
         return self.matmul_ns(B, M, K, N, mt, lhs, rhs, result, lhs_k_contiguous=lk, rhs_k_contiguous=rk,
                               ahead=flags[:2])
+
+    def multiply_type(self, lhs: str, rhs: str) -> str:
+        """The type TensorE multiplies a dot's operands of these types in: fp32 ones in the model's
+        ``matmul_dtype`` (the policy's), others in their common type when TensorE has it, else fp32."""
+        if lhs == rhs == "f32" or self.matmul_dtype != "f32":
+            return self.matmul_dtype
+        return lhs if lhs == rhs and self.target.supports_matmul_dtype(lhs) else "f32"
 
     def matmul_ns(self, B: int, M: int, K: int, N: int, mt: str, lhs: Value, rhs: Value, result: Value,
                   lhs_k_contiguous: bool = True, rhs_k_contiguous: bool = False,
@@ -1054,7 +1060,10 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # convolution with permuted labels (conv-transpose-input), which the cost model prices in that
     # layout, while a convolution of the transpose is priced in the layout its labels give it.
     # Free, the transpose let the extraction pair the cheaper layout's price with the other's data.
-    dotted = _read_by_contractions(view, ops, _DOTS)
+    # (A cast on the way, the precision set's, is one the dot absorbs: it loads through the view and converts
+    # on chip. Counted as a reader, it made BERT's attention output transpose a copy, 76 us a layer, and the
+    # extraction took the other orientation of P.V: 11% slower.)
+    dotted = _read_by_contractions(view, ops, _DOTS, _PASS_VIEWS | {"convert"})
     reduced = _reductions_of(view, ops)
     # A cast only contractions read is absorbed by them (backend/matmul.py: the source is loaded and
     # converted on chip): the dot is priced on the source, multiplying in the cast's type, and the
@@ -1114,10 +1123,12 @@ _DOTS = frozenset({"dot"})
 _PASS_VIEWS = frozenset({"reshape", "bitcast", "transpose"})
 
 
-def _read_by_contractions(view: View, ops: Sequence[str], contractions: frozenset[str]) -> list[bool]:
-    """Per class: it has readers, and every one is one of ``contractions`` or a view (reshape, bitcast,
-    transpose) of which the same holds. Decided from the readers up, cycles of views counting as
-    not read by a contraction."""
+def _read_by_contractions(view: View, ops: Sequence[str], contractions: frozenset[str],
+                          passes: frozenset[str] = frozenset()) -> list[bool]:
+    """Per class: it has readers, and every one is one of ``contractions`` or one of ``passes`` (default:
+    a view, reshape, bitcast or transpose) of which the same holds. Decided from the readers up, cycles
+    of views counting as not read by a contraction."""
+    passes = passes or _PASS_VIEWS
     readers: list[list[int]] = [[] for _ in range(view.n_classes)]
     for i, node in enumerate(view.nodes):
         for k in set(node.children):
@@ -1130,7 +1141,7 @@ def _read_by_contractions(view: View, ops: Sequence[str], contractions: frozense
         if c in open_ or not readers[c]:
             return False
         open_.add(c)
-        res = all(ops[i] in contractions or (ops[i] in _PASS_VIEWS and ok(view.node_class[i], open_))
+        res = all(ops[i] in contractions or (ops[i] in passes and ok(view.node_class[i], open_))
                   for i in readers[c])
         open_.discard(c)
         memo[c] = res
@@ -1154,7 +1165,8 @@ def _hosts_softmax(eg: EGraph, view: View, ops: Sequence[str], x: int, model: Co
                 if lhs is None or rhs is None:
                     continue
                 _, M, K, N = dot_sizes(lhs, rhs, eg.operator(node)[1]["dims"])
-                if N == row and hosts_rows(matmul_plan(M, K, N, model.matmul_dtype, model.target), N):
+                mt = model.multiply_type(*(view.dtype.get(k, "f32") for k in node.children[:2]))
+                if N == row and hosts_rows(matmul_plan(M, K, N, mt, model.target), N):
                     return True
             elif depth and ops[i] in _PASS_VIEWS | _ELEMENTWISE_HOSTED and view.nodes[i].children:
                 size = math.prod(view.shape.get(c) or ())
