@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--auto-cast-type", default="bf16")
     ap.add_argument("--split", action="store_true", help="also precision alone and layout alone")
     ap.add_argument("--levels", default="1,3", help="the other levels to compare with -O2 (default 1,3; '' none)")
+    ap.add_argument("--model-type", default="generic", help="generic (default), transformer, unet-inference")
     args = ap.parse_args()
     table = models()
     names = args.models.split(",") if args.models else list(table)
@@ -66,7 +67,8 @@ def main() -> None:
         variants += [("prec", 2, ["--layout", "input"]), ("layout", 2, ["--precision", "policy"])]
     variants.append(("O2", 2, []))
     variants += [(f"O{lv}", int(lv), []) for lv in args.levels.split(",") if lv]
-    print(f"target {args.target}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); simulated us")
+    print(f"target {args.target}, --model-type {args.model_type}, --auto-cast {args.auto_cast} "
+          f"({args.auto_cast_type}); simulated us")
     print(f"{'model':<34}" + "".join(f"{v[0]:>11}" for v in variants)
           + f" {'O2/policy':>9} {'roofline':>10}  checks")
     failed: list[str] = []
@@ -81,7 +83,7 @@ def main() -> None:
         roof = 0.0
         error = ""
         for label, level, extra in variants:
-            r = compile_one(path, args, level, model_type="generic", extra=relay_constants(path) + extra)
+            r = compile_one(path, args, level, model_type=args.model_type, extra=relay_constants(path) + extra)
             if "error" in r:
                 error = f"{label}: {r['error'][:120]}"
                 break
