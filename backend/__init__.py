@@ -40,17 +40,19 @@ def device_forms(module: Module, target: Target) -> Module:
       planes path);
     - elementwise chains read through a reshape computed before it
       (:func:`nxsat.backend.elementwise.sink_reshapes`);
-    - constant dot operands stored with their contraction outermost
-      (:func:`nxsat.backend.matmul.kmajor_constants`).
+    - casts of constants done at compile time (:func:`nxsat.backend.precision.fold_constant_casts`);
+    - constant dot operands stored with their contraction outermost, constant convolution kernels with
+      their output channels innermost (:func:`nxsat.backend.matmul.kmajor_constants`).
 
     A module with nothing to rewrite comes back as it is (the driver then dumps nothing)."""
     from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
     from nxsat.backend.elementwise import sink_reshapes
     from nxsat.backend.matmul import kmajor_constants
+    from nxsat.backend.precision import fold_constant_casts
 
     if any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         module = weight_gradients(module)
-    return kmajor_constants(sink_reshapes(module))
+    return kmajor_constants(sink_reshapes(fold_constant_casts(module)))
 
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:

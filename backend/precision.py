@@ -210,3 +210,30 @@ def _count(comp: Computation) -> dict[str, int]:
             key = n.operands[0].dtype.name
         c[key] += 1
     return dict(sorted(c.items()))
+
+
+def fold_constant_casts(module: Module) -> Module:
+    """Casts of constants done at compile time (device-forms): ``convert`` (and tf32's
+    ``reduce-precision``) of a constant becomes the constant in the new type, computed by the reference
+    semantics, so nothing reads the wide value and writes the narrow one at run time, and the narrow
+    one is what the NEFF holds (a Relay model's fp32 weights cast to bf16 by --auto-cast: half the bytes
+    a convolution or a dense loads)."""
+    from nxsat.interpreter import Interpreter
+    from nxsat.passes import rewrite_module
+
+    casts = {n.id for n in module.entry.post_order()
+             if n.op in ("convert", "reduce-precision") and n.operands and n.operands[0].op == "constant"
+             and isinstance(n.type, TensorType) and n.type.shape}
+    if not casts:
+        return module
+
+    def expand(rw: Any, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
+        if node.id not in casts or ops[0].op != "constant":
+            return None
+        src = ops[0]
+        cast = Node(node.op, [src], attrs, node.type)
+        value = Interpreter().call(Computation("fold", [], cast, [src, cast]), [])
+        return Node("constant", [], {"value": np.asarray(value), "type": node.type}, node.type,
+                    node.name, node.loc)
+
+    return rewrite_module(module, expand)

@@ -1052,6 +1052,9 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     nothing beyond the dot), while anyone else must move its elements. A transpose whose every reader
     in the e-graph is a contraction, or a view only contractions read, is priced as a view."""
     inputs = [any(view.nodes[i].ctor in _INPUT_CTORS for i in nodes) for nodes in view.class_nodes]
+    # a cast of a constant is done at compile time (backend/precision.py fold_constant_casts): its readers
+    # load the narrow constant; a model input's cast is absorbed by the reader that loads the wide one
+    params = [any(view.nodes[i].ctor == "Parameter" for i in nodes) for nodes in view.class_nodes]
     ops = [eg.operator(n)[0] if n.ctor in terms.BY_CTOR and n.ctor not in ("Fill",) else "" for n in view.nodes]
     contracted = _read_by_contractions(view, ops, _CONTRACTIONS)
     # A dot's price does not depend on its operands' order in memory beyond what its own dimension
@@ -1096,8 +1099,8 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         multiply_in = None
         if ops[i] == "dot" and all(k in cast_from for k in kids):
             multiply_in = view.dtype.get(kids[0])
-            kids = [cast_from[k] for k in kids]
-        elif ops[i] == "convolution" and len(kids) == 2 and kids[1] in cast_from and inputs[cast_from[kids[1]]] \
+            kids = [k if inputs[cast_from[k]] and not params[cast_from[k]] else cast_from[k] for k in kids]
+        elif ops[i] == "convolution" and len(kids) == 2 and kids[1] in cast_from and params[cast_from[kids[1]]] \
                 and view.dtype.get(kids[0]) == view.dtype.get(kids[1]):
             # fp32 weights cast to the input's type: the implicit GEMM loads and converts them (backend/lower.py
             # _absorbs), so they are priced as the fp32 weights the policy's convolution reads

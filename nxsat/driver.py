@@ -13,7 +13,8 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
                   --precision policy): casts as explicit converts                    05-precision.hlo/.json
     partition     weights split across a logical core's physical cores where it pays  05-partition.hlo/.json
     device-forms  operators in the forms the backend tiles best (weight gradients as dots;
-                  reshapes after elementwise chains; constant dot operands K-major)  05-device-forms.hlo
+                  reshapes after elementwise chains; casts of constants at compile time;
+                  constant dot operands K-major, constant kernels HWIO)              05-device-forms.hlo
     lower         operators -> an instruction graph on tiles                         06-lowered.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
@@ -61,7 +62,8 @@ STAGES = (
           "physical cores, their results joined by all-gathers or sharded outputs"),
     Stage("device-forms", "the same values; convolutions that are weight gradients (more taps than outputs) "
           "as one contraction per output position; elementwise chains read through a reshape computed "
-          "before it; constants only dots read stored with their contraction outermost"),
+          "before it; casts of constants done at compile time; constants only dots read stored with their "
+          "contraction outermost, constant convolution kernels with their output channels innermost"),
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
     Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
     Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
