@@ -670,7 +670,8 @@ class Reduction:
                 else:
                     acc = self.red.combine(acc, part, acc[0].shape)
             assert acc is not None
-            res = self.finish(acc)
+            # gathered into the result tile, the partials are converted by the copy that puts them there
+            res = self.finish(acc, convert=not whole)
             key = tuple(kb[k] for k in kdims)
             for k, (o, r) in enumerate(zip(self.outs, res)):
                 if whole:
@@ -759,8 +760,9 @@ class Reduction:
                     cm, base = 1, base + lay.A * lay.B
         self.g.add("pool", "iota", tile, base=base, channel_multiplier=cm, steps=tuple(steps))
 
-    def finish(self, acc: list[Ref]) -> list[Ref]:
-        """The init value combined with the partials (once), converted to the result types."""
+    def finish(self, acc: list[Ref], convert: bool = True) -> list[Ref]:
+        """The init value combined with the partials (once), converted to the result types (unless the
+        caller's copy converts them)."""
         shape = acc[0].shape
         red = self.red
         inits: list[Operand] = []
@@ -786,6 +788,8 @@ class Reduction:
         else:  # numbers as tiles: the body's operators expect at most one immediate operand
             tiles = Tiles(self.g, shape, "init")
             res = red.combine([tiles.memset(v, a) if is_num(v) else v for v, a in zip(inits, red.acc)], acc, shape)
+        if not convert:
+            return res
         return [r if r.dtype is t else copy_new(self.lw, r, t) for r, t in zip(res, self.out_types)]
 
     # --- a reduced group on the partitions ------------------------------------------------------------

@@ -147,8 +147,6 @@ XFAIL: dict[str, str] = {
     "wgrad1x1-4x64x56x56-matmult": _WG.format(0.64),
     "wgrad3x3-8x16x28x28-none": _WG.format(0.11),
     "wgrad3x3-8x16x28x28-matmult": _WG.format(0.44),
-    "reduce-add-last-2048x768-bf16": "bf16 last-axis reduce: VectorE/ScalarE alternate with fp32 copies of each "
-                                     "partial, all loads land together (predicted/simulated 0.81)",
     "dot-3072x768x128-bf16": "a K-contiguous stationary in 24 M tiles against one kept moving tile: TensorE's "
                              "transposes, VectorE's copies out of PSUM and the loads overlap less than the model "
                              "has them (predicted/simulated 0.82; before moving tiles were kept: 0.95 of 63.3 us, "
