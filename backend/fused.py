@@ -215,8 +215,11 @@ def layer_norm(lw: Lowering, node: Node) -> None:
         rstd = g.tile((pn, k), F32, "sbuf", "lnrstd").ref()
         g.add("act", "activation", rstd, mv[:, :, 1], func="rsqrt", bias=eps)
         nb = g.tile((pn, k), F32, "sbuf", "lnnb").ref()  # -mean * rstd, the pass's bias
-        g.add("dve", "tensor_tensor", nb, mv[:, :, 0], rstd, op="mul")
-        g.add("dve", "tensor_scalar", nb, nb, op0="mul", scalar0=-1.0)
+        if k == 1:  # rstd a per-partition scalar: one instruction, (mean * rstd) * -1 (the same bits)
+            g.add("dve", "tensor_scalar", nb, mv[:, :, 0], op0="mul", scalar0=rstd, op1="mul", scalar1=-1.0)
+        else:
+            g.add("dve", "tensor_tensor", nb, mv[:, :, 0], rstd, op="mul")
+            g.add("dve", "tensor_scalar", nb, nb, op0="mul", scalar0=-1.0)
         return xt, rstd, nb
 
     def finish(r0: int, pn: int, k: int, xt: Ref, rstd: Ref, nb: Ref) -> None:

@@ -284,9 +284,7 @@ FUSED_CASES = [("softmax", (12, 128, 128), "bf16"), ("softmax", (4096, 1024), "f
                ("group-norm", (1, 32, 32, 32), "f32"), ("group-norm", (2, 16, 16, 64), "bf16"),
                ("group-norm", (1, 64, 64, 320), "f32"), ("group-norm", (1, 8, 8, 96), "f32"),
                ("group-norm", (4, 8, 8, 128), "bf16"), ("group-norm", (1, 16, 16, 256), "f32")]
-FUSED_XFAIL = {"layer-norm-300x77-f32": "three tiles of one row per partition: each tile's chain of statistics, "
-                                        "rsqrt and pass hops between engines, which the model does not price "
-                                        "(predicted/simulated 0.80)"}
+FUSED_XFAIL: dict[str, str] = {}
 
 
 def _fused_param(op: str, shape: tuple[int, ...], t: str):  # noqa: ANN202
