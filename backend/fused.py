@@ -549,6 +549,16 @@ class SoftmaxEpilogue(Epilogue):
         self.pending: list[tuple[list[_Part], Ref]] = []  # row blocks with their maxima, waiting to finish
         self.products: tuple[tuple[int, ...], list[Ref]] | None = None  # a finished block's, for the reader
 
+    def reads_psum(self, res_type: dt.DType) -> bool:
+        """Scores that nothing else reads, in fp32, whole rows in one PSUM bank: the maxima (VectorE) and
+        the exponentials (ScalarE) read the accumulator itself, so no copy passes over the tile first.
+        Rows spanning several tiles are copied out: they wait on chip for the row's last tile, and PSUM's
+        eight banks are the dot's accumulators."""
+        inner = self.inner
+        if inner.cluster is not None or inner.out is not None:
+            return inner.reads_psum(res_type)
+        return res_type is dt.F32 and self.row * 4 <= self.lw.target.psum_bank_bytes
+
     def tile(self, place: Callable[[Ref], Ref], res: Ref, at: tuple[int, ...] = ()) -> None:
         """This tile's maxima now; once its rows are complete, their exponentials after the next rows'
         maxima (software-pipelined as the standalone kernel is: VectorE and ScalarE work on neighbouring

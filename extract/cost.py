@@ -266,7 +266,14 @@ class CostModel:
             dve += (self.instr_ns("dve", "tensor_copy", tiles, N=1)
                     + 2 * self.instr_ns("dve", "tensor_reduce", blocks, N=per))
         act = 2 * self.instr_ns("act", "activation", tiles, N=n)
-        return max(dve, act) + min(dve, act) / blocks
+        own = max(dve, act) + min(dve, act) / blocks
+        if x.dtype == "f32" and per == 1:
+            # fp32 scores whose rows fit one PSUM bank are read there (SoftmaxEpilogue.reads_psum): the dot's
+            # copies out of PSUM, ScalarE and VectorE in turn, are not made, and each was a step of its tile's
+            # chain (matmul, copy, maxima, exp): both engines' share leaves the critical path
+            own -= (self.instr_ns("act", "activation", (tiles + 1) // 2, N=n)
+                    + self.instr_ns("dve", "tensor_copy", tiles // 2, N=n))
+        return own
 
     def layer_norm_ns(self, x: Value) -> float:
         """A fused layer norm (backend/fused.py): per row VectorE's bn_stats over every 512 elements and a

@@ -305,6 +305,9 @@ def test_fused_operator_within_tolerance(op, shape, t):
 HOSTED_CASES = [(512, "bf16", 4), (2048, "bf16", 4), (1024, "f32", 2), (384, "f32", 8), (128, "bf16", 12),
                 (1024, "bf16", 4)]
 HOSTED_XFAIL = {
+    "384-f32-x8": "the softmax's ScalarE and VectorE work runs under the dot's TensorE work (the sum adds them): "
+                  "3.3 us on top of the dot simulated, priced 6.2 (predicted/simulated 1.16; 1.12 before the "
+                  "softmax read the scores in PSUM, which made it 42.5 -> 34.6 us)",
     "128-bf16-x12": "one tile per head: each tile's chain evacuation -> maxima -> exp -> reciprocal -> multiply "
                     "-> store is exposed, which the sum of prices does not see (predicted/simulated 0.78)",
     "1024-bf16-x4": "the softmax's ScalarE and VectorE work slows the dot's evacuations, which the sum of "
