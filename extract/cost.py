@@ -776,7 +776,9 @@ class CostModel:
             evacuate(nbn * out_elems, on)
             # the store
             if not cl_out:
-                run = _run(ys, (nbn, on, *(jn for _, jn in chunk[1:])), (0, *range(2, nsp + 2)))
+                # a class of a base-dilated window holds every step-th output position: its rows are strided
+                strided = (ys[0], ys[1], *(st * cl.step for st, cl in zip(ys[2:], combo)))
+                run = _run(strided, (nbn, on, *(jn for _, jn in chunk[1:])), (0, *range(2, nsp + 2)))
                 s_res, s_lat = self._xfer(on * nbn * out_elems * osz, run * osz, on)
             else:
                 s_res = s_lat = 0.0

@@ -217,6 +217,19 @@ def _conv_transpose(side: int) -> Callable[[], Module]:
     return make
 
 
+def _conv_dilated(nsp: int) -> Callable[[], Module]:
+    """A transposed convolution: the input base-dilated by 2 (``nsp`` spatial dimensions)."""
+    def make() -> Module:
+        b = Builder("cd")
+        x = b.param(F32, (1, 3, *([4] * nsp)))
+        w = b.param(F32, (*([3] * nsp), 3, 2))
+        window = tuple(WindowDim(3, 1, 1, 2, 2) for _ in range(nsp))
+        labels = "bf0_0io->bf0" if nsp == 1 else "bf01_01io->bf01"
+        return b.module(b.op("convolution", [x, w], window=window, dims=ConvDims.from_labels(labels),
+                             feature_group_count=1, batch_group_count=1))
+    return make
+
+
 def _dot_swap() -> Module:
     b = Builder("dswap")
     a, c = b.param(F32, (5, 2, 3)), b.param(F32, (5, 3, 4))
@@ -347,6 +360,8 @@ CASES: dict[str, Callable[[], Module]] = {
     "dot-swap-operands": _dot_swap,
     "conv-transpose-input": _conv_transpose(0),
     "conv-transpose-kernel": _conv_transpose(1),
+    "conv-base-dilation-as-pad": _conv_dilated(2),
+    "conv-base-dilation-as-pad-1d": _conv_dilated(1),
     "slice-identity": _slice_identity,
     "slice-concatenate-first": _slice_concatenate_first,
     "slice-concatenate-rest": _slice_concatenate_rest,
