@@ -94,15 +94,63 @@ def copy(lw: Lowering, node: Node) -> None:
 
 @lowers("concatenate")
 def concatenate(lw: Lowering, node: Node) -> None:
-    """Each operand's elements are DMAed into their place in the result."""
+    """Each operand's elements are DMAed into their place in the result (a slice strided along its
+    innermost dimension through SBUF: :func:`_strided_rows`)."""
     out = lw.result(node)
     axis = node.attrs["dimension"]
     at = 0
     for op in node.operands:
         n = op.shape[axis]
         key = tuple(slice(at, at + n) if d == axis else slice(None) for d in range(len(node.shape)))
-        lw.graph.add("dma", "dma", out[key], lw.ref(op))
+        if not _strided_rows(lw, out[key], op):
+            lw.graph.add("dma", "dma", out[key], lw.ref(op))
         at += n
+
+
+def _strided_rows(lw: Lowering, dst: Ref, op: Node) -> bool:
+    """``dst = op`` for a slice strided along its innermost dimension (or a reshape of one that only adds
+    or drops dimensions of size 1): the rows it takes every ``s``-th element of are loaded whole into
+    SBUF, one row a partition (the second-innermost dimension, 128 at a time), their elements picked on
+    chip by a strided engine copy, and the rows stored whole. As one DMA each element was a descriptor:
+    the stacked windows of a stride-2 layer's weight gradient (mobilenet_v2's first, 9 x 3.6 million
+    elements) took 91 ms of DMA time. False for anything else."""
+    sl = op
+    if sl.op == "reshape" and sl.operands[0].op == "slice" and \
+            tuple(d for d in sl.shape if d != 1) == tuple(d for d in sl.operands[0].shape if d != 1):
+        sl = sl.operands[0]
+    if sl.op != "slice" or len(sl.shape) < 2 or sl.attrs["slice"][-1].stride == 1 or 0 in sl.shape:
+        return False
+    dims = sl.attrs["slice"]
+    x = sl.operands[0]
+    last = dims[-1]
+    n, rows = sl.shape[-1], sl.shape[-2]
+    span = (n - 1) * last.stride + 1
+    dtype = onchip_dtype(device_dtype(sl.dtype))
+    if span * dtype.itemsize > 32 * 1024:
+        return False
+    try:
+        src = lw.ref(x)[(*(slice(d.start, d.limit, d.stride) for d in dims[:-1]), slice(last.start, last.start + span))]
+        dst = dst.reshape(*sl.shape)
+    except (ValueError, AssertionError, IndexError):
+        return False
+    g = lw.graph
+    P = lw.target.partitions
+    engines = ("act", "dve")
+    k = 0
+    for outer in np.ndindex(*sl.shape[:-2]):
+        for r0 in range(0, rows, P):
+            pn = min(P, rows - r0)
+            whole = g.tile((pn, span), dtype, "sbuf", "strows").ref()
+            g.add("dma", "dma", whole, src[(*outer, slice(r0, r0 + pn))])
+            picked = g.tile((pn, n), dtype, "sbuf", "stpick").ref()
+            engine = "pool" if dtype.is_int else engines[k % 2]  # ScalarE and VectorE in turn (floats)
+            k += 1
+            if engine == "act":
+                g.add("act", "activation", picked, whole[:, 0:span:last.stride])
+            else:
+                g.add(engine, "tensor_copy", picked, whole[:, 0:span:last.stride])
+            g.add("dma", "dma", dst[(*outer, slice(r0, r0 + pn))], picked)
+    return True
 
 
 @lowers("reverse")

@@ -271,3 +271,29 @@ def test_a_constant_kernel_is_cast_at_compile_time_and_stored_hwio() -> None:
     rng = np.random.default_rng(3)
     assert_device_matches(m, {"x": rng.standard_normal((1, 64, 28, 28)).astype(np.float32)}, rtol=1e-2,
                           atol_scale=1e-2)
+
+
+STRIDED_CONCAT = """HloModule stacked
+ENTRY main {
+  x = f32[2,8,33,33]{3,2,1,0} parameter(0)
+  a = f32[2,8,16,16]{3,2,1,0} slice(x), slice={[0:2], [0:8], [0:31:2], [0:31:2]}
+  b = f32[2,8,16,16]{3,2,1,0} slice(x), slice={[0:2], [0:8], [1:32:2], [2:33:2]}
+  ra = f32[1,2,8,16,16]{4,3,2,1,0} reshape(a)
+  rb = f32[1,2,8,16,16]{4,3,2,1,0} reshape(b)
+  ROOT c = f32[2,2,8,16,16]{4,3,2,1,0} concatenate(ra, rb), dimensions={0}
+}
+"""
+
+
+def test_strided_windows_are_stacked_through_sbuf() -> None:
+    """A weight gradient's stacked windows of a stride-2 layer (concatenated strided slices): the rows
+    they take every second element of are loaded whole and the elements picked on chip, so no DMA moves
+    one element per descriptor (a [2, 3, 96, 112, 112] stack: 5,526.6 -> 415.9 us)."""
+    from nxsat.backend import lower_graph
+
+    m = module_of(STRIDED_CONCAT)
+    lw = lower_graph(m, load_target("trn1"))
+    dmas = [i for i in lw.graph.insts if i.engine == "dma"]
+    assert dmas and all(i.reads[0].ap.dims[-1][1] == 1 and i.writes[0].ap.dims[-1][1] == 1 for i in dmas)
+    rng = np.random.default_rng(5)
+    assert_device_matches(m, {"x": rng.standard_normal((2, 8, 33, 33)).astype(np.float32)})
