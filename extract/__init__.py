@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,92 +44,6 @@ ILP_SECONDS = 60.0  # the exact extractor's time limit before it settles for the
 CONFIDENCE = 0.15
 
 
-def _margins(view: Any, preferred: frozenset[int], variants: set[int]) -> list[bool]:
-    """Per e-node: does it pay :data:`CONFIDENCE` when choosing?"""
-    from nxsat.rules import terms
-
-    exempt = set(preferred) | variants | set(_layout_twins(view, preferred))
-    return [i not in exempt and node.ctor in terms.BY_CTOR and terms.BY_CTOR[node.ctor].op != "convolution"
-            for i, node in enumerate(view.nodes)]
-
-
-def _into_channels_first(view: Any, preferred: frozenset[int]) -> list[int]:
-    """The transposes into channels-first order the layout set made (the other operand of an elementwise
-    operator seen channels-first): not for extraction. A channels-first twin is computed natively from
-    its operands' twins or not at all, as a region is flipped whole or not at all; a transpose that
-    moves a channels-last value into channels-first order is a pass reading one element per descriptor.
-    Available, they gave a value and its twin transposes of each other, whose alternating halves made
-    the ILP's relaxation worthless (resnet_small: 30 s to prove what the DAG greedy found, 60 s and no
-    proof on ResNet-50); an operand that has no twin (a broadcast becomes one) leaves its reader's twin
-    without a term, and the region as written."""
-    out = []
-    for i, node in enumerate(view.nodes):
-        if node.ctor == "Transpose" and i not in preferred:
-            p = tuple(node.slots[0])
-            r = len(p)
-            if r >= 3 and p == (0, r - 1, *range(1, r - 1)):
-                out.append(i)
-    return out
-
-
-# Operators whose attributes the layout set permutes with the dimensions (their twins' slots differ).
-_PERMUTED_SLOTS = frozenset({"Pad", "ReduceWindow", "Reduce", "Broadcast", "Fill"})
-
-
-def _labels(view: Any, best: list[int], originals: dict[int, Any]) -> dict[int, Any]:
-    """The IR node whose name and line a chosen node the input does not have takes: its class's loaded
-    node (a precision variant, a convolution reading its input as it lies), or that of the class holding
-    its class's channels-last view (a channels-first twin), so the profile still points at the model."""
-    loaded_of = {view.node_class[i]: n for i, n in originals.items()}
-    for a, bs in _channels_last_views(view)[0].items():
-        for b in bs:
-            if a in loaded_of:
-                loaded_of.setdefault(b, loaded_of[a])
-    return {best[c]: loaded_of[c] for c in range(view.n_classes)
-            if best[c] >= 0 and best[c] not in originals and c in loaded_of}
-
-
-def _channels_last_views(view: Any) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
-    """Per class, the classes of which it holds a channels-last view, and those it holds a channels-first
-    view of (the layout set's transposes)."""
-    views: dict[int, set[int]] = {}
-    seen_cf: dict[int, set[int]] = {}
-    for i, node in enumerate(view.nodes):
-        if node.ctor != "Transpose" or not node.children:
-            continue
-        p = tuple(node.slots[0])
-        r = len(p)
-        if r < 3:
-            continue
-        if p == (0, *range(2, r), 1):
-            views.setdefault(view.node_class[i], set()).add(node.children[0])
-        elif p == (0, r - 1, *range(1, r - 1)):
-            seen_cf.setdefault(view.node_class[i], set()).add(node.children[0])
-    return views, seen_cf
-
-
-def _layout_twins(view: Any, preferred: Collection[int]) -> dict[int, int]:
-    """The channels-first twins of loaded e-nodes (rules/sets/layout.egg), each with the loaded node it is
-    the twin of: a node of the operator of a
-    loaded node L, in a class B whose channels-last view is in L's class, each of whose operands is L's
-    operand, its channels-first twin (L's operand class holds a channels-last view of it) or its
-    channels-first view (it holds L's operand seen channels-first)."""
-    views, seen_cf = _channels_last_views(view)
-    out: dict[int, int] = {}
-    for i in preferred:
-        loaded = view.nodes[i]
-        for b in views.get(view.node_class[i], ()):
-            for j in view.class_nodes[b]:
-                n = view.nodes[j]
-                if n.ctor != loaded.ctor or len(n.children) != len(loaded.children) or \
-                        (n.ctor not in _PERMUTED_SLOTS and n.slots != loaded.slots):
-                    continue
-                if all(c == lc or c in views.get(lc, ()) or lc in seen_cf.get(c, ())
-                       for c, lc in zip(n.children, loaded.children)):
-                    out.setdefault(j, i)
-    return out
-
-
 @dataclass
 class Extraction:
     """What an extractor chose and what it costs (the compile report's ``extraction``)."""
@@ -142,7 +56,8 @@ class Extraction:
     nodes: int  # e-nodes and e-classes the extractor chose from
     classes: int
     ilp: IlpResult | None = None
-    kept_input: bool = False  # the extractor's choice cost more than the loaded program, which was kept
+    kept_input: bool = False  # the extractor's choice cost no less than the loaded program (cast as the
+    # policy would under precision by cost), which was kept
     objective_ns: float = 0.0  # what the extractors minimise: the price with CONFIDENCE on new nodes
     # every dot and convolution offered in two precisions: which one was chosen, and both prices (us)
     casts: list[dict[str, Any]] = field(default_factory=list)
@@ -168,6 +83,7 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     from nxsat.extract.cost import node_costs
     from nxsat.extract.greedy import dag, dag_cost, tree
     from nxsat.extract.ilp import ilp
+    from nxsat.extract.layout import into_channels_first, labels, margined
     from nxsat.extract.smallest import choose
     from nxsat.rules.extract import build_module, original_nodes
 
@@ -178,9 +94,9 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     prices = node_costs(eg, view, model)
     # what the extractors minimise: a node the input does not have pays the model's error bound on top
     variants = _precision_variants(view, preferred)
-    margins = _margins(view, preferred, variants)
+    margins = margined(view, preferred, variants)
     costs = [p * (1 + CONFIDENCE) if m else p for p, m in zip(prices, margins)]
-    for i in _into_channels_first(view, preferred):
+    for i in into_channels_first(view, preferred):
         costs[i] = math.inf
     root = view.handles[loaded.root]
     result = None
@@ -203,7 +119,7 @@ def extract(eg: EGraph, loaded: Loaded, extractor: str, model: CostModel, ilp_se
     kept_input = extractor != "smallest" and input_objective <= objective and best != baseline
     if kept_input:  # a greedy misjudgement (tree costs on a shared subterm): never worse than the input
         best, objective = baseline, input_objective
-    named = _labels(view, best, originals)
+    named = labels(view, best, originals)
     module = build_module(eg, loaded, view, best, originals, named)
     casts = _precision_choices(view, best, root, prices, originals)
     return Extraction(module, extractor, dag_cost(view, best, root, prices), dag_cost(view, input_best, root, prices),
