@@ -195,7 +195,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     by_cost = precision_by_cost(opts)
     sat = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, opts.optlevel, canonical=True,
                                                      allow_approximate=bool(by_cost), extra_sets=by_cost,
-                                                     without=opts.disabled_rules + _layout_left_out(opts)))
+                                                     without=opts.disabled_rules + _left_out(opts, by_cost)))
     rep = sat.report
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
@@ -309,13 +309,16 @@ def precision_by_cost(opts: CompileOptions) -> tuple[str, ...]:
     return (name,) if (opts.precision == "cost" and name and opts.auto_cast != "none" and opts.optlevel >= 2) else ()
 
 
-def _layout_left_out(opts: CompileOptions) -> tuple[str, ...]:
-    """The rules ``--layout input`` leaves out: the layout set's (the model's own layout is kept)."""
-    if opts.layout == "cost":
-        return ()
-    from nxsat.rules.catalog import catalog
+def _left_out(opts: CompileOptions, by_cost: tuple[str, ...]) -> tuple[str, ...]:
+    """The rules a compilation leaves out beyond ``--disable-rule``: with ``--layout input`` the layout set's
+    (the model's own layout is kept), and the approximate rules of any set but the precision set that
+    runs (``--auto-cast`` permits the precision of TensorE operations, nothing else)."""
+    from nxsat.rules.catalog import APPROXIMATE, catalog
 
-    return tuple(r.name for r in catalog().set_rules(("layout",)))
+    cat = catalog()
+    out = [r.name for r in cat.set_rules(("layout",))] if opts.layout == "input" else []
+    out += [r.name for r in cat.rules if r.tag == APPROXIMATE and r.set not in by_cost]
+    return tuple(out)
 
 
 def matmul_precision(opts: CompileOptions) -> str:

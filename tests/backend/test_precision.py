@@ -119,6 +119,29 @@ def test_precision_chosen_by_cost_stays_within_bf16s_tolerance(name: str) -> Non
             np.testing.assert_array_equal(g, r)
 
 
+@pytest.mark.parametrize("mode,cast", [("matmult", "fp16"), ("all", "bf16")])
+@pytest.mark.parametrize("name", ["transformer_layer", "convnet", "mlp", "unet_tiny"])
+def test_precision_by_cost_in_the_other_permissions(name: str, mode: str, cast: str) -> None:
+    """fp16's precision set, and ``all`` (TensorE operations by cost, elementwise ones by the policy): the
+    compiled model stays within the type's tolerance, outputs keep their types, and the report says who
+    chose."""
+    from nxsat import sim
+    from nxsat.driver import CompileOptions, compile_model
+
+    result = compile_model(str(DATA / "jax" / f"{name}.hlo"), CompileOptions(auto_cast=mode, auto_cast_type=cast))
+    d = result.report["decisions"]
+    assert d["precision"] == "cost" and d["offered"] > 0
+    ref = np.load(DATA / "jax" / f"{name}.npz")
+    got = sim.load(result.neff).run({k: ref[k] for k in ref.files if k.startswith("in")})
+    assert len(got) == sum(1 for k in ref.files if k.startswith("out"))
+    for k, g in enumerate(got):
+        r = ref[f"out{k}"]
+        assert g.dtype == r.dtype and g.shape == r.shape
+        rf = r.astype(np.float64)
+        err = np.linalg.norm(g.astype(np.float64) - rf) / max(np.linalg.norm(rf), 1e-30)
+        assert err <= TOL[(mode, cast)], (name, mode, cast, err)
+
+
 def test_precision_by_cost_casts_only_dot_operands_and_none_changes_nothing() -> None:
     from nxsat.driver import CompileOptions
     from nxsat.extract import extract
