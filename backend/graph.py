@@ -354,12 +354,17 @@ class Graph:
                             f"the device has {self.hbm_limit:,}", hint="shard the model or use a larger target")
         return b
 
-    def drop(self, buf: Buf) -> None:
-        """Remove a buffer no instruction uses (made before its lowering knew it would not be needed)."""
-        assert not buf.users, f"{buf.name} is in use"
-        self.bufs = [b for b in self.bufs if b is not buf]
-        if not buf.onchip:
-            self.hbm_bytes -= buf.nbytes
+    def drop(self, *bufs: Buf) -> None:
+        """Remove buffers no instruction uses (made before lowering knew they would not be needed, or left
+        unread by forwarding)."""
+        if not bufs:
+            return
+        for buf in bufs:
+            assert not buf.users, f"{buf.name} is in use"
+            if not buf.onchip:
+                self.hbm_bytes -= buf.nbytes
+        gone = {id(b) for b in bufs}
+        self.bufs = [b for b in self.bufs if id(b) not in gone]
 
     def tile(self, shape: Iterable[int], dtype: dt.DType, mem: str = "sbuf", name: str = "t") -> Buf:
         return self.buf(name, mem, dtype, shape)

@@ -16,6 +16,8 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
                   reshapes after elementwise chains; casts of constants at compile time;
                   constant dot operands K-major, constant kernels HWIO)              05-device-forms.hlo
     lower         operators -> an instruction graph on tiles                         06-lowered.json
+    forward       loads of what a store just wrote from SBUF read it on chip; the
+                  stores and scratch tensors left unread go                           06-forwarded.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
     neff          the device program checked by the verifier and written             (the output)
     simulate      the NEFF's program replayed on the timing model: latency          08-profile.json
@@ -30,11 +32,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from nxsat.collector import no_cycle_collection
-from nxsat.diagnostics import Warnings, error
+from nxsat.diagnostics import NxsatError, Warnings, error
 from nxsat.extract import EXTRACTORS
 from nxsat.io import atomic_write
 from nxsat.ir import Module
@@ -65,6 +68,8 @@ STAGES = (
           "before it; casts of constants done at compile time; constants only dots read stored with their "
           "contraction outermost, constant convolution kernels with their output channels innermost"),
     Stage("lower", "every operator as instructions on tiles, with their dependences"),
+    Stage("forward", "the same program; a load of what a store just wrote from SBUF is an on-chip copy, and "
+          "stores and scratch tensors nothing reads any more are gone"),
     Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
     Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
     Stage("simulate", "the NEFF's program replayed on the timing model: latency, utilization, memory"),
@@ -93,6 +98,8 @@ class CompileOptions:
     # channels-first convolution regions where the cost model prices them faster (the layout set), or the
     # model's own layout
     layout: str = "cost"
+    # loads of values still in SBUF read them there (backend/forward.py); off: every value goes through HBM
+    forward: bool = True
     disabled_rules: tuple[str, ...] = ()  # rules left out of saturation (what one buys: nxsat rules stats --savings)
     workdir: str | None = None
     relay_constants: str | None = None
@@ -144,7 +151,7 @@ class _Stages:
         self.progress.stage(label or name)
         t0 = time.perf_counter()
         out = fn()
-        self.seconds[name] = round(time.perf_counter() - t0, 4)
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 4)  # a retry adds
         return out
 
     def dump(self, filename: str, text: Callable[[], str | bytes] | str | bytes) -> None:
@@ -243,12 +250,29 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     and the simulator's model."""
     from nxsat import sim
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
+    from nxsat.backend.forward import BUDGETS as FORWARD_BUDGETS
+    from nxsat.backend.forward import Forwarded, forward_stores
 
-    lowering = st.run("lower", lambda: lower_graph(formed, target, Options(opts.mixed_precision_accumulation,
-                                                                          opts.saturate_infinity)))
+    options = Options(opts.mixed_precision_accumulation, opts.saturate_infinity)
+    lowering = st.run("lower", lambda: lower_graph(formed, target, options))
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
-    compiled = st.run("schedule", lambda: schedule_graph(lowering, target, opts.flags))
+    # Forwarding keeps tiles live longer; where the scheduler, ordering differently, then finds no room, the
+    # pass is undone and run again within a smaller budget, and at last not at all.
+    forwarded = Forwarded()
+    for budget in FORWARD_BUDGETS if opts.forward else (0.0,):
+        if forwarded.undo is not None:
+            forwarded.undo()
+        refused = forwarded.loads + forwarded.refused
+        forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
+            else Forwarded(refused=refused)
+        st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
+        try:
+            compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags))
+            break
+        except NxsatError as e:
+            if e.code != "NCC_EOOM001" or not forwarded.loads:
+                raise
     program, constants = compiled.program, compiled.constants
     gathered = _gathered_fraction(formed)
     io = [(int(b.nbytes * gathered.get(i, 1.0)), b.shard) for i, b in enumerate(compiled.inputs)] \
@@ -259,6 +283,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     lowering = compiled = None
     data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
     summary = st.run("simulate", lambda: model.profile()[0])
+    summary["forwarded"] = forwarded.to_json() if opts.forward else None
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     return summary, constants, io, data, model
@@ -390,6 +415,7 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
         "psum_peak_bytes": summary["psum"]["peak_bytes"],
         "mfu": summary["mfu"],
         "overlap": summary["overlap"],
+        "forwarded": summary["forwarded"],
         "distribution_strategy": opts.distribution_strategy,
         "fused": dict(sorted(fused.items())),
     }
@@ -420,6 +446,7 @@ def format_report(r: dict[str, Any]) -> str:
         + (f"; latency / roofline {r['latency_over_roofline']:.2f}" if r["latency_over_roofline"] else ""),
         f"  instructions {r['instructions']:>12,}     MFU {r['mfu']:.1%}",
         f"  HBM traffic  {r['hbm_bytes']:>12,} B   spill {r['spill_bytes']:,} B   SBUF peak {r['sbuf_peak_bytes']:,} B",
+        "  forwarding   " + _forwarding_line(r["forwarded"]),
         "  engines      " + "  ".join(f"{k} {v:.0%}" for k, v in r["engines"].items() if not k.startswith("q"))
         + f"  DMA queues {sum(1 for k in r['engines'] if k.startswith('q'))}",
         f"  e-graph      {r['egraph']['nodes']:,} nodes, {r['egraph']['classes']:,} classes, "
@@ -441,6 +468,15 @@ def format_report(r: dict[str, Any]) -> str:
                                                  or "no fused operator") + " extracted; its rules matched: "
                      + (", ".join(f"{k} {v}" for k, v in fired.items()) or "none"))
     return "\n".join(lines)
+
+
+def _forwarding_line(f: dict[str, int] | None) -> str:
+    if f is None:
+        return "off (--disable-forwarding)"
+    refused = f"; {f['refused_for_sbuf']:,} left in HBM for SBUF room" if f["refused_for_sbuf"] else ""
+    return (f"{f['loads']:,} loads read values still in SBUF ({f['copies']:,} engine copies, "
+            f"{f['loads'] - f['copies']:,} SBUF-to-SBUF DMAs; {f['bytes']:,} B); {f['tensors']:,} scratch tensors "
+            f"no longer written{refused}")
 
 
 def write_neff(path: str, result: CompileResult) -> None:

@@ -212,6 +212,19 @@ class AP:
         hi = self.offset + sum((s - 1) * st for s, st in self.dims if st > 0) + 1
         return lo, hi
 
+    def merged_free_dims(self) -> int:
+        """Free dimensions as the hardware sees them: dimensions of one element dropped, and a dimension
+        merged into the one inside it when together they step evenly."""
+        merged: list[tuple[int, int]] = []
+        for size, stride in self.dims:
+            if size == 1:
+                continue
+            if merged and merged[-1][1] == stride * size:
+                merged[-1] = (merged[-1][0] * size, stride)
+            else:
+                merged.append((size, stride))
+        return len(merged)
+
     def contiguous_run(self) -> int:
         """Elements in the longest innermost run that is contiguous in memory."""
         run = 1

@@ -375,20 +375,6 @@ class _Linker:
         return c
 
 
-def _free_dims(ra: RAccess) -> int:
-    """Free dimensions of an access pattern as the hardware sees it: dimensions of one element dropped,
-    and a dimension merged into the one inside it when together they step evenly."""
-    merged: list[tuple[int, int]] = []
-    for size, stride in ra.ap.dims:
-        if size == 1:
-            continue
-        if merged and merged[-1][1] == stride * size:
-            merged[-1] = (merged[-1][0] * size, stride)
-        else:
-            merged.append((size, stride))
-    return len(merged)
-
-
 def _engine_access(c: LInstr, target: Target) -> None:
     """The documented rules for a compute engine's on-chip operands: an operand of n partitions starts
     at 0 (n > 64), 0 or 64 (32 < n <= 64) or a multiple of 32 (n <= 32), which also limits the moves
@@ -402,9 +388,9 @@ def _engine_access(c: LInstr, target: Target) -> None:
         if ra.p0 not in starts:
             raise CheckFail(f"{ra.name}: an engine access of {n} partition(s) starts at partition "
                             f"{', '.join(map(str, starts))}, not {ra.p0}", code="NCC_EASM005")
-        if _free_dims(ra) > acc["max_free_dims"]:
+        if ra.ap.merged_free_dims() > acc["max_free_dims"]:
             raise CheckFail(f"{ra.name}{list(ra.shape)}: an engine access pattern has at most "
-                            f"{acc['max_free_dims']} free dimensions, this one {_free_dims(ra)}")
+                            f"{acc['max_free_dims']} free dimensions, this one {ra.ap.merged_free_dims()}")
 
 
 def _attr_value(prog: Program, ins: Instr, a: Attr, loc: Loc) -> object:

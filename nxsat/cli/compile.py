@@ -31,7 +31,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         auto_cast_type=args.auto_cast_type, mixed_precision_accumulation=args.mixed_precision_accumulation,
         saturate_infinity=args.enable_saturate_infinity, optlevel=args.O,
         distribution_strategy=args.distribution_strategy, lnc=args.lnc, num_parallel_jobs=args.num_parallel_jobs,
-        extractor=args.extractor, precision=args.precision, layout=args.layout, workdir=args.workdir,
+        extractor=args.extractor, precision=args.precision, layout=args.layout, forward=not args.disable_forwarding,
+        workdir=args.workdir,
         disabled_rules=tuple(args.disable_rule or ()),
         relay_constants=args.relay_constants,
         fill_elided_constants=args.seed if args.fill_elided_constants else None, flags=tuple(args.flags_given))
@@ -125,6 +126,9 @@ def register(sub: Any) -> None:
     p.add_argument("--layout", choices=LAYOUT_MODES, default="cost",
                    help="nxsat's own: cost (default: convolution regions stored channels-first where the cost "
                         "model prices it faster) or input (the model's own layout)")
+    p.add_argument("--disable-forwarding", action="store_true",
+                   help="nxsat's own: every value goes to HBM and back between operators, as lowered (by default a "
+                        "load of a value still in SBUF reads it there); to see what forwarding buys")
     p.add_argument("--extractor", choices=EXTRACTORS,
                    help="how the program is chosen from the e-graph by the device cost model: greedy (tree cost, "
                         "-O1's), dag (shared values paid once, -O2's), ilp (exact, -O3's); smallest: fewest "

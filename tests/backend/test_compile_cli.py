@@ -149,7 +149,8 @@ def test_workdir_dumps_every_stage(tmp_path: Path, capsys: pytest.CaptureFixture
                 str(wd))[0] == 0
     names = sorted(os.listdir(wd))
     assert names == ["01-input.hlo", "02-canonical.hlo", "03-egraph.json", "04-extracted.hlo", "04-extraction.json",
-                     "05-precision.hlo", "05-precision.json", "06-lowered.json", "07-program.nxs", "08-profile.json"]
+                     "05-precision.hlo", "05-precision.json", "06-forwarded.json", "06-lowered.json",
+                     "07-program.nxs", "08-profile.json"]
     assert (wd / "07-program.nxs").read_text().startswith(".isa 1.1")
 
 
@@ -160,7 +161,7 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture) -> None:
     for flag in ("--framework", "--target", "--model-type", "--auto-cast", "--auto-cast-type",
                  "--enable-mixed-precision-accumulation", "--enable-saturate-infinity", "--optlevel",
                  "--distribution-strategy", "--logical-nc-config", "--num-parallel-jobs", "--output", "--logfile",
-                 "--verbose", "--workdir", "--report"):
+                 "--verbose", "--workdir", "--report", "--disable-forwarding"):
         assert flag in text, flag
 
 

@@ -1,0 +1,354 @@
+"""Store-to-load forwarding: a value that one operator stores from SBUF to a scratch tensor in HBM and
+the next loads back into SBUF is copied on chip instead.
+
+Lowering works operator by operator, and every value lives in HBM between them (docs/backend.md): a
+convolution's output tile goes out by DMA and the next convolution's load brings it back. Each of
+those DMAs costs ~1.3 us before its first byte moves (reference/neuron-hardware.md) and the pair
+sits on the critical path of every layer; on a small network that is most of the latency. This pass
+runs on the instruction graph after lowering: a load whose every element one store wrote, from a
+tile nothing writes again, reads that tile instead: a GpSimd ``tensor_copy`` where the engines' access
+rules allow it (the same bits: both are exact copies), else one SBUF-to-SBUF DMA (a convolution that
+stacks taps on other partitions); a scratch tensor nobody loads any more loses its stores and its HBM
+buffer.
+
+What it may not do is run SBUF out: a forwarded tile stays live until its last read, so wherever it
+does, the tiles live in program order plus the ones kept must stay within ``BUDGET`` of a partition's
+SBUF (the rest is the scheduler's, to load ahead). The scheduler may still find no room, as it orders
+differently: the driver then undoes the pass and forwards within a smaller budget, or not at all
+(``BUDGETS``, ``nxsat.driver._backend``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nxsat.backend.graph import Buf, Graph, Inst, Ref
+from nxsat.sim.program import AP, AccessError
+from nxsat.sim.target import Target
+
+BUDGET = 0.5  # of a partition's SBUF bytes: the most the tiles live in program order may take with forwarding
+# The budgets the driver tries in turn when the scheduler finds no room (its order and prefetching are not
+# program order, and long-lived tiles fragment SBUF: mobilenet_v2's training step fails at 0.3, fits at
+# 0.15); 0: no forwarding.
+BUDGETS = (BUDGET, 0.15, 0.0)
+COPY_ENGINE = "pool"  # GpSimd: an exact copy, and the engine the layers leave idlest
+
+
+@dataclass
+class Forwarded:
+    """What the pass did, for the compile report."""
+
+    loads: int = 0  # loads that read a value on chip instead of from HBM
+    copies: int = 0  # of them, engine copies (the rest are DMAs from SBUF to SBUF)
+    bytes: int = 0  # the bytes they would have loaded
+    stores: int = 0  # stores removed with their scratch tensor
+    tensors: int = 0  # scratch tensors removed
+    refused: int = 0  # loads of a value still in its tile that would have kept too much SBUF live
+    undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)  # the graph as it was
+
+    def to_json(self) -> dict[str, int]:
+        return {"loads": self.loads, "copies": self.copies, "bytes": self.bytes, "stores": self.stores,
+                "tensors": self.tensors, "refused_for_sbuf": self.refused}
+
+
+def addresses(ap: AP) -> np.ndarray:
+    """The element offsets an access pattern touches, in its row-major order (within one partition's row
+    for an on-chip access)."""
+    a = np.array([ap.offset], dtype=np.int64)
+    for size, stride in ap.dims:
+        a = (a[:, None] + np.arange(size, dtype=np.int64) * stride).reshape(-1)
+    return a
+
+
+def _is_dma(i: Inst) -> bool:
+    return i.engine == "dma" and i.opcode == "dma"
+
+
+def _box(pos: np.ndarray, shape: tuple[int, ...]) -> tuple[slice, ...] | None:
+    """The slice of an array of ``shape`` whose elements, in row-major order, are the flat positions
+    ``pos`` (None when they are no such slice). A box's step in a dimension is its smallest offset there
+    from the first corner; the grid it implies is then compared with ``pos`` whole."""
+    if len(pos) > 1 and not bool((pos[1:] > pos[:-1]).all()):
+        return None  # a slice read row-major only ever moves forward
+    key = []
+    for c in np.unravel_index(pos, shape):
+        d = c - c[0]
+        if bool((d < 0).any()):
+            return None
+        moved = d[d > 0]
+        step = int(moved.min()) if len(moved) else 1
+        key.append(slice(int(c[0]), int(c[0]) + int(d.max()) + 1, step))
+    counts = [len(range(k.start, k.stop, k.step)) for k in key]
+    if math.prod(counts) != len(pos):
+        return None
+    strides = np.cumprod((1, *shape[:0:-1]))[::-1]
+    expect = np.zeros((), dtype=np.int64)
+    for k, n, st in zip(key, counts, strides):
+        expect = expect[..., None] + np.arange(k.start, k.stop, k.step, dtype=np.int64)[:n] * int(st)
+    return tuple(key) if np.array_equal(expect.reshape(-1), pos) else None
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
+def _engine_ok(r: Ref, target: Target) -> bool:
+    """Whether a compute engine may access ``r`` (verify.py's rules: where its partitions start, and at
+    most the target's free dimensions once dimensions that step evenly are merged)."""
+    ap = r.ap
+    p0, n = ap.part
+    if p0 not in target.start_partitions(n):
+        return False
+    return ap.merged_free_dims() <= target.access["max_free_dims"]
+
+
+def _source(load: Inst, store: Inst, pos: np.ndarray, target: Target) -> tuple[Ref, bool] | None:
+    """The view of ``store``'s source tile that ``load`` would read back, and whether an engine may copy it
+    (same partitions, as the engines' access rules allow) or only a DMA may move it (SBUF to SBUF: one
+    transfer instead of a store and a load); None when no view of the tile expresses it. The view is a
+    slice of the tile as stored or, where the load cuts across its rows (a convolution's next tiling of
+    the same image), of each partition's row taken whole."""
+    dst = load.operands[0]
+    src = store.operands[1]
+    free = math.prod(src.shape[1:])
+    if dst.shape[0] > 1 and pos[0] // free != pos[len(pos) // dst.shape[0] - 1] // free:
+        return None  # the load's first partition gathers from several of the tile's: no view reads that
+    bases = [src] if len(src.shape) <= 2 else [src, src.reshape(src.shape[0], int(np.prod(src.shape[1:])))]
+    for base in bases:
+        key = _box(pos, base.shape)
+        if key is None:
+            continue
+        try:
+            view = base[key]
+            if view.shape[0] == dst.shape[0] and _squeezed(view.shape[1:]) != _squeezed(dst.shape[1:]):
+                view = view.reshape(*dst.shape)
+            view.ap  # noqa: B018 - resolves the chain: raises where the tile cannot be read so
+        except (AccessError, IndexError, ValueError):
+            continue
+        if view.shape[0] == dst.shape[0] and _squeezed(view.shape[1:]) == _squeezed(dst.shape[1:]) \
+                and _engine_ok(view, target) and _engine_ok(dst, target):
+            return view, True
+        if _squeezed(view.shape) == _squeezed(dst.shape):
+            return view, False
+    return None
+
+
+def _writer(load: Inst) -> tuple[Inst, Ref] | None:
+    """The one write that overlaps what ``load`` reads, and the instruction making it (None when there
+    are more). The graph's dependences already hold the answer: a load waits for every write it overlaps
+    (a write covered by a later one is replaced by it)."""
+    root = load.operands[1].buf.root
+    ws = [(d, r) for d in load.deps for r in d.writes if r.buf.root is root]
+    return ws[0] if len(ws) == 1 else None
+
+
+def _places(w: Ref, r: Ref) -> np.ndarray:
+    """Where each element ``r`` reads sits in the order ``w`` wrote them (``w`` covers ``r``): by a table
+    over ``w``'s span where that is not much larger than ``w``, else by search."""
+    a, b = addresses(w.ap), addresses(r.ap)
+    lo, hi = int(a.min()), int(a.max()) + 1
+    if hi - lo <= 8 * len(a):
+        at = np.empty(hi - lo, dtype=np.int64)
+        at[a - lo] = np.arange(len(a), dtype=np.int64)
+        return at[b - lo]
+    order = np.argsort(a, kind="stable")
+    return order[np.searchsorted(a, b, sorter=order)]
+
+
+class _Live:
+    """The SBUF bytes live at each instruction, kept in blocks with their maxima, so that the largest over
+    a range (asked once per candidate load of a program hundreds of thousands of instructions long) and an
+    addition over a range (a tile kept live longer) each cost a block's length plus the blocks between."""
+
+    BLOCK = 256
+
+    def __init__(self, v: np.ndarray) -> None:
+        self.v = np.pad(v, (0, -len(v) % self.BLOCK))
+        self.blocks = self.v.reshape(-1, self.BLOCK).max(axis=1)
+
+    def max(self, lo: int, hi: int) -> int:
+        """The most live over instructions ``lo`` to ``hi - 1`` (hi > lo)."""
+        b0, b1 = -(-lo // self.BLOCK), hi // self.BLOCK
+        if b0 >= b1:
+            return int(self.v[lo:hi].max())
+        return int(max(self.blocks[b0:b1].max(), self.v[lo:b0 * self.BLOCK].max(initial=0),
+                       self.v[b1 * self.BLOCK:hi].max(initial=0)))
+
+    def add(self, lo: int, hi: int, nbytes: int) -> None:
+        self.v[lo:hi] += nbytes
+        b0, b1 = lo // self.BLOCK, -(-hi // self.BLOCK)
+        self.blocks[b0:b1] = self.v[b0 * self.BLOCK:b1 * self.BLOCK].reshape(-1, self.BLOCK).max(axis=1)
+
+
+def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarded:
+    """Turn the loads of values still on chip into on-chip reads, and drop the stores and scratch tensors
+    left without readers (the graph is edited in place; instruction indices are renumbered)."""
+    stats = Forwarded()
+    n = len(g.insts)
+    first_use: dict[int, int] = {}  # tile root -> its first and last instruction, and its last writer
+    last_use: dict[int, int] = {}
+    last_write: dict[int, int] = {}
+    writers: dict[int, list[Inst]] = defaultdict(list)  # scratch tensor -> the instructions writing it
+    loads: dict[int, list[Inst]] = defaultdict(list)  # scratch tensor -> the DMAs loading it into SBUF
+    reads: dict[int, int] = defaultdict(int)  # scratch tensor -> how many instructions read it
+    bufs: dict[int, Buf] = {}
+    tiles: dict[int, Buf] = {}
+    for i in g.insts:
+        for r in i.writes:
+            b = r.buf.root
+            if b.onchip:
+                tiles[id(b)] = b
+                first_use.setdefault(id(b), i.index)
+                last_use[id(b)] = last_write[id(b)] = i.index
+            elif b.kind == "scratch":
+                writers[id(b)].append(i)
+                bufs[id(b)] = b
+        for r in i.reads:
+            b = r.buf.root
+            if b.onchip:
+                tiles[id(b)] = b
+                first_use.setdefault(id(b), i.index)
+                last_use[id(b)] = i.index
+            elif b.kind == "scratch":
+                reads[id(b)] += 1
+                if _is_dma(i) and i.operands[0].buf.kind == "sbuf":
+                    loads[id(b)].append(i)
+
+    # Candidates by tile, by the checks that need no element sets: the load reads elements one store
+    # wrote from this tile, after the store and before anything writes the tile again.
+    by_tile: dict[int, list[tuple[Inst, Ref, Inst]]] = defaultdict(list)
+    for key, lds in loads.items():
+        if key not in writers:
+            continue
+        for ld in lds:
+            found = _writer(ld)
+            if found is None:
+                continue
+            st, w = found
+            if not (_is_dma(st) and st.operands[1].buf.kind == "sbuf" and len(st.writes) == 1):
+                continue
+            tile = st.operands[1].buf.root
+            if st.index > ld.index or last_write[id(tile)] > st.index or tile is ld.operands[0].buf.root \
+                    or ld.operands[0].dtype is not st.operands[1].dtype \
+                    or not g.resolved(w).covers(g.resolved(ld.operands[1])):
+                continue
+            by_tile[id(tile)].append((st, w, ld))
+
+    # Tile by tile in program order, nearest load first: a tile read by a forwarded load lives on from its
+    # last use as lowered to that load, and wherever it does, the tiles live in program order plus those
+    # kept must stay within the budget; past the first load that does not fit, none of the tile's does.
+    limit = budget * target.sbuf_bytes
+    delta = np.zeros(n + 1, dtype=np.int64)
+    for key, first in first_use.items():
+        delta[first] += tiles[key].row_bytes
+        delta[last_use[key] + 1] -= tiles[key].row_bytes
+    live = _Live(np.cumsum(delta))
+    accepted: list[tuple[Inst, Inst, Ref, bool]] = []
+    for key, cs in sorted(by_tile.items(), key=lambda kv: last_use[kv[0]]):
+        nbytes = tiles[key].row_bytes
+        reach = last_use[key]  # the tile is live up to here
+        cs.sort(key=lambda c: c[2].index)
+        for k, (st, w, ld) in enumerate(cs):
+            if ld.index > reach and live.max(reach + 1, ld.index + 1) + nbytes > limit:
+                stats.refused += len(cs) - k
+                break
+            got = _source(ld, st, _places(w, ld.operands[1]), target)
+            if got is None:
+                continue
+            if ld.index > reach:
+                live.add(reach + 1, ld.index + 1, nbytes)
+                reach = ld.index
+            accepted.append((st, ld, *got))
+
+    if not accepted:
+        return stats
+    # A scratch tensor nobody reads once the accepted loads read the tiles loses its writers.
+    for _, ld, _, _ in accepted:
+        reads[id(ld.operands[1].buf.root)] -= 1
+    dead: set[Inst] = set()
+    gone: set[int] = set()
+    for key in {id(st.operands[0].buf.root) for st, _, _, _ in accepted}:
+        ws = writers[key]
+        if reads[key] == 0 and all(_is_dma(w) and len(w.writes) == 1 for w in ws):
+            dead.update(ws)
+            gone.add(key)
+            stats.stores += len(ws)
+            stats.tensors += 1
+    stats.undo = _undo(g, accepted, dead)
+
+    changed: dict[int, Buf] = {}  # buffers some instruction no longer touches
+    for st, ld, view, copy in accepted:
+        dst, src = ld.operands
+        if copy:
+            ld.engine, ld.opcode, ld.attrs = COPY_ENGINE, "tensor_copy", {}
+        ld.operands, ld.reads, ld.writes = (dst, view), [view], [dst]
+        ld.deps = (ld.deps - {st}) | st.deps
+        view.buf.users.append(ld)
+        if view.buf.root is not view.buf:
+            view.buf.root.users.append(ld)
+        changed[id(src.buf)] = src.buf
+        stats.loads += 1
+        stats.copies += copy
+        stats.bytes += int(np.prod(dst.shape)) * dst.dtype.itemsize
+    _remove(g, dead, changed)
+    g.drop(*(bufs[key] for key in gone))
+    return stats
+
+
+def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst]) -> Callable[[], None]:
+    """What puts the graph back as lowered, taken before the pass edits it: the driver's retry within a
+    smaller budget then needs no second lowering (mobilenet_v2's takes 40 s). The edits replace, never
+    mutate, the instructions' fields and dependence sets, so keeping the old objects is enough."""
+    insts, bufs, hbm = list(g.insts), list(g.bufs), g.hbm_bytes
+    deps = [i.deps for i in insts]
+    loads = [(ld, ld.engine, ld.opcode, ld.attrs, ld.operands, ld.reads, ld.writes) for _, ld, _, _ in accepted]
+    touched = {id(r.buf): r.buf for _, ld, view, _ in accepted for r in (view, ld.operands[1])}
+    touched.update({id(r.buf): r.buf for i in dead for r in (*i.reads, *i.writes)})
+    touched.update({id(b.root): b.root for b in list(touched.values())})
+    users = [(b, list(b.users)) for b in touched.values()]
+
+    def undo() -> None:
+        g.insts, g.bufs, g.hbm_bytes = list(insts), list(bufs), hbm
+        for k, i in enumerate(insts):
+            i.index, i.deps = k, deps[k]  # hashed by index: the old sets match the old numbers
+        for ld, *was in loads:
+            ld.engine, ld.opcode, ld.attrs, ld.operands, ld.reads, ld.writes = was
+        for b, us in users:
+            b.users = list(us)
+
+    return undo
+
+
+def _remove(g: Graph, dead: set[Inst], changed: dict[int, Buf]) -> None:
+    """Take ``dead`` out of the graph (what waited for one of them waits for what it waited for) and bring
+    the users of the buffers they or a rewritten load touched up to date."""
+    for i in dead:
+        for r in (*i.reads, *i.writes):
+            changed[id(r.buf)] = r.buf
+    for b in list(changed.values()):
+        changed[id(b.root)] = b.root
+    for b in changed.values():
+        b.users = [u for u in b.users if u not in dead and any(r.buf is b or r.buf.root is b
+                                                               for r in (*u.reads, *u.writes))]
+    if not dead:
+        return
+    via: dict[int, set[Inst]] = {}  # a dead instruction -> the live ones it waited for, through dead ones
+    for i in sorted(dead, key=lambda x: x.index):  # what one waits for comes before it
+        via[i.index] = set().union(*(via[d.index] if d in dead else {d} for d in i.deps))
+    kept = []
+    for i in g.insts:
+        if i in dead:
+            continue
+        if not i.deps.isdisjoint(dead):
+            i.deps = {d for d in i.deps if d not in dead} | set().union(*(via[d.index] for d in i.deps if d in dead))
+        kept.append(i)
+    for k, i in enumerate(kept):
+        i.index = k
+    for i in kept:
+        i.deps = set(i.deps)  # hashed by index: renumbered, so re-hashed
+    g.insts = kept
