@@ -350,5 +350,5 @@ def _remove(g: Graph, dead: set[Inst], changed: dict[int, Buf]) -> None:
     for k, i in enumerate(kept):
         i.index = k
     for i in kept:
-        i.deps = set(i.deps)  # hashed by index: renumbered, so re-hashed
+        i.deps = set(iter(i.deps))  # hashed by index: renumbered, so re-hashed (set(a_set) keeps old hashes)
     g.insts = kept

@@ -75,6 +75,7 @@ def test_a_round_trip_through_scratch_becomes_an_engine_copy_and_the_scratch_goe
     assert [(i.engine, i.opcode) for i in g.insts] == [("dma", "dma"), ("act", "activation"),
                                                        ("pool", "tensor_copy"), ("dma", "dma")]
     assert all(b.name != "mid" for b in g.bufs) and [i.index for i in g.insts] == [0, 1, 2, 3]
+    assert all(d in i.deps for i in g.insts for d in i.deps)  # renumbered and re-hashed (sets hash by index)
     np.testing.assert_array_equal(_run(g, ins, outs), want)
 
 
