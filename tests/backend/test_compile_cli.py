@@ -143,6 +143,17 @@ def test_an_unwritable_output_fails_before_compiling(tmp_path: Path, capsys: pyt
     assert code == 1 and "NCC_EFIL002" in err and MLP.read_text().startswith("HloModule")
 
 
+def test_the_report_says_what_forwarding_did(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    model = DATA / "models" / "resnet_small.hlo"
+    lines = {}
+    for flags in ((), ("--disable-forwarding",)):
+        code, text, _ = _run(capsys, "compile", str(model), "-o", str(tmp_path / "x.neff"), "--logfile", "", *flags)
+        assert code == 0
+        lines[flags] = next(line for line in text.splitlines() if line.strip().startswith("forwarding"))
+    assert "loads read values still in SBUF" in lines[()] and not lines[()].split()[1].startswith("0")
+    assert lines[("--disable-forwarding",)].split(None, 1)[1] == "off (--disable-forwarding)"
+
+
 def test_workdir_dumps_every_stage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     wd = tmp_path / "wd"
     assert _run(capsys, "compile", str(MLP), "-o", str(tmp_path / "x.neff"), "--logfile", "", "--workdir",
