@@ -30,6 +30,7 @@ import numpy as np
 from nxsat.backend.graph import Buf, Graph, Inst, Ref
 from nxsat.sim.program import AP, AccessError
 from nxsat.sim.target import Target
+from nxsat.sim.verify import engine_access_fault
 
 BUDGET = 0.5  # of a partition's SBUF bytes: the most the tiles live in program order may take with forwarding
 # The budgets the driver tries in turn when the scheduler finds no room (its order and prefetching are not
@@ -98,13 +99,9 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _engine_ok(r: Ref, target: Target) -> bool:
-    """Whether a compute engine may access ``r`` (verify.py's rules: where its partitions start, and at
-    most the target's free dimensions once dimensions that step evenly are merged)."""
-    ap = r.ap
-    p0, n = ap.part
-    if p0 not in target.start_partitions(n):
-        return False
-    return ap.merged_free_dims() <= target.access["max_free_dims"]
+    """Whether a compute engine may access ``r`` (the verifier's rule)."""
+    p0, n = r.ap.part
+    return engine_access_fault(p0, n, r.ap, target) is None
 
 
 def _source(load: Inst, store: Inst, pos: np.ndarray, target: Target) -> tuple[Ref, bool] | None:

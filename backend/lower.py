@@ -219,14 +219,12 @@ class Lowering:
         access: a value is read only once written (sealed), so the copy stays valid. A weight gradient's
         per-position dots read the same output gradient, each copying it (three 1.4 ms copies of one
         [8, 32, 28, 28] value)."""
-        ap = r.ap
-        key = (id(r.buf.root), r.dtype.name, ap.offset, ap.dims)
-        hit = self._copies.get(key)
-        if hit is not None and not r.buf.onchip:
-            return hit
+        key = None if r.buf.onchip else (id(r.buf.root), r.dtype.name, r.ap.offset, r.ap.dims)
+        if key in self._copies:
+            return self._copies[key]
         b = self.graph.buf(node.name + "_c", "scratch", r.dtype, r.shape)
         self.graph.add("dma", "dma", b.ref(), r)
-        if not r.buf.onchip:
+        if key is not None:
             self._copies[key] = b.ref()
         return b.ref()
 

@@ -263,9 +263,8 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     for budget in FORWARD_BUDGETS if opts.forward else (0.0,):
         if forwarded.undo is not None:
             forwarded.undo()
-        refused = forwarded.loads + forwarded.refused
         forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
-            else Forwarded(refused=refused)
+            else Forwarded(refused=forwarded.loads + forwarded.refused)
         st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
         try:
             compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags))

@@ -31,6 +31,7 @@ from nxsat.diagnostics import Loc, error
 from nxsat.sim import numerics as nm
 from nxsat.sim.isa import OPS, Attr, CheckFail, LInstr, RAccess
 from nxsat.sim.program import (
+    AP,
     TENSOR_KINDS,
     Access,
     AccessError,
@@ -375,22 +376,29 @@ class _Linker:
         return c
 
 
+def engine_access_fault(p0: int, n: int, ap: AP, target: Target, name: str = "",
+                        shape: tuple[int, ...] = ()) -> CheckFail | None:
+    """The documented rule a compute engine's on-chip operand of ``n`` partitions from ``p0`` breaks, or
+    None: it starts at 0 (n > 64), 0 or 64 (32 < n <= 64) or a multiple of 32 (n <= 32), which also limits
+    the moves across partitions to whole halves and quadrants; at most four free dimensions. The
+    verifier raises it; the backend asks before it emits an engine access (backend/forward.py)."""
+    starts = target.start_partitions(n)
+    if p0 not in starts:
+        return CheckFail(f"{name}: an engine access of {n} partition(s) starts at partition "
+                         f"{', '.join(map(str, starts))}, not {p0}", code="NCC_EASM005")
+    most, dims = target.access["max_free_dims"], ap.merged_free_dims()
+    if dims > most:
+        return CheckFail(f"{name}{list(shape)}: an engine access pattern has at most {most} free dimensions, "
+                         f"this one {dims}")
+    return None
+
+
 def _engine_access(c: LInstr, target: Target) -> None:
-    """The documented rules for a compute engine's on-chip operands: an operand of n partitions starts
-    at 0 (n > 64), 0 or 64 (32 < n <= 64) or a multiple of 32 (n <= 32), which also limits the moves
-    across partitions to whole halves and quadrants; at most four free dimensions."""
-    acc = target.access
     for ra in (*c.ops, *(v for v in c.attrs.values() if isinstance(v, RAccess))):
-        if not ra.onchip:
-            continue
-        n = ra.p1 - ra.p0
-        starts = target.start_partitions(n)
-        if ra.p0 not in starts:
-            raise CheckFail(f"{ra.name}: an engine access of {n} partition(s) starts at partition "
-                            f"{', '.join(map(str, starts))}, not {ra.p0}", code="NCC_EASM005")
-        if ra.ap.merged_free_dims() > acc["max_free_dims"]:
-            raise CheckFail(f"{ra.name}{list(ra.shape)}: an engine access pattern has at most "
-                            f"{acc['max_free_dims']} free dimensions, this one {ra.ap.merged_free_dims()}")
+        if ra.onchip:
+            fault = engine_access_fault(ra.p0, ra.p1 - ra.p0, ra.ap, target, ra.name, ra.shape)
+            if fault is not None:
+                raise fault
 
 
 def _attr_value(prog: Program, ins: Instr, a: Attr, loc: Loc) -> object:
