@@ -21,6 +21,7 @@ ScalarE, float arithmetic on VectorE, 32-bit integer arithmetic on GpSimd.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Callable
@@ -193,6 +194,7 @@ class Share:
     act: int
     dve: int
     chained: frozenset[int] = frozenset()  # members their one reader takes as its first step (:func:`chains`)
+    narrowed: tuple[tuple[int, Node], ...] = ()  # members written in their one reader's type (:func:`narrowings`)
 
 
 def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]]) -> Share:
@@ -222,7 +224,36 @@ def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[i
     whose values are stored or read elsewhere. A fused pass and a producer's epilogue both follow it."""
     folds = scale_folds(lw, members, kept)
     share = act_share(lw, members, folds)
-    return folds, replace(share, chained=chains(lw, members, kept, folds, share.on_act))
+    chained = chains(lw, members, kept, folds, share.on_act)
+    return folds, replace(share, chained=chained, narrowed=narrowings(lw, members, kept, folds, chained))
+
+
+def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float]],
+               chained: frozenset[int]) -> tuple[tuple[int, Node], ...]:
+    """The members whose one reader converts them to a narrower float (an activation cast to bf16 for
+    the next matmul): the engines compute in fp32 and round once as they write, so the member writes the
+    converted type itself and the convert's pass over the tile goes (ResNet-50: 62 us of VectorE on its
+    critical path). The member must be fp32, an arithmetic or activation step of one instruction, and its
+    value needed by nothing else. Member id -> the convert."""
+    from nxsat.backend.elementwise_ext import _arith
+
+    ids = {m.id for m in members}
+    readers: dict[int, list[Node]] = {}
+    for m in members:
+        for o in m.operands:
+            if o.id in ids:
+                readers.setdefault(o.id, []).append(m)
+    out = []
+    for m in members:
+        rs = readers.get(m.id, [])
+        if len(rs) != 1 or rs[0].op != "convert" or m.id in kept or m.id in folds or m.id in chained \
+                or lw.consumers.get(m.id, set()) - ids or EMITTERS.get(m.op) not in (_activation, _arith) \
+                or m.op == "power" or _dtype(m) is not dt.F32:
+            continue
+        want = _dtype(rs[0])
+        if want.is_float and want.itemsize < 4 and want is not dt.F8E4M3FN:
+            out.append((m.id, rs[0]))
+    return tuple(out)
 
 
 SCALAR_ALU = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "divide"})  # tensor_scalar's steps
@@ -367,6 +398,7 @@ class Kernel:
         self.grid = grid
         self.on_act = share.on_act if share else frozenset()  # members ScalarE computes (act_share)
         self.chained = share.chained if share else frozenset()  # first steps of a tensor_scalar (chains)
+        self.narrowed = dict(share.narrowed) if share else {}  # members written in their convert's type
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -616,7 +648,15 @@ def _scalar_form(m: Node, ops: list[Any]) -> tuple[Any, str, Ref | float | int] 
 
 def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node, float]]) -> Any:
     """``m`` on the tiles of ``val``, unless it is a product an activation takes as its scale (``folds``)
-    or the first step of its reader's ``tensor_scalar`` (``Kernel.chained``)."""
+    or the first step of its reader's ``tensor_scalar`` (``Kernel.chained``), or a convert its operand
+    already wrote (``Kernel.narrowed``)."""
+    if m.op == "convert" and m.operands[0].id in k.narrowed:
+        v = val[m.operands[0].id]
+        if isinstance(v, Ref) and v.dtype is _dtype(m):
+            return v
+    if m.id in k.narrowed:  # computed as before, written in the convert's type
+        m = copy.copy(m)
+        m.type = k.narrowed[m.id].type
     if m.id in folds and isinstance(val[folds[m.id][0].id], Ref):
         return Scaled(val[folds[m.id][0].id], folds[m.id][1])
     ops = [val[o.id] for o in m.operands]

@@ -322,6 +322,8 @@ class Graph:
         self.origin: str | None = None
         self.hbm_bytes = 0
         self.hbm_limit: int | None = None
+        self.clocks: dict[str, float] = {}  # engine -> GHz (the target's), for :meth:`lighter`
+        self._recent: dict[str, float] = {"act": 0.0, "dve": 0.0, "pool": 0.0}
 
     def release(self) -> None:
         """Break the graph's only reference cycles (an instruction refers to its buffers, a buffer to its
@@ -403,11 +405,31 @@ class Graph:
             inst.reads.append(operands[0])
         self._depend(inst)
         self.insts.append(inst)
+        if engine in self._recent:
+            self._account(inst)
         touched = {id(r.buf): r.buf for r in (*inst.reads, *inst.writes)}
         touched.update({id(b.root): b.root for b in list(touched.values())})
         for b in touched.values():
             b.users.append(inst)
         return inst
+
+    RECENT = 0.98  # per compute instruction: how much of the engines' recent work :meth:`lighter` still counts
+
+    def _account(self, inst: Inst) -> None:
+        """The compute engines' recent work (ns, decayed per instruction): an instruction's elements per
+        partition, at least the 64-cycle minimum, twice for an fp32 two-tile VectorE operation."""
+        r = self._recent
+        for e in r:
+            r[e] *= self.RECENT
+        free = math.prod(inst.operands[0].shape[1:]) if inst.operands else 1
+        cycles = max(64, free) * (2 if inst.opcode == "tensor_tensor" else 1)
+        r[inst.engine] += cycles / self.clocks.get(inst.engine, 1.0)
+
+    def lighter(self, engines: tuple[str, ...], free: int) -> str:
+        """Of ``engines`` (each able to run the instruction), the one that would finish an instruction of
+        ``free`` elements per partition soonest after its recent work; the first on a tie."""
+        r = self._recent
+        return min(engines, key=lambda e: r[e] + max(64, free) / self.clocks.get(e, 1.0))
 
     def resolved(self, r: Ref) -> RAccess:
         """``r`` resolved against its buffer as declared during lowering (kept with the Ref of a tile, which

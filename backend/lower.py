@@ -293,6 +293,7 @@ class Lowering:
 
         entry = self.module.entry
         self.graph.hbm_limit = self.target.hbm_bytes
+        self.graph.clocks = {e.stream: e.clock_ghz for e in self.target.engines.values()}
         order = lowering_order(entry.post_order())
         for node in order:
             for o in node.operands:

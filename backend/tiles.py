@@ -9,6 +9,7 @@ tile (:class:`Ref`) or a number (an immediate).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nxsat import dtypes as dt
@@ -18,6 +19,7 @@ Operand = Ref | float | int
 EXACT_INT = ("s32", "u32")
 BITWISE = ("and", "or", "xor", "shl", "shr")
 COMMUTATIVE = ("add", "mul", "max", "min", "eq", "ne", "and", "or", "xor", "abs_max")
+SCALAR_FLOAT_OPS = ("add", "sub", "rsub", "mul", "div", "rdiv", "max", "min")  # ScalarE's tensor_scalar steps on floats
 SWAPPED = {"sub": "rsub", "div": "rdiv", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
@@ -42,6 +44,14 @@ class Tiles:
         if tiles and all(t.dtype.name in EXACT_INT for t in tiles) and op not in BITWISE:
             return "pool"
         return "dve"
+
+    def scalar_engine(self, op: str, out: Ref, *tiles: Ref) -> str:
+        """The engine of a ``tensor_scalar``: on floats, VectorE or ScalarE, whichever has had less work
+        lately (both compute it in fp32; a convolution's batch norms leave ScalarE idle while VectorE
+        is the critical path); else as :meth:`engine`."""
+        if all(t.dtype.is_float for t in (out, *tiles)) and op in SCALAR_FLOAT_OPS:
+            return self.g.lighter(("dve", "act"), math.prod(out.shape[1:]))
+        return self.engine(op, out, *tiles)
 
     def view(self, a: Ref, dtype: dt.DType) -> Ref:
         """Tile ``a``'s bytes as ``dtype`` (no instruction): ``[rows, row bytes / dtype's size]``. Bit
@@ -79,7 +89,7 @@ class Tiles:
         if cb is not None and ca is None and isinstance(a, Ref) and all(t.dtype.is_float for t in (out, a, cb)):
             # one value per partition (a per-channel scale, a per-row statistic): the scalar operand of
             # tensor_scalar, one pass over the tile where tensor_tensor reading the repeated column makes two
-            self.g.add(self.engine(op, out, a, cb), "tensor_scalar", out, a, op0=op, scalar0=cb)
+            self.g.add(self.scalar_engine(op, out, a, cb), "tensor_scalar", out, a, op0=op, scalar0=cb)
             return
         if is_num(a):
             if op in COMMUTATIVE:
@@ -89,7 +99,7 @@ class Tiles:
             else:
                 a = self.memset(a, out.dtype)
         if is_num(b):
-            self.g.add(self.engine(op, out, a), "tensor_scalar", out, a, op0=op, scalar0=_imm(b, out, a))
+            self.g.add(self.scalar_engine(op, out, a), "tensor_scalar", out, a, op0=op, scalar0=_imm(b, out, a))
             return
         self.g.add(self.engine(op, out, a, b), "tensor_tensor", out, a, b, op=op)
 
@@ -97,7 +107,9 @@ class Tiles:
         """``(a op0 s0) op1 s1`` in one instruction; a scalar is a number or a ``[rows, 1]`` column."""
         out = self.tile(dtype)
         cols = [s for s in (s0, s1) if isinstance(s, Ref)]
-        self.g.add(self.engine(op0, out, a, *cols), "tensor_scalar", out, a, op0=op0,
+        eng = self.scalar_engine(op0, out, a, *cols) if op1 in SCALAR_FLOAT_OPS or op1 == "none" \
+            else self.engine(op0, out, a, *cols)
+        self.g.add(eng, "tensor_scalar", out, a, op0=op0,
                    scalar0=s0 if isinstance(s0, Ref) else _imm(s0, out, a), op1=op1,
                    scalar1=s1 if isinstance(s1, Ref) else _imm(s1, out, a))
         return out

