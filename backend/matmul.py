@@ -15,6 +15,7 @@ the tile. Integer operands are multiplied as fp32 (exact below 2^24, as the devi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,10 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     plan = matmul_plan(M, Ko * Ki, N, mt.name, t)
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
-    groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki)]
+    # a weight lying K-contiguous (transposed on TensorE) loads in longer rows: LOAD_BYTES per partition
+    rows = not plan.joint and _k_contiguous(R[0, 0]) and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
+    groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows)]
+    first = [sum(grp[3] for grp in groups[:gi]) for gi in range(len(groups))]  # a group's first K tile
     last = Ko * plan.k_tiles(Ki) - 1
     joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
     for b in range(B):
@@ -149,20 +153,42 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                                         Ko * Ki)
 
                 resident = [st for grp in groups for st in stationary(*grp)] if plan.resident else None
-                for n0, nn in n_tiles:
-                    acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
+
+                def operands(n0: int, nn: int, gi: int, resident: list[Ref] | None = resident,
+                             stationary: Callable[..., list[Ref]] = stationary,
+                             kept: dict[int, list[Ref]] | None = kept,
+                             moving: Callable[..., list[Ref]] = moving) -> tuple[list[Ref], list[Ref]]:
+                    ko, k0, kn, n = groups[gi]
+                    j = first[gi]
                     if kept is not None and n0 not in kept:
-                        kept[n0] = [mv for ko, k0, kn, n in groups for i in range(n)
-                                    for mv in moving(ko, k0 + i * kn, kn, 1, n0, nn)]
-                    j = 0
-                    for ko, k0, kn, n in groups:
-                        sts = resident[j:j + n] if resident is not None else stationary(ko, k0, kn, n)
-                        mvs = kept[n0][j:j + n] if kept is not None else moving(ko, k0, kn, n, n0, nn)
-                        for st, mv in zip(sts, mvs):
-                            g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
-                                  **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
-                            j += 1
-                    _store(lw, ep, (b, m0, n0), acc, out_t)
+                        kept[n0] = [mv for ko_, k0_, kn_, n_ in groups for i in range(n_)
+                                    for mv in moving(ko_, k0_ + i * kn_, kn_, 1, n0, nn)]
+                    sts = resident[j:j + n] if resident is not None else stationary(ko, k0, kn, n)
+                    mvs = kept[n0][j:j + n] if kept is not None else moving(ko, k0, kn, n, n0, nn)
+                    return sts, mvs
+
+                # One group ahead: a group's operands (loads, and TensorE transposes evacuated by VectorE
+                # and ScalarE) are emitted before the previous group's matmuls, so TensorE transposes the
+                # next weights while the last ones are copied out of PSUM instead of waiting for the copy
+                # (gemma3's projections: weights stored K-innermost, every tile transposed).
+                # Kept moving tiles (plan.n_block) still load after the N tile before them has started
+                # (test_dot: loaded together, the first matmul waited for all of them).
+                work = [(n0, nn, gi) for n0, nn in n_tiles for gi in range(len(groups))]
+                ready: tuple[list[Ref], list[Ref]] | None = None
+                acc = None
+                for w, (n0, nn, gi) in enumerate(work):
+                    sts, mvs = ready if ready is not None else operands(n0, nn, gi)
+                    ready = None
+                    if w + 1 < len(work) and (kept is None or work[w + 1][0] == n0):
+                        ready = operands(*work[w + 1])
+                    if gi == 0:
+                        acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
+                    for i, (st, mv) in enumerate(zip(sts, mvs)):
+                        j = first[gi] + i
+                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
+                              **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
+                    if gi == len(groups) - 1:
+                        _store(lw, ep, (b, m0, n0), acc, out_t)
     ep.flush()
 
 

@@ -495,8 +495,9 @@ class CostModel:
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
         st_bytes = M * K * ls * st_loads
         mv_bytes = K * N * rs * mv_loads
-        st_run = min(K, plan.k_tile * plan.k_group) * ls if lt else min(M, plan.m_tile) * ls
-        mv_run = min(K, plan.k_tile * plan.k_group) * rs if rt else min(N, plan.n_tile) * rs
+        run = plan.k_tile * plan.group(rt and not joint)  # K per load (backend/matmul.py groups)
+        st_run = min(K, run) * ls if lt else min(M, plan.m_tile) * ls
+        mv_run = min(K, run) * rs if rt else min(N, plan.n_tile) * rs
         load = B * (self.dma_ns(st_bytes, st_run) * (not ahead[0]) + self.dma_ns(mv_bytes, mv_run) * (not ahead[1]))
         store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve

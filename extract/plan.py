@@ -30,6 +30,9 @@ class MatmulPlan:
     n_tile: int
     resident: bool = True
     k_group: int = 1
+    # K tiles one load covers when the moving operand lies K-contiguous (rows of the weight, transposed
+    # on TensorE: gemma's [6912, 1152] projections): its rows are then k_group_rows * k_tile long
+    k_group_rows: int = 1
     # one N tile and at most JOINT_M_TILES M tiles: K-contiguous operands are transposed with their rows
     # stacked (fewer TensorE transposes), each M tile accumulating in its own PSUM bank
     joint: bool = False
@@ -41,12 +44,16 @@ class MatmulPlan:
     def k_tiles(self, K: int) -> int:
         return -(-K // self.k_tile)
 
-    def runs(self, K: int) -> list[tuple[int, int, int]]:
-        """The contraction as ``(k0, rows, tiles)``: runs of up to ``k_group`` whole K tiles loaded
-        together, and a last partial tile alone."""
+    def runs(self, K: int, rows: bool = False) -> list[tuple[int, int, int]]:
+        """The contraction as ``(k0, rows, tiles)``: runs of up to ``k_group`` (``k_group_rows`` for a
+        moving operand loaded as rows) whole K tiles loaded together, and a last partial tile alone."""
         kt, whole = self.k_tile, K // self.k_tile
-        out = [(i * kt, kt, min(self.k_group, whole - i)) for i in range(0, whole, self.k_group)]
+        group = self.group(rows)
+        out = [(i * kt, kt, min(group, whole - i)) for i in range(0, whole, group)]
         return out + ([(whole * kt, K - whole * kt, 1)] if K % kt else [])
+
+    def group(self, rows: bool = False) -> int:
+        return self.k_group_rows if rows else self.k_group
 
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
@@ -82,13 +89,14 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     stationary = ktiles * m * size  # bytes per partition
     resident = stationary <= STATIONARY_SBUF_SHARE * target.sbuf_bytes
     group = max(1, min(ktiles, LOAD_BYTES // (n * size)))
+    group_rows = max(1, min(ktiles, LOAD_BYTES // (k * size)))
     # Several M tiles read the same moving operand: keep it for as many N tiles as fit MOVING_SBUF_SHARE
     # when that moves fewer bytes (a 2048 x 2048 x 2048 bf16 dot re-read its moving operand for each of
     # its 16 M tiles: 151 MB of DMA for 25 MB of operands, TensorE busy 30% of the time)
     # (always fewer bytes: blocks x M + N against M + N x M tiles, blocks being at most N / n_tile)
     block = min(ntiles, int(MOVING_SBUF_SHARE * target.sbuf_bytes) // (ktiles * n * size)) \
         if mtiles > 1 and resident else 0
-    return MatmulPlan(m, k, n, resident, group, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block)
+    return MatmulPlan(m, k, n, resident, group, group_rows, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block)
 
 
 PE_MIN = 16  # rows of a K-contiguous operand from which TensorE transposes pay whatever K is

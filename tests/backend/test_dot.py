@@ -289,3 +289,22 @@ def test_a_few_tokens_against_a_long_contraction_are_transposed_on_tensore() -> 
 
     assert_device_matches(m, {"a": rng.standard_normal((11, 6912)).astype(ml_dtypes.bfloat16),
                               "b": (rng.standard_normal((6912, 1152)) / 80).astype(ml_dtypes.bfloat16)})
+
+
+def test_a_k_contiguous_weight_streams_in_long_rows_one_group_ahead() -> None:
+    """gemma's projections: 11 tokens against a [N, K] bf16 weight stored K-innermost. Each load moves
+    rows of 2,048 K elements (4 KB per partition, extract/plan.py LOAD_BYTES) rather than 512, and a
+    group's TensorE transposes are emitted before the previous group's matmuls, so TensorE transposes the
+    next weights while the last ones are copied out of PSUM. Same values as the interpreter."""
+    from nxsat.backend import lower_graph
+
+    m = module_of(_dot("bf16[11,4096]", "bf16[1024,4096]", "f32[11,1024]",
+                       "lhs_contracting_dims={1}, rhs_contracting_dims={1}"))
+    insts = lower_graph(m, sim.load_target("trn1")).graph.insts
+    loads = [i for i in insts if i.opcode == "dma" and any(r.buf.name == "b" for r in i.reads)]
+    assert loads and all(i.operands[0].shape[-1] == 2048 for i in loads)
+    kinds = [i.opcode for i in insts if i.engine == "pe"]
+    # before the first matmul: the tokens' 32 K tiles, then both groups' weights (4 blocks of 128 N rows
+    # x 16 K tiles each), where one group ahead of the matmuls would be one
+    assert kinds[:kinds.index("matmul")].count("transpose") == 32 + 2 * 4 * 16
+    assert_device_matches(m, target="trn1")
