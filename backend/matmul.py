@@ -73,7 +73,20 @@ def dot(lw: Lowering, node: Node) -> None:
         lhs = lhs.operands[0]
     if rhs.id in lw.absorbed:
         rhs = rhs.operands[0]
+    if math.prod(rhs.shape) > math.prod(lhs.shape):  # the larger operand (a weight) read as it lies
+        lc, rc = _contraction_order(lw.ref(rhs), lc, rc)
     Lp, Rp = lw.ref(lhs).permute(*lb, *lf, *lc), lw.ref(rhs).permute(*rb, *rc, *rf)
+    heads = _free_heads(Rp, B, K, N, len(rb) + len(rc), [rhs.shape[d] for d in rf])
+    if heads and not device_dtype(node.dtype).is_int:
+        # R's free dimensions do not merge into one stride (gemma's q projection, [4 heads, 1152, 256]:
+        # N = 4 x 256): each head is a batch of its own, the left operand repeated (a stride-0 view), rather
+        # than a copy of the whole weight into a contiguous scratch (153 MB of gemma3's HBM traffic)
+        H, n = heads
+        ep = softmax_epilogue(lw, node, lambda r: r.reshape(M, H, n).permute(1, 0, 2))
+        L = lw.view(Lp, lambda r: r.reshape(1, M, 1, K).broadcast(0, H), node)
+        R = Rp.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n)
+        matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
+        return
     if device_dtype(node.dtype).is_int and Lp.dtype.is_int and Rp.dtype.is_int:
         out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
         L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
@@ -86,6 +99,42 @@ def dot(lw: Lowering, node: Node) -> None:
     else:
         L, R = split
     matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
+
+
+def _contraction_order(R: Ref, lc: tuple[int, ...] | list[int], rc: tuple[int, ...] | list[int]
+                       ) -> tuple[list[int], list[int]]:
+    """The contracted dimensions in the right operand's memory order (outermost first; the left operand's
+    paired with them): a sum does not depend on the order its terms are named in, and a weight
+    contracted over (head_dim, heads) whose bytes lie (heads, head_dim) then merges into one run instead
+    of being copied (gemma's output projections)."""
+    if len(rc) < 2:
+        return list(lc), list(rc)
+    strides = {d: st for d, (_, st) in enumerate(R.ap.dims)} if len(R.ap.dims) == len(R.shape) else None
+    if strides is None:
+        return list(lc), list(rc)
+    pairs = sorted(zip(lc, rc), key=lambda p: -strides[p[1]])
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _free_heads(Rp: Ref, B: int, K: int, N: int, lead: int, free: list[int]) -> tuple[int, int] | None:
+    """``(H, n)`` when the right operand's free dimensions do not merge into one stride but split as ``H``
+    outer by ``n`` inner ones that do (heads by head_dim), for a dot without batch dimensions whose
+    contraction merges; None otherwise (the usual path)."""
+    if B != 1 or len(free) < 2:
+        return None
+    try:
+        Rp.reshape(1, 1, K, N).ap  # noqa: B018 - merges: the usual path
+        return None
+    except AccessError:
+        pass
+    for s in range(1, len(free)):
+        H, n = math.prod(free[:s]), math.prod(free[s:])
+        try:
+            Rp.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n).ap  # noqa: B018
+            return H, n
+        except AccessError:
+            continue
+    return None
 
 
 def _split_contraction(L: Ref, R: Ref, B: int, M: int, N: int, kdims: list[int], target: Target
