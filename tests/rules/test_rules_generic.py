@@ -230,6 +230,22 @@ def _conv_dilated(nsp: int) -> Callable[[], Module]:
     return make
 
 
+def _convert_pad() -> Module:
+    b = Builder("cp")  # a padded image cast to bf16: the cast before the pad
+    p = b.op("pad", [b.param(F32, (1, 4, 4, 3)), b.constant(0.0, F32)],
+             padding=(PadDim(0, 0), PadDim(1, 1), PadDim(1, 1), PadDim(0, 0)))
+    return b.module(b.op("convert", [p], dtype=dt.BF16))
+
+
+def _conv_pad() -> Module:
+    b = Builder("cpad")  # Keras's ZeroPadding2D before a stem's strided 3x3 layer
+    p = b.op("pad", [b.param(F32, (1, 6, 6, 3)), b.constant(0.0, F32)],
+             padding=(PadDim(0, 0), PadDim(1, 1), PadDim(1, 1), PadDim(0, 0)))
+    w = b.param(F32, (3, 3, 3, 4))
+    return b.module(b.op("convolution", [p, w], window=(WindowDim(3, 2), WindowDim(3, 2)),
+                         dims=ConvDims.from_labels("b01f_01io->b01f"), feature_group_count=1, batch_group_count=1))
+
+
 def _dot_swap() -> Module:
     b = Builder("dswap")
     a, c = b.param(F32, (5, 2, 3)), b.param(F32, (5, 3, 4))
@@ -354,6 +370,8 @@ CASES: dict[str, Callable[[], Module]] = {
     "convert-convert": _convert_convert,
     "convert-convert-to-float": _convert_convert_to_float,
     "convert-broadcast": _convert_broadcast,
+    "convert-pad": _convert_pad,
+    "conv-pad": _conv_pad,
     "reshape-convert-reshape": _reshape_convert,
     "dot-transpose-lhs": _dot_transpose_lhs,
     "dot-transpose-rhs": _dot_transpose_rhs,
