@@ -159,6 +159,17 @@ class Scaled:
     scale: float
 
 
+def _pass_readers(members: list[Node]) -> tuple[set[int], dict[int, list[Node]]]:
+    """The members' ids, and per member the members that read it (a pass's own edges)."""
+    ids = {m.id for m in members}
+    readers: dict[int, list[Node]] = {}
+    for m in members:
+        for o in m.operands:
+            if o.id in ids:
+                readers.setdefault(o.id, []).append(m)
+    return ids, readers
+
+
 def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, tuple[Node, float]]:
     """The fp32 multiplications by a number that only an activation of the same pass reads (GELU's
     ``tanh(0.797885 * u)``, softmax's scaled ``exp``): ScalarE computes ``func(scale * x + bias)`` in
@@ -237,12 +248,7 @@ def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[in
     value needed by nothing else. Member id -> the convert."""
     from nxsat.backend.elementwise_ext import _arith
 
-    ids = {m.id for m in members}
-    readers: dict[int, list[Node]] = {}
-    for m in members:
-        for o in m.operands:
-            if o.id in ids:
-                readers.setdefault(o.id, []).append(m)
+    ids, readers = _pass_readers(members)
     out = []
     for m in members:
         rs = readers.get(m.id, [])
@@ -266,12 +272,7 @@ def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, t
     ``(x - mean) * scale``, then ``+ beta`` and the ReLU). The first result must be fp32 (the instruction
     carries it to the second step in fp32 unrounded, as the separate steps would), read once and by the
     pass alone; whether the other operands are numbers or columns is seen when the tile is made."""
-    ids = {m.id for m in members}
-    readers: dict[int, list[Node]] = {}
-    for m in members:
-        for o in m.operands:
-            if o.id in ids:
-                readers.setdefault(o.id, []).append(m)
+    ids, readers = _pass_readers(members)
     out: set[int] = set()
     seconds: set[int] = set()
     for m in members:
