@@ -1066,7 +1066,6 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # load the narrow constant; a model input's cast is absorbed by the reader that loads the wide one
     params = [any(view.nodes[i].ctor == "Parameter" for i in nodes) for nodes in view.class_nodes]
     ops = [eg.operator(n)[0] if n.ctor in terms.BY_CTOR and n.ctor not in ("Fill",) else "" for n in view.nodes]
-    contracted = _read_by_contractions(view, ops, _CONTRACTIONS)
     # A dot's price does not depend on its operands' order in memory beyond what its own dimension
     # numbers say, so a transpose only dots read is their access pattern. A convolution's does (its
     # labels say which dimension is contiguous): a transposed input is read as it lies by the
@@ -1081,10 +1080,14 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # A cast only contractions read is absorbed by them (backend/matmul.py: the source is loaded and
     # converted on chip): the dot is priced on the source, multiplying in the cast's type, and the
     # cast itself costs nothing more. Per class: the source class of such a cast.
+    # A cast read through a pad counts as read by the contraction beneath it: generic's conv-pad gives
+    # that convolution a form reading the cast itself (its window padding), in which it is absorbed;
+    # priced as a pass, the cast kept ResNet-50's image pad at -O2 where -O1's policy dropped it.
+    cast_read = _read_by_contractions(view, ops, _CONTRACTIONS, _PASS_VIEWS | {"pad"})
     cast_from: dict[int, int] = {}
     for i, node in enumerate(view.nodes):
         c = view.node_class[i]
-        if ops[i] == "convert" and contracted[c] and node.children:
+        if ops[i] == "convert" and cast_read[c] and node.children:
             cast_from.setdefault(c, node.children[0])
 
     def value(c: int) -> Value | None:
@@ -1098,7 +1101,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         if view.class_is_list[c]:
             out.append(0.0)
             continue
-        if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] == "convert" and contracted[c]) \
+        if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] == "convert" and cast_read[c]) \
                 or (ops[i] == "transpose" and dotted[c]):
             out.append(NODE_NS)
             continue
