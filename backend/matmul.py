@@ -76,7 +76,7 @@ def dot(lw: Lowering, node: Node) -> None:
     if math.prod(rhs.shape) > math.prod(lhs.shape):  # the larger operand (a weight) read as it lies
         lc, rc = _contraction_order(lw.ref(rhs), lc, rc)
     Lp, Rp = lw.ref(lhs).permute(*lb, *lf, *lc), lw.ref(rhs).permute(*rb, *rc, *rf)
-    heads = _free_heads(Rp, B, K, N, len(rb) + len(rc), [rhs.shape[d] for d in rf])
+    heads = _free_heads(Rp, B, K, N, [rhs.shape[d] for d in rf])
     if heads and not device_dtype(node.dtype).is_int:
         # R's free dimensions do not merge into one stride (gemma's q projection, [4 heads, 1152, 256]:
         # N = 4 x 256): each head is a batch of its own, the left operand repeated (a stride-0 view), rather
@@ -116,7 +116,7 @@ def _contraction_order(R: Ref, lc: tuple[int, ...] | list[int], rc: tuple[int, .
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _free_heads(Rp: Ref, B: int, K: int, N: int, lead: int, free: list[int]) -> tuple[int, int] | None:
+def _free_heads(Rp: Ref, B: int, K: int, N: int, free: list[int]) -> tuple[int, int] | None:
     """``(H, n)`` when the right operand's free dimensions do not merge into one stride but split as ``H``
     outer by ``n`` inner ones that do (heads by head_dim), for a dot without batch dimensions whose
     contraction merges; None otherwise (the usual path)."""
