@@ -171,12 +171,13 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     plan = matmul_plan(M, Ko * Ki, N, mt.name, t)
     out_t = onchip_dtype(device_dtype(node.dtype))
     transpose_dma = bool(t.dma["transpose_efficiency"]) and mt.itemsize in (2, 4)
+    joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
     # a weight lying K-contiguous (transposed on TensorE) loads in longer rows: LOAD_BYTES per partition
-    rows = not plan.joint and _k_contiguous(R[0, 0]) and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
+    # (priced so by extract/cost.py: the moving operand transposed, not jointly)
+    rows = not joint and _k_contiguous(R[0, 0]) and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
     groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows)]
     first = [sum(grp[3] for grp in groups[:gi]) for gi in range(len(groups))]  # a group's first K tile
     last = Ko * plan.k_tiles(Ki) - 1
-    joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
     for b in range(B):
         if joint:
             _matmul_joint(lw, L[b], R[b], ep, b, groups, mt, out_t, b % 2 == 0,
