@@ -473,6 +473,9 @@ def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> lis
     return groups
 
 
+MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
+
+
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
                 positional: bool = False) -> Layout:
     """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
@@ -501,7 +504,13 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
                 n += 1
         return n
 
-    best: tuple[tuple[int, int, int], Layout] | None = None
+    # a small shape (fewer than MIN_ROW elements a partition over all of them) on fewer partitions, rows of
+    # MIN_ROW: each partition row it loads or stores is a DMA descriptor (12 ns of engine time), while an
+    # instruction's time hardly depends on so few elements
+    total_elems = math.prod(shape) if shape else 1
+    small = total_elems < part * MIN_ROW
+    useful = max(1, total_elems // MIN_ROW)
+    best: tuple[tuple[int, ...], Layout] | None = None
     for k in range(len(sizes) - 1, -1, -1):
         tail = math.prod(sizes[k + 1:])
         if tail > cap:
@@ -517,7 +526,8 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
             for rows in ([len(lead) - 1] if positional else range(len(lead))):
                 n = lead[rows]
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
-                score = (scattered(k), tiles, -min(n, part))
+                score = (scattered(k), tiles, -min(n, part, useful) if small else -min(n, part),
+                         n if small and n > useful else 0)
                 if best is None or score < best[0]:
                     best = (score, Layout((*lead, *free), rows, len(free), chunk, cap))
     assert best is not None

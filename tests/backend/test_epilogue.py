@@ -5,8 +5,9 @@ fuse write no intermediate to HBM (no scratch tensor holds the producer's result
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from harness import assert_device_matches, module_of
+from harness import assert_device_matches, device_run, module_of, random_inputs
 
 from nxsat import sim
 from nxsat.backend import compile_graph
@@ -171,3 +172,29 @@ def test_a_result_read_outside_the_cluster_is_stored_too() -> None:
     c = compile_graph(module_of(READ_TWICE), t)
     # the scaled exponential runs on the dot's tiles: nothing holds the product sc in HBM
     assert not any(n.startswith("sc") for n, tn in c.program.tensors.items() if tn.kind == "scratch")
+
+
+def _columns_by_descriptor(model: sim.Model) -> set[str]:
+    """The HBM tensors some DMA reads a value per descriptor of four bytes or fewer."""
+    _, tl = model.profile()
+    ins = model.program.instrs
+    return {ins[k].operands[1].tensor for k, tr in tl.transfers.items() if tr.descriptor_bytes <= 4}
+
+
+def test_a_per_channel_column_loads_as_a_row_and_a_transpose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A convolution's per-channel bias and scale (channels on partitions, values side by side in HBM) load
+    as one row each and a TensorE transpose, not a descriptor per channel; a one-row transpose multiplies
+    by 1 only, so infinities, NaN and the extremes come through exactly."""
+    from nxsat.backend import epilogue
+
+    module = module_of(CONV_NCHW)
+    inputs = random_inputs(module)
+    bias = inputs["in2"].copy()
+    bias[:6] = [np.inf, -np.inf, np.nan, 3e38, -1e-40, 0.0]
+    inputs["in2"] = bias
+    model = assert_device_matches(module, inputs, rtol=2e-5, atol_scale=2e-5)
+    assert not _columns_by_descriptor(model) & {"bias", "sc"}
+    assert any(i.opcode == "transpose" for i in model.program.instrs)
+    monkeypatch.setattr(epilogue, "COLUMN_ROW_PARTITIONS", 10**6)  # the old way: a descriptor per channel
+    _, old = device_run(module, inputs)
+    assert _columns_by_descriptor(old) & {"bias", "sc"}
