@@ -477,7 +477,7 @@ MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
 
 
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
-                positional: bool = False) -> Layout:
+                positional: bool = False, loaded: bool = False) -> Layout:
     """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
     free axis the innermost runs (the outermost of them maybe split), the partitions any other axis (with
     ``positional``, the one just outside the free axis). First of all, the fewest operands read element by
@@ -504,11 +504,14 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
                 n += 1
         return n
 
-    # a small shape (fewer than MIN_ROW elements a partition over all of them) on fewer partitions, rows of
-    # MIN_ROW: each partition row it loads or stores is a DMA descriptor (12 ns of engine time), while an
-    # instruction's time hardly depends on so few elements
+    # ``loaded``: the inputs are the model's own (parameters, constants) or other elementwise clusters'
+    # results (laid out by this same rule). A small one-run shape (a batch norm's per-channel vectors)
+    # then goes on fewer partitions in rows of MIN_ROW: each partition row loaded or stored is a DMA
+    # descriptor (12 ns of engine time; ResNet-50 starts with 230 such loads), while an instruction's
+    # time hardly depends on so few elements. An input another operator made (a softmax's per-row
+    # statistic, a column) keeps the most partitions: that layout lets it be forwarded in SBUF.
     total_elems = math.prod(shape) if shape else 1
-    small = total_elems < part * MIN_ROW
+    small = loaded and len(groups) == 1 and MIN_ROW * 4 <= total_elems < part * MIN_ROW
     useful = max(1, total_elems // MIN_ROW)
     best: tuple[tuple[int, ...], Layout] | None = None
     for k in range(len(sizes) - 1, -1, -1):
@@ -566,7 +569,10 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     stores = {m.id: lw.result(m) for m in outputs}
     folds, share = pass_plan(lw, members, set(stores))
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
-    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members))
+    producer = {o.id: o for m in members for o in m.operands}
+    loaded = all(r.buf.kind in ("input", "const") or producer[oid].op in EMITTERS
+                 for oid, r in inputs.items() if isinstance(r, Ref))
+    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), loaded)
     nf = lay.nfree
     view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
     # inputs repeated along the free axes (a per-row value): a column per tile
