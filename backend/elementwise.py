@@ -84,6 +84,7 @@ def is_elementwise(node: Node) -> bool:
 EARLY_ELEMENTS = 1 << 16  # a value computed from the model's inputs alone this small is computed first
 EARLY_VIEWS = frozenset({"parameter", "constant", "reshape", "broadcast", "transpose", "slice", "bitcast", "copy"})
 PURE_VIEWS = frozenset({"reshape", "broadcast", "bitcast"})  # an access pattern over the operand, no instruction
+VIEWS = PURE_VIEWS | {"transpose"}  # and a permutation of it
 
 
 def lowering_order(order: list[Node]) -> list[Node]:
@@ -477,7 +478,7 @@ MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
 
 
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
-                positional: bool = False, loaded: bool = False) -> Layout:
+                positional: bool = False, of_params: bool = False) -> Layout:
     """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
     free axis the innermost runs (the outermost of them maybe split), the partitions any other axis (with
     ``positional``, the one just outside the free axis). First of all, the fewest operands read element by
@@ -504,14 +505,15 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
                 n += 1
         return n
 
-    # ``loaded``: the inputs are the model's own (parameters, constants) or other elementwise clusters'
-    # results (laid out by this same rule). A small one-run shape (a batch norm's per-channel vectors)
-    # then goes on fewer partitions in rows of MIN_ROW: each partition row loaded or stored is a DMA
-    # descriptor (12 ns of engine time; ResNet-50 starts with 230 such loads), while an instruction's
-    # time hardly depends on so few elements. An input another operator made (a softmax's per-row
-    # statistic, a column) keeps the most partitions: that layout lets it be forwarded in SBUF.
+    # ``of_params``: the cluster computes from the model's parameters and constants alone, for
+    # elementwise readers (which load it from HBM whatever its layout). A small one-run shape (a batch
+    # norm's per-channel vectors) then goes on fewer partitions in rows of MIN_ROW: each partition row
+    # loaded or stored is a DMA descriptor (12 ns of engine time; ResNet-50 starts with 230 such loads),
+    # while an instruction's time hardly depends on so few elements. A value that comes from or goes to
+    # another operator (a softmax's per-row statistic, a decoder's token) keeps the most partitions:
+    # that layout lets it be forwarded in SBUF.
     total_elems = math.prod(shape) if shape else 1
-    small = loaded and len(groups) == 1 and MIN_ROW * 4 <= total_elems < part * MIN_ROW
+    small = of_params and len(groups) == 1 and MIN_ROW * 4 <= total_elems < part * MIN_ROW
     useful = max(1, total_elems // MIN_ROW)
     best: tuple[tuple[int, ...], Layout] | None = None
     for k in range(len(sizes) - 1, -1, -1):
@@ -535,6 +537,21 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
                     best = (score, Layout((*lead, *free), rows, len(free), chunk, cap))
     assert best is not None
     return best[1]
+
+
+def _read_elementwise(lw: Lowering, nid: int) -> bool:
+    """Is value ``nid`` read only by elementwise operators (through views), and not returned? Not by a dot,
+    which would take it from SBUF in the layout its producer chose."""
+    if nid in lw.output_of:
+        return False
+    for c in lw.consumers.get(nid, ()):
+        op = lw.node(c).op
+        if op in VIEWS:
+            if not _read_elementwise(lw, c):
+                return False
+        elif op not in EMITTERS:
+            return False
+    return True
 
 
 def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> None:
@@ -569,10 +586,8 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     stores = {m.id: lw.result(m) for m in outputs}
     folds, share = pass_plan(lw, members, set(stores))
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
-    producer = {o.id: o for m in members for o in m.operands}
-    loaded = all(r.buf.kind in ("input", "const") or producer[oid].op in EMITTERS
-                 for oid, r in inputs.items() if isinstance(r, Ref))
-    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), loaded)
+    of_params = all(lw.of_params(m) for m in members) and all(_read_elementwise(lw, m.id) for m in outputs)
+    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params)
     nf = lay.nfree
     view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
     # inputs repeated along the free axes (a per-row value): a column per tile

@@ -196,16 +196,23 @@ class Epilogue:
         return full
 
 
-COLUMN_ROW_PARTITIONS = 16  # a column this tall whose values lie side by side loads as one row (below)
+# a column at least this tall, of a vector at least this long, whose values lie side by side loads as one
+# row and a TensorE transpose (below)
+COLUMN_ROW_PARTITIONS = 16
+COLUMN_ROW_VALUES = 512
 
 
 def _as_row(part: Ref) -> Ref | None:
     """``part`` (one value per partition) as the ``[1, P]`` row it is in memory, where the values lie side by
-    side and there are enough of them that a descriptor per partition costs more than a TensorE transpose:
-    a batch norm's per-channel scale read by a convolution's tiles was 128 four-byte descriptors a tile
-    (12 ns of DMA-engine time each: ResNet-50 spent 51 us of its DMA engines' time on them)."""
+    side and the vector is long enough that its descriptors, one per partition, cost more than the
+    transpose's latency: a batch norm's per-channel scale read by a convolution's tiles was 128
+    four-byte descriptors a tile (12 ns of DMA-engine time each: ResNet-50 spent 51 us of its DMA
+    engines' time on them). A short vector (a small model's 16 to 256 channels) keeps its descriptors:
+    there the chain of a load, a transpose and a copy costs more latency than it saves (resnet_small
+    66.4 -> 71.4 us)."""
     n = part.shape[0]
-    if n < COLUMN_ROW_PARTITIONS or not part.dtype.is_float or part.dtype.itemsize not in (2, 4):
+    if n < COLUMN_ROW_PARTITIONS or math.prod(part.buf.shape) < COLUMN_ROW_VALUES or not part.dtype.is_float \
+            or part.dtype.itemsize not in (2, 4):
         return None
     try:
         row = part.reshape(1, n)

@@ -110,9 +110,35 @@ class Lowering:
     deferred: dict[int, Node] = field(default_factory=dict)  # hosts waiting for a reader (run)
     plan: dict[int, Any] = field(default_factory=dict)  # node id -> what a planner decided for its lowering
     _consts: dict[tuple, Ref] = field(default_factory=dict)
+    _of_params: dict[int, bool] = field(default_factory=dict)
     _copies: dict[tuple, Ref] = field(default_factory=dict)  # (buffer, access) -> its contiguous copy
     _by_id: dict[int, Node] = field(default_factory=dict)
     _fresh: list[Any] = field(default_factory=list)  # values set since the last operator was lowered
+
+    def of_params(self, node: Node) -> bool:
+        """Is ``node``'s value computed elementwise from the model's parameters and constants alone (a batch
+        norm's per-channel scale from its mean, variance and gamma)?"""
+        from nxsat.backend.elementwise import EMITTERS, VIEWS
+
+        memo = self._of_params
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n.id in memo:
+                stack.pop()
+                continue
+            if n.op in ("parameter", "constant"):
+                memo[n.id] = True
+            elif n.op not in EMITTERS and n.op not in VIEWS:
+                memo[n.id] = False
+            else:
+                todo = [o for o in n.operands if o.id not in memo]
+                if todo:
+                    stack += todo
+                    continue
+                memo[n.id] = all(memo[o.id] for o in n.operands)
+            stack.pop()
+        return memo[node.id]
 
     # --- where values live ----------------------------------------------------------------------
     def ref(self, node: Node) -> Ref:

@@ -15,7 +15,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from harness import DATA, assert_device_matches, device_run, module_of, reference_run
+from harness import DATA, assert_device_matches, device_run, module_of, random_inputs, reference_run
 
 from nxsat import dtypes as dt
 from nxsat.backend import compile_graph
@@ -674,3 +674,54 @@ ENTRY main {
     engines = {i.stream for i in insts if i.opcode == "tensor_scalar"}
     assert engines == {"dve", "act"}
     assert_device_matches(m, target="trn1")
+
+
+@pytest.mark.parametrize("n,rows", [(64, 4), (256, 16), (1024, 64), (2048, 128)])
+def test_a_small_vector_of_the_parameters_takes_rows_of_16(n: int, rows: int) -> None:
+    """A batch norm's per-channel vectors, computed from the parameters for elementwise readers, go on
+    fewer partitions in rows of 16 (a DMA descriptor per partition row); a vector another operator made
+    or reads keeps the most partitions, the layout that forwards it in SBUF (a decoder's token)."""
+    from nxsat.backend.elementwise import plan_layout
+
+    flat = [((n, 1),)]
+    assert plan_layout((n,), flat, 128, of_params=True).axes[-2:] == (rows, n // rows)
+    assert plan_layout((n,), flat, 128).axes[-2:] == (min(n, 128), max(1, n // 128))
+
+
+BN_PARAMS = """HloModule bn
+
+ENTRY main {
+  x = f32[1,512,6,6] parameter(0)
+  w = f32[512,512,1,1] parameter(1)
+  gamma = f32[512] parameter(2)
+  var = f32[512] parameter(3)
+  mean = f32[512] parameter(4)
+  beta = f32[512] parameter(5)
+  c = f32[1,512,6,6] convolution(x, w), window={size=1x1}, dim_labels=bf01_oi01->bf01
+  eps = f32[] constant(0.001)
+  epsb = f32[512] broadcast(eps), dimensions={}
+  ve = f32[512] add(var, epsb)
+  rs = f32[512] rsqrt(ve)
+  sc = f32[512] multiply(rs, gamma)
+  ms = f32[512] multiply(mean, sc)
+  sh = f32[512] subtract(beta, ms)
+  scb = f32[1,512,6,6] broadcast(sc), dimensions={1}
+  shb = f32[1,512,6,6] broadcast(sh), dimensions={1}
+  m = f32[1,512,6,6] multiply(c, scb)
+  ROOT a = f32[1,512,6,6] add(m, shb)
+}
+"""
+
+
+def test_a_batch_norm_from_the_parameters_loads_rows_not_channels() -> None:
+    """ResNet-50's inference batch norms: scale and shift computed from four parameter vectors. Every
+    vector moves in rows of 16 values (64-byte descriptors), none a descriptor per channel."""
+    module = module_of(BN_PARAMS)
+    inputs = random_inputs(module)
+    inputs["in3"] = np.abs(inputs["in3"]) + 0.5  # a variance
+    model = assert_device_matches(module, inputs, rtol=2e-5, atol_scale=2e-5)
+    _, tl = model.profile()
+    ins = model.program.instrs
+    small = {ins[k].operands[1].tensor for k, tr in tl.transfers.items() if tr.descriptor_bytes < 64}
+    assert not small & {"gamma", "var", "mean", "beta", "sc", "sh"}
+

@@ -182,11 +182,12 @@ def _columns_by_descriptor(model: sim.Model) -> set[str]:
 
 
 def test_a_per_channel_column_loads_as_a_row_and_a_transpose(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A convolution's per-channel bias and scale (channels on partitions, values side by side in HBM) load
-    as one row each and a TensorE transpose, not a descriptor per channel; a one-row transpose multiplies
+    """A convolution's per-channel bias and scale (channels on partitions, values side by side in HBM), when
+    long, load as one row each and a TensorE transpose, not a descriptor per channel; a one-row transpose multiplies
     by 1 only, so infinities, NaN and the extremes come through exactly."""
     from nxsat.backend import epilogue
 
+    monkeypatch.setattr(epilogue, "COLUMN_ROW_VALUES", 16)  # the model's 24 channels are enough
     module = module_of(CONV_NCHW)
     inputs = random_inputs(module)
     bias = inputs["in2"].copy()
@@ -195,6 +196,6 @@ def test_a_per_channel_column_loads_as_a_row_and_a_transpose(monkeypatch: pytest
     model = assert_device_matches(module, inputs, rtol=2e-5, atol_scale=2e-5)
     assert not _columns_by_descriptor(model) & {"bias", "sc"}
     assert any(i.opcode == "transpose" for i in model.program.instrs)
-    monkeypatch.setattr(epilogue, "COLUMN_ROW_PARTITIONS", 10**6)  # the old way: a descriptor per channel
+    monkeypatch.setattr(epilogue, "COLUMN_ROW_VALUES", 10**6)  # the short vector's way: a descriptor a channel
     _, old = device_run(module, inputs)
     assert _columns_by_descriptor(old) & {"bias", "sc"}
