@@ -724,4 +724,3 @@ def test_a_batch_norm_from_the_parameters_loads_rows_not_channels() -> None:
     ins = model.program.instrs
     small = {ins[k].operands[1].tensor for k, tr in tl.transfers.items() if tr.descriptor_bytes < 64}
     assert not small & {"gamma", "var", "mean", "beta", "sc", "sh"}
-
