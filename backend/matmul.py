@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -175,13 +176,17 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     # a weight lying K-contiguous (transposed on TensorE) loads in longer rows: LOAD_BYTES per partition
     # (priced so by extract/cost.py: the moving operand transposed, not jointly)
     rows = not joint and _k_contiguous(R[0, 0]) and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
-    groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows)]
+    wide = plan.is_wide(joint, rows)
+    groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows, wide)]
     first = [sum(grp[3] for grp in groups[:gi]) for gi in range(len(groups))]  # a group's first K tile
     last = Ko * plan.k_tiles(Ki) - 1
+    attrs = {"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}
     for b in range(B):
         if joint:
-            _matmul_joint(lw, L[b], R[b], ep, b, groups, mt, out_t, b % 2 == 0,
-                          {"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {})
+            _matmul_joint(lw, L[b], R[b], ep, b, groups, mt, out_t, b % 2 == 0, attrs)
+            continue
+        if wide:
+            _matmul_wide(lw, L[b], R[b], ep, b, groups, plan.n_tile, mt, out_t, transpose_dma, attrs)
             continue
         def moving(ko: int, k0: int, kn: int, n: int, n0: int, nn: int, b: int = b) -> list[Ref]:
             return _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma, Ko * Ki)
@@ -195,6 +200,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             # all at once, the block's loads shared the DMA bandwidth and the first one, which TensorE
             # waits for, arrived with the last (a 2048^3 bf16 dot: TensorE idle for its first 36 us)
             kept: dict[int, list[Ref]] | None = {} if plan.n_block else None
+            columns = _Columns.of(lw, ep, b, M, N, out_t, plan.m_tile)
             for m0 in range(0, M, plan.m_tile):
                 mn = min(plan.m_tile, M - m0)
 
@@ -238,8 +244,74 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                         g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
                               **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
                     if gi == len(groups) - 1:
-                        _store(lw, ep, (b, m0, n0), acc, out_t)
+                        if columns is not None and mn == plan.m_tile:
+                            columns.add(m0, acc)
+                        else:
+                            _store(lw, ep, (b, m0, n0), acc, out_t)
+            if columns is not None:
+                columns.flush()
     ep.flush()
+
+
+@dataclass
+class _Columns:
+    """The ``[128, 1]`` result tiles of a product with one column (an LM head, ``W @ x`` for one token:
+    the long weight stationary, the result's positions on the partitions) stored as rows: up to 128
+    of them gathered as the columns of an fp32 tile, transposed on TensorE and stored as rows of 128
+    values. Stored one by one, each was 128 descriptors of one value (12 ns of DMA-engine time each:
+    gemma3's 262,144 logits, 197 us of its DMA engines' time). A NaN or an infinity spreads along the
+    128 results of its tile (a TensorE transpose on NeuronCore-v2 is a matmul against the identity)."""
+
+    lw: Lowering
+    ep: Epilogue
+    b: int
+    out_t: dt.DType
+    rows: int  # results per column (the M tile)
+    first: int = -1  # the first result of the columns gathered
+    cols: list[Ref] = field(default_factory=list)
+    tile: Ref | None = None
+
+    @staticmethod
+    def of(lw: Lowering, ep: Epilogue, b: int, M: int, N: int, out_t: dt.DType, m_tile: int) -> _Columns | None:
+        """The gatherer for batch ``b`` of a one-column product when its result is stored plainly (no
+        elementwise reader on its tiles) in positions that lie side by side, and it has several tiles."""
+        if N != 1 or M < 2 * m_tile or type(ep) is not Epilogue or ep.cluster is not None or ep.out is None \
+                or not out_t.is_float:
+            return None
+        try:
+            view = ep.out[b, 0:m_tile * 2, 0].reshape(2, m_tile)
+            if view.ap.dims[-1][1] != 1:
+                return None
+        except AccessError:
+            return None
+        return _Columns(lw, ep, b, out_t, m_tile)
+
+    def add(self, m0: int, acc: Ref) -> None:
+        g = self.lw.graph
+        if self.tile is None:  # a transpose takes at most the array's columns
+            self.tile = g.tile((self.rows, self.lw.target.matmul["cols"]), dt.F32, "sbuf", "mmcol").ref()
+            self.first = m0
+        col = self.tile[:, len(self.cols):len(self.cols) + 1]
+        on_act = self.ep.evacuate_on_act()
+        g.add("act" if on_act else "dve", "activation" if on_act else "tensor_copy", col, acc)
+        self.cols.append(col)
+        if len(self.cols) == self.tile.shape[1]:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.cols:
+            return
+        g = self.lw.graph
+        n = len(self.cols)
+        assert self.tile is not None
+        ps = g.tile((n, self.rows), dt.F32, "psum", "mmcolps").ref()
+        g.add("pe", "transpose", ps, self.tile[:, 0:n])
+        res = g.tile((n, self.rows), self.out_t, "sbuf", "mmrows").ref()
+        on_act = self.ep.evacuate_on_act()
+        g.add("act" if on_act else "dve", "activation" if on_act else "tensor_copy", res, ps)
+        a = self.first
+        g.add("dma", "dma", self.ep.out[self.b, a:a + n * self.rows, 0].reshape(n, self.rows), res)
+        self.cols, self.tile = [], None
 
 
 def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t: dt.DType,
@@ -260,6 +332,38 @@ def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t
     else:
         lw.graph.add("dve", "tensor_copy", res, acc)
     ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res, at)
+
+
+def _matmul_wide(lw: Lowering, L: Ref, R: Ref, ep: Epilogue, b: int, groups: list[tuple[int, int, int, int]],
+                 n_tile: int, mt: dt.DType, out_t: dt.DType, transpose_dma: bool, attrs: dict[str, str]) -> None:
+    """``out = L @ R`` (:attr:`~nxsat.extract.plan.MatmulPlan.wide`: L one M tile, R a few N tiles lying
+    N-contiguous): each K group of R is loaded once in rows N long, the stationary tiles beside it, and
+    every N tile's matmuls read their columns, accumulating in a PSUM bank of their own; one group's
+    operands are loaded ahead of the previous group's matmuls."""
+    g = lw.graph
+    M, Ko, Ki = L.shape
+    N = R.shape[2]
+    n_tiles = [(n0, min(n_tile, N - n0)) for n0 in range(0, N, n_tile)]
+    accs = [g.tile((M, nn), dt.F32, "psum", "acc").ref() for _, nn in n_tiles]
+    last = sum(n for *_, n in groups) - 1
+
+    def operands(gi: int) -> tuple[list[Ref], list[Ref]]:
+        ko, k0, kn, n = groups[gi]
+        return (_load_ktiles(lw, L[:, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma, Ko * Ki),
+                _load_ktiles(lw, R[ko, k0:k0 + n * kn, :], kn, mt, transpose_dma, Ko * Ki))
+
+    ready = operands(0)
+    j = 0
+    for gi in range(len(groups)):
+        sts, mvs = ready
+        if gi + 1 < len(groups):
+            ready = operands(gi + 1)
+        for st, mv in zip(sts, mvs):
+            for acc, (n0, nn) in zip(accs, n_tiles):
+                g.add("pe", "matmul", acc, st, mv[:, n0:n0 + nn], start=j == 0, stop=j == last, **attrs)
+            j += 1
+    for acc, (n0, _) in zip(accs, n_tiles):
+        _store(lw, ep, (b, 0, n0), acc, out_t)
 
 
 def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> bool:

@@ -495,11 +495,20 @@ class CostModel:
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
         st_bytes = M * K * ls * st_loads
         mv_bytes = K * N * rs * mv_loads
-        run = plan.k_tile * plan.group(rt and not joint)  # K per load (backend/matmul.py groups)
+        wide = plan.is_wide(joint, rt)  # the moving operand loaded in rows N long
+        run = plan.k_tile * plan.group(rt and not joint, wide)  # K per load (backend/matmul.py groups)
         st_run = min(K, run) * ls if lt else min(M, plan.m_tile) * ls
-        mv_run = min(K, run) * rs if rt else min(N, plan.n_tile) * rs
+        mv_run = min(K, run) * rs if rt else (N if wide else min(N, plan.n_tile)) * rs
         load = B * (self.dma_ns(st_bytes, st_run) * (not ahead[0]) + self.dma_ns(mv_bytes, mv_run) * (not ahead[1]))
-        store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
+        if N == 1 and M >= 2 * plan.m_tile:
+            # one-column results gathered 128 tiles at a time, transposed and stored as rows (backend/matmul.py
+            # _Columns; a result stored plainly, as this prices a dot alone)
+            store = B * self.dma_ns(M * os_, plan.m_tile * os_, min(-(-M // plan.m_tile), self.P))
+            for cn, cc in _tiles(mtiles, t.matmul["cols"]):
+                pe += cc * op_ns(t, "transpose", "pe", P=plan.m_tile, N=cn, fp32=1)
+                act += cc * op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": plan.m_tile})
+        else:
+            store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
         tiles = B * mtiles * ntiles
         steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)

@@ -40,20 +40,32 @@ class MatmulPlan:
     # N dimension in blocks of this many tiles, the M tiles inside each block, so the moving operand
     # is read once and the stationary one once per block
     n_block: int = 0
+    # One M tile against up to WIDE_N_TILES N tiles of a moving operand lying N-contiguous: each K group
+    # of it is loaded in whole rows, N long (k_group_wide K tiles a load), and every N tile's matmul reads
+    # its columns, the N tiles accumulating in PSUM banks of their own (gemma's output projection,
+    # N = 1,152: rows of 512 bf16, 1 KiB descriptors, became rows of 2,304 bytes)
+    wide: bool = False
+    k_group_wide: int = 1
 
     def k_tiles(self, K: int) -> int:
         return -(-K // self.k_tile)
 
-    def runs(self, K: int, rows: bool = False) -> list[tuple[int, int, int]]:
+    def runs(self, K: int, rows: bool = False, wide: bool = False) -> list[tuple[int, int, int]]:
         """The contraction as ``(k0, rows, tiles)``: runs of up to ``k_group`` (``k_group_rows`` for a
-        moving operand loaded as rows) whole K tiles loaded together, and a last partial tile alone."""
+        moving operand loaded as rows, ``k_group_wide`` for one loaded N long) whole K tiles loaded
+        together, and a last partial tile alone."""
         kt, whole = self.k_tile, K // self.k_tile
-        group = self.group(rows)
+        group = self.group(rows, wide)
         out = [(i * kt, kt, min(group, whole - i)) for i in range(0, whole, group)]
         return out + ([(whole * kt, K - whole * kt, 1)] if K % kt else [])
 
-    def group(self, rows: bool = False) -> int:
-        return self.k_group_rows if rows else self.k_group
+    def group(self, rows: bool = False, wide: bool = False) -> int:
+        return self.k_group_rows if rows else self.k_group_wide if wide else self.k_group
+
+    def is_wide(self, joint: bool, rows: bool) -> bool:
+        """Is the moving operand loaded N long (:attr:`wide`), given whether the dot takes the joint path
+        and whether its moving operand is loaded as K-contiguous rows (those keep their own runs)?"""
+        return self.wide and not joint and not rows
 
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
@@ -62,6 +74,8 @@ STATIONARY_SBUF_SHARE = 1 / 8
 MOVING_SBUF_SHARE = 1 / 4
 # PSUM banks the M tiles of a joint matmul may hold at once (of eight; transposes use the others).
 JOINT_M_TILES = 4
+# PSUM banks the N tiles of a wide matmul may hold at once.
+WIDE_N_TILES = 4
 # Bytes per partition a grouped operand load moves at least: the size from which a DMA runs at full
 # rate (docs: ~1.3 us from trigger to transfer, >= 4 KiB per partition saturates).
 LOAD_BYTES = 4096
@@ -96,7 +110,10 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     # (always fewer bytes: blocks x M + N against M + N x M tiles, blocks being at most N / n_tile)
     block = min(ntiles, int(MOVING_SBUF_SHARE * target.sbuf_bytes) // (ktiles * n * size)) \
         if mtiles > 1 and resident else 0
-    return MatmulPlan(m, k, n, resident, group, group_rows, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block)
+    wide = mtiles == 1 and 1 < ntiles <= WIDE_N_TILES
+    group_wide = max(1, min(ktiles, LOAD_BYTES // (N * size)))
+    return MatmulPlan(m, k, n, resident, group, group_rows, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block,
+                      wide=wide, k_group_wide=group_wide)
 
 
 PE_MIN = 16  # rows of a K-contiguous operand from which TensorE transposes pay whatever K is

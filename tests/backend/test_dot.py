@@ -331,3 +331,39 @@ def test_a_weight_split_in_heads_is_read_as_it_lies(name: str) -> None:
     lw = lower_graph(m, sim.load_target("trn1"))
     assert not any(b.kind == "scratch" for b in lw.graph.bufs)
     assert_device_matches(m, target="trn1")
+
+
+def _descriptors(model: sim.Model, tensor: str) -> set[int]:
+    """The descriptor sizes of the DMAs that read or write ``tensor``."""
+    _, tl = model.profile()
+    ins = model.program.instrs
+    return {int(tr.descriptor_bytes) for k, tr in tl.transfers.items()
+            if tensor in (ins[k].operands[0].tensor, ins[k].operands[1].tensor)}
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_few_tokens_read_a_wide_weight_in_whole_rows(target: str) -> None:
+    """Eleven tokens against a [1024, 1152] bf16 weight (gemma's output projection): three N tiles of one
+    M tile, so each K tile of the weight loads in rows of all 1,152 columns (2,304-byte descriptors,
+    where 512-column tiles made 1 KiB ones and a 256-byte tail), the N tiles' matmuls reading its
+    columns into three PSUM banks; same values."""
+    from nxsat.extract.plan import matmul_plan
+
+    plan = matmul_plan(11, 1024, 1152, "bf16", sim.load_target(target))
+    assert plan.wide and plan.group(wide=True) == 1
+    model = assert_device_matches(module_of(_dot("bf16[11,1024]", "bf16[1024,1152]", "bf16[11,1152]",
+                                                 "lhs_contracting_dims={1}, rhs_contracting_dims={0}")),
+                                  target=target, rtol=1e-2, atol_scale=1e-2)
+    assert _descriptors(model, "b") == {1152 * 2}
+    assert [i.opcode for i in model.program.instrs].count("matmul") == 8 * 3
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_one_column_result_is_stored_in_rows(target: str) -> None:
+    """An LM head for one token (``W @ x``: the weight stationary, the 1,000 results on the partitions, 128
+    per tile): the tiles are gathered as columns, transposed on TensorE and stored as rows of 128, not
+    a descriptor per value; the partial last tile is stored as it is. Same values."""
+    model = assert_device_matches(module_of(_dot("f32[1000,64]", "f32[64,1]", "f32[1000,1]",
+                                                 "lhs_contracting_dims={1}, rhs_contracting_dims={0}")),
+                                  target=target, rtol=2e-5, atol_scale=2e-5)
+    assert _descriptors(model, "out0_d") == {128 * 4, 4}  # seven tiles as rows; the last 104 results one by one
