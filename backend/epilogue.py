@@ -150,6 +150,16 @@ class Epilogue:
                           steps=steps, cmp=pred.cmp, fill=float(fill))
         return out
 
+    def _ones(self, n: int) -> Ref:
+        """A ``[1, n]`` fp32 row of ones (TensorE's stationary operand that repeats a row on ``n``
+        partitions), set once per epilogue."""
+        key = ("ones", n)
+        t = self._loaded.get(key)
+        if t is None:
+            t = self._loaded[key] = self.lw.graph.tile((1, n), dt.F32, "sbuf", "epones").ref()
+            self.lw.graph.add("pool", "memset", t, value=1.0)
+        return t
+
     def _load(self, oid: int, place: Callable[[Ref], Ref], flat: tuple[int, int]) -> Ref:
         """Input ``oid``'s tile at ``place``, loaded once per distinct access (a bias repeated along M: once
         per N tile); a value repeated along the free axes (a per-row statistic, a per-channel scale) as a
@@ -179,10 +189,13 @@ class Epilogue:
         if tile is None:
             tile = g.tile(part.shape, onchip_dtype(src.dtype), "sbuf", "epin").ref()
             row = _as_row(part) if rep == 1 else None
-            if row is None:
-                g.add("dma", "dma", tile, part)
-            else:
+            spread = _spread_row(part) if row is None else None
+            if row is not None:
                 _column_from_row(self.lw, tile.reshape(shape[0], 1), row)
+            elif spread is not None:
+                _rows_from_row(self.lw, tile.reshape(shape[0], spread.shape[1]), spread, self._ones(shape[0]))
+            else:
+                g.add("dma", "dma", tile, part)
             self._loaded[key] = tile
         if rep == len(shape):
             return _flat(tile, flat)
@@ -220,6 +233,55 @@ def _as_row(part: Ref) -> Ref | None:
     except AccessError:
         return None
     return row if dims[-1][1] == 1 else None
+
+
+# a value repeated on the partitions (a bias along a dot's N, the same for every token) from this many bytes
+# on: its row loaded once and repeated by TensorE, not loaded once per partition (below)
+SPREAD_BYTES = 64 * 1024
+
+
+def _spread_row(part: Ref) -> Ref | None:
+    """``part`` (``[P, ...]``, the same on every partition: stride 0) as the ``[1, F]`` row it repeats, where
+    a DMA reading it once per partition would move at least :data:`SPREAD_BYTES` (BERT-base's biases:
+    a [128, 512] fp32 tile is 256 KB read for 2 KB of bias, 72 MB of its DMA traffic)."""
+    n = part.shape[0]
+    f = math.prod(part.shape[1:])
+    if n < 2 or n * f * part.dtype.itemsize < SPREAD_BYTES or not part.dtype.is_float \
+            or part.dtype.itemsize not in (2, 4) or f > SPREAD_MAX:
+        return None
+    try:
+        if part.ap.dims[0][1] != 0:
+            return None
+        row = part[0:1].reshape(1, f)
+        row.ap  # noqa: B018 - resolved: raises where the strides do not merge
+    except AccessError:
+        return None
+    return row
+
+
+SPREAD_MAX = 4096  # values of a repeated row (in PSUM banks of 512 fp32 values)
+
+
+def _rows_from_row(lw: Lowering, dst: Ref, row: Ref, ones: Ref) -> None:
+    """``dst [P, F]``: the ``[1, F]`` row in HBM on every partition. One descriptor, a TensorE matmul of a
+    row of ones (stationary, one contraction row: each result is the value times 1, exact for every
+    value) against the row (moving, in fp32) per PSUM bank of it, and a copy out of PSUM on the engine
+    with less recent work."""
+    g = lw.graph
+    n, f = dst.shape
+    nat = g.tile((1, f), row.dtype, "sbuf", "eprow").ref()
+    g.add("dma", "dma", nat, row)
+    if nat.dtype is not dt.F32:
+        wide = g.tile((1, f), dt.F32, "sbuf", "eprow32").ref()
+        g.add("act", "activation", wide, nat)
+        nat = wide
+    bank = lw.target.psum_bank_bytes // 4
+    for c0 in range(0, f, bank):
+        cn = min(bank, f - c0)
+        ps = g.tile((n, cn), dt.F32, "psum", "eprowsps").ref()
+        g.add("pe", "matmul", ps, ones, nat[:, c0:c0 + cn], start=True, stop=True)
+        eng = g.lighter(("act", "dve"), cn)
+        g.add(eng, "activation" if eng == "act" else "tensor_copy", dst[:, c0:c0 + cn], ps)
 
 
 def _column_from_row(lw: Lowering, dst: Ref, row: Ref) -> None:
