@@ -26,7 +26,7 @@ from nxsat.backend.epilogue import Epilogue
 from nxsat.backend.fused import require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import dot_sizes, matmul_plan, pe_transpose_pays, segments_pay
+from nxsat.extract.plan import MatmulPlan, dot_sizes, matmul_plan, pe_transpose_pays, segments_pay
 from nxsat.ir import Module, Node, TensorType
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
@@ -176,7 +176,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     # a weight lying K-contiguous (transposed on TensorE) loads in longer rows: LOAD_BYTES per partition
     # (priced so by extract/cost.py: the moving operand transposed, not jointly)
     rows = not joint and _k_contiguous(R[0, 0]) and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
-    wide = plan.is_wide(joint, rows)
+    wide = plan.is_wide(joint, _k_contiguous(R[0, 0]))
     groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows, wide)]
     first = [sum(grp[3] for grp in groups[:gi]) for gi in range(len(groups))]  # a group's first K tile
     last = Ko * plan.k_tiles(Ki) - 1
@@ -186,7 +186,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             _matmul_joint(lw, L[b], R[b], ep, b, groups, mt, out_t, b % 2 == 0, attrs)
             continue
         if wide:
-            _matmul_wide(lw, L[b], R[b], ep, b, groups, plan.n_tile, mt, out_t, transpose_dma, attrs)
+            _matmul_wide(lw, L[b], R[b], ep, b, groups, plan, mt, out_t, transpose_dma, attrs)
             continue
         def moving(ko: int, k0: int, kn: int, n: int, n0: int, nn: int, b: int = b) -> list[Ref]:
             return _load_ktiles(lw, R[b, ko, k0:k0 + n * kn, n0:n0 + nn], kn, mt, transpose_dma, Ko * Ki)
@@ -335,35 +335,44 @@ def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t
 
 
 def _matmul_wide(lw: Lowering, L: Ref, R: Ref, ep: Epilogue, b: int, groups: list[tuple[int, int, int, int]],
-                 n_tile: int, mt: dt.DType, out_t: dt.DType, transpose_dma: bool, attrs: dict[str, str]) -> None:
-    """``out = L @ R`` (:attr:`~nxsat.extract.plan.MatmulPlan.wide`: L one M tile, R a few N tiles lying
-    N-contiguous): each K group of R is loaded once in rows N long, the stationary tiles beside it, and
-    every N tile's matmuls read their columns, accumulating in a PSUM bank of their own; one group's
-    operands are loaded ahead of the previous group's matmuls."""
+                 plan: MatmulPlan, mt: dt.DType, out_t: dt.DType, transpose_dma: bool, attrs: dict[str, str]) -> None:
+    """``out = L @ R`` (:attr:`~nxsat.extract.plan.MatmulPlan.wide`: L one M tile, resident; R's N tiles
+    lying N-contiguous, in blocks of ``plan.wide_tiles``): each K group of a block is loaded once in rows
+    as long as the block, and every N tile's matmuls read their columns, accumulating in a PSUM bank of
+    their own; one group's operands are loaded ahead of the previous group's matmuls, and a block's
+    results are stored while the next block computes."""
     g = lw.graph
     M, Ko, Ki = L.shape
     N = R.shape[2]
-    n_tiles = [(n0, min(n_tile, N - n0)) for n0 in range(0, N, n_tile)]
-    accs = [g.tile((M, nn), dt.F32, "psum", "acc").ref() for _, nn in n_tiles]
+    width = plan.wide_tiles * plan.n_tile
     last = sum(n for *_, n in groups) - 1
+    kept: dict[int, list[Ref]] = {}  # the stationary K tiles of each group, loaded for the first block
 
-    def operands(gi: int) -> tuple[list[Ref], list[Ref]]:
+    def operands(c0: int, cn: int, gi: int) -> tuple[list[Ref], list[Ref]]:
         ko, k0, kn, n = groups[gi]
-        return (_load_ktiles(lw, L[:, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma, Ko * Ki),
-                _load_ktiles(lw, R[ko, k0:k0 + n * kn, :], kn, mt, transpose_dma, Ko * Ki))
+        if gi not in kept:
+            kept[gi] = _load_ktiles(lw, L[:, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma, Ko * Ki)
+        return kept[gi], _load_ktiles(lw, R[ko, k0:k0 + n * kn, c0:c0 + cn], kn, mt, transpose_dma, Ko * Ki)
 
-    ready = operands(0)
+    work = [(c0, min(width, N - c0), gi) for c0 in range(0, N, width) for gi in range(len(groups))]
+    ready = operands(*work[0])
+    accs: list[tuple[int, Ref]] = []
     j = 0
-    for gi in range(len(groups)):
+    for w, (c0, cn, gi) in enumerate(work):
         sts, mvs = ready
-        if gi + 1 < len(groups):
-            ready = operands(gi + 1)
+        if w + 1 < len(work):
+            ready = operands(*work[w + 1])
+        if gi == 0:
+            accs = [(n0, g.tile((M, min(plan.n_tile, cn - n0)), dt.F32, "psum", "acc").ref())
+                    for n0 in range(0, cn, plan.n_tile)]
+            j = 0
         for st, mv in zip(sts, mvs):
-            for acc, (n0, nn) in zip(accs, n_tiles):
-                g.add("pe", "matmul", acc, st, mv[:, n0:n0 + nn], start=j == 0, stop=j == last, **attrs)
+            for n0, acc in accs:
+                g.add("pe", "matmul", acc, st, mv[:, n0:n0 + acc.shape[1]], start=j == 0, stop=j == last, **attrs)
             j += 1
-    for acc, (n0, _) in zip(accs, n_tiles):
-        _store(lw, ep, (b, 0, n0), acc, out_t)
+        if gi == len(groups) - 1:
+            for n0, acc in accs:
+                _store(lw, ep, (b, 0, c0 + n0), acc, out_t)
 
 
 def _joint_transposable(Lk: Ref, Rk: Ref, mt: dt.DType, transpose_dma: bool) -> bool:

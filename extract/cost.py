@@ -495,10 +495,10 @@ class CostModel:
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
         st_bytes = M * K * ls * st_loads
         mv_bytes = K * N * rs * mv_loads
-        wide = plan.is_wide(joint, rt)  # the moving operand loaded in rows N long
+        wide = plan.is_wide(joint, rhs_k_contiguous)  # the moving operand loaded in rows N long
         run = plan.k_tile * plan.group(rt and not joint, wide)  # K per load (backend/matmul.py groups)
         st_run = min(K, run) * ls if lt else min(M, plan.m_tile) * ls
-        mv_run = min(K, run) * rs if rt else (N if wide else min(N, plan.n_tile)) * rs
+        mv_run = min(K, run) * rs if rt else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
         load = B * (self.dma_ns(st_bytes, st_run) * (not ahead[0]) + self.dma_ns(mv_bytes, mv_run) * (not ahead[1]))
         if N == 1 and M >= 2 * plan.m_tile:
             # one-column results gathered 128 tiles at a time, transposed and stored as rows (backend/matmul.py

@@ -40,12 +40,14 @@ class MatmulPlan:
     # N dimension in blocks of this many tiles, the M tiles inside each block, so the moving operand
     # is read once and the stationary one once per block
     n_block: int = 0
-    # One M tile against up to WIDE_N_TILES N tiles of a moving operand lying N-contiguous: each K group
-    # of it is loaded in whole rows, N long (k_group_wide K tiles a load), and every N tile's matmul reads
-    # its columns, the N tiles accumulating in PSUM banks of their own (gemma's output projection,
-    # N = 1,152: rows of 512 bf16, 1 KiB descriptors, became rows of 2,304 bytes)
+    # One M tile against N tiles of a moving operand lying N-contiguous, in blocks of wide_tiles N tiles
+    # (at most WIDE_N_TILES): each K group of a block is loaded in rows as long as the block
+    # (k_group_wide K tiles a load), and every N tile's matmul reads its columns, the block's N tiles
+    # accumulating in PSUM banks of their own; a block is stored while the next one computes (gemma's
+    # output projection, N = 1,152: rows of 512 bf16, 1 KiB descriptors, became rows of 2,304 bytes)
     wide: bool = False
     k_group_wide: int = 1
+    wide_tiles: int = 1  # N tiles per wide block (the N tiles in blocks of at most WIDE_N_TILES, balanced)
 
     def k_tiles(self, K: int) -> int:
         return -(-K // self.k_tile)
@@ -62,10 +64,10 @@ class MatmulPlan:
     def group(self, rows: bool = False, wide: bool = False) -> int:
         return self.k_group_rows if rows else self.k_group_wide if wide else self.k_group
 
-    def is_wide(self, joint: bool, rows: bool) -> bool:
+    def is_wide(self, joint: bool, k_contiguous: bool) -> bool:
         """Is the moving operand loaded N long (:attr:`wide`), given whether the dot takes the joint path
-        and whether its moving operand is loaded as K-contiguous rows (those keep their own runs)?"""
-        return self.wide and not joint and not rows
+        and whether its moving operand lies K-contiguous (transposed as it loads: its runs are K's)?"""
+        return self.wide and not joint and not k_contiguous
 
 
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
@@ -110,10 +112,12 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
     # (always fewer bytes: blocks x M + N against M + N x M tiles, blocks being at most N / n_tile)
     block = min(ntiles, int(MOVING_SBUF_SHARE * target.sbuf_bytes) // (ktiles * n * size)) \
         if mtiles > 1 and resident else 0
-    wide = mtiles == 1 and 1 < ntiles <= WIDE_N_TILES
-    group_wide = max(1, min(ktiles, LOAD_BYTES // (N * size)))
+    wide = mtiles == 1 and ntiles > 1 and resident
+    blocks = -(-ntiles // WIDE_N_TILES)
+    wide_tiles = -(-ntiles // blocks)
+    group_wide = max(1, min(ktiles, LOAD_BYTES // (min(N, wide_tiles * n) * size)))
     return MatmulPlan(m, k, n, resident, group, group_rows, joint=N <= n and mtiles <= JOINT_M_TILES, n_block=block,
-                      wide=wide, k_group_wide=group_wide)
+                      wide=wide, k_group_wide=group_wide, wide_tiles=wide_tiles)
 
 
 PE_MIN = 16  # rows of a K-contiguous operand from which TensorE transposes pay whatever K is
