@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from nxsat import dtypes as dt
 from nxsat.backend.affine import AffinePredicate, affine_predicate, tile_params, virtual
 from nxsat.backend.elementwise import ACTIVATION, Cluster, Kernel, Share, folded, pass_plan
-from nxsat.backend.graph import Ref
+from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, onchip_dtype
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.ir import Node
@@ -265,8 +265,8 @@ SPREAD_MAX = 4096  # values of a repeated row (in PSUM banks of 512 fp32 values)
 def _rows_from_row(lw: Lowering, dst: Ref, row: Ref, ones: Ref) -> None:
     """``dst [P, F]``: the ``[1, F]`` row in HBM on every partition. One descriptor, a TensorE matmul of a
     row of ones (stationary, one contraction row: each result is the value times 1, exact for every
-    value) against the row (moving, in fp32) per PSUM bank of it, and a copy out of PSUM on the engine
-    with less recent work."""
+    value) against the row (moving, in fp32) per PSUM bank of it, and a copy out of PSUM
+    (:func:`copy_out`)."""
     g = lw.graph
     n, f = dst.shape
     nat = g.tile((1, f), row.dtype, "sbuf", "eprow").ref()
@@ -280,21 +280,24 @@ def _rows_from_row(lw: Lowering, dst: Ref, row: Ref, ones: Ref) -> None:
         cn = min(bank, f - c0)
         ps = g.tile((n, cn), dt.F32, "psum", "eprowsps").ref()
         g.add("pe", "matmul", ps, ones, nat[:, c0:c0 + cn], start=True, stop=True)
-        eng = g.lighter(("act", "dve"), cn)
-        g.add(eng, "activation" if eng == "act" else "tensor_copy", dst[:, c0:c0 + cn], ps)
+        copy_out(g, dst[:, c0:c0 + cn], ps)
 
 
 def _column_from_row(lw: Lowering, dst: Ref, row: Ref) -> None:
     """``dst [P, 1]`` from the ``[1, P]`` row in HBM: one descriptor, a TensorE transpose (one contraction
-    row: exact for every value, infinities and NaN included) and a copy out of PSUM on whichever of
-    ScalarE and VectorE has had less work lately."""
+    row: exact for every value, infinities and NaN included) and a copy out of PSUM (:func:`copy_out`)."""
     g = lw.graph
     n = row.shape[1]
     nat = g.tile((1, n), row.dtype, "sbuf", "eprow").ref()
     g.add("dma", "dma", nat, row)
     ps = g.tile((n, 1), dt.F32, "psum", "eprowps").ref()
     g.add("pe", "transpose", ps, nat)
-    eng = g.lighter(("act", "dve"), 1)
+    copy_out(g, dst, ps)
+
+
+def copy_out(g: Graph, dst: Ref, ps: Ref) -> None:
+    """PSUM tile ``ps`` copied into ``dst`` by whichever of ScalarE and VectorE has had less work lately."""
+    eng = g.lighter(("act", "dve"), math.prod(ps.shape[1:]))
     g.add(eng, "activation" if eng == "act" else "tensor_copy", dst, ps)
 
 

@@ -9,7 +9,10 @@ by the array's columns, N by one PSUM bank and K by its rows: each K tile of L i
 in runs, one DMA each: ``MatmulPlan.runs``), and the K tiles accumulate in one PSUM bank
 (``start``/``stop``). ScalarE or VectorE (whichever has less of the epilogue's work:
 ``Epilogue.evacuate_on_act``) evacuates the bank, converting to the result type, and one DMA stores
-the tile. Integer operands are multiplied as fp32 (exact below 2^24, as the device computes dots).
+the tile. Two shapes take their own paths: one M tile against a few N tiles of a weight lying
+N-contiguous loads the weight in rows as long as a block of N tiles (:func:`_matmul_wide`), and a
+product with one column stores its results as rows, gathered and transposed (:class:`_Columns`).
+Integer operands are multiplied as fp32 (exact below 2^24, as the device computes dots).
 """
 
 from __future__ import annotations
@@ -241,8 +244,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                         acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
                     for i, (st, mv) in enumerate(zip(sts, mvs)):
                         j = first[gi] + i
-                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last,
-                              **({"precision": "tf32"} if precision == "tf32" and mt is dt.F32 else {}))
+                        g.add("pe", "matmul", acc, st, mv, start=j == 0, stop=j == last, **attrs)
                     if gi == len(groups) - 1:
                         if columns is not None and mn == plan.m_tile:
                             columns.add(m0, acc)
