@@ -91,6 +91,18 @@ def dot(lw: Lowering, node: Node) -> None:
         R = Rp.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n)
         matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
         return
+    Lk = lw.ref(lhs).permute(*lb, *lc, *lf)  # [K..., M...]: the left operand K-major, as R is
+    heads = _free_heads(Lk, B, K, M, [lhs.shape[d] for d in lf])
+    if heads and not device_dtype(node.dtype).is_int:
+        # the same for the left operand's free dimensions (a weight on the left: -O1 extracted gemma's
+        # k/v projection as ``dot(W[2, 1, 1152, 256], x)``, and the copy of W was 2-byte descriptors,
+        # 443 us of DMA engine time per layer): each head a batch, the right operand repeated
+        H, m = heads
+        ep = softmax_epilogue(lw, node, lambda r: r.reshape(H, m, N))
+        L = Lk.reshape(K, H, m).permute(1, 2, 0).reshape(H, m, 1, K)
+        R = lw.view(Rp, lambda r: r.reshape(1, 1, K, N).broadcast(0, H), node)
+        matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
+        return
     if device_dtype(node.dtype).is_int and Lp.dtype.is_int and Rp.dtype.is_int:
         out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
         L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
@@ -121,9 +133,9 @@ def _contraction_order(R: Ref, lc: tuple[int, ...] | list[int], rc: tuple[int, .
 
 
 def _free_heads(Rp: Ref, B: int, K: int, N: int, free: list[int]) -> tuple[int, int] | None:
-    """``(H, n)`` when the right operand's free dimensions do not merge into one stride but split as ``H``
-    outer by ``n`` inner ones that do (heads by head_dim), for a dot without batch dimensions whose
-    contraction merges; None otherwise (the usual path)."""
+    """``(H, n)`` when an operand's free dimensions (``Rp``: the operand K-major, ``[K..., free...]``) do not
+    merge into one stride but split as ``H`` outer by ``n`` inner ones that do (heads by head_dim), for
+    a dot without batch dimensions whose contraction merges; None otherwise (the usual path)."""
     if B != 1 or len(free) < 2:
         return None
     try:

@@ -367,3 +367,14 @@ def test_a_one_column_result_is_stored_in_rows(target: str) -> None:
                                                  "lhs_contracting_dims={1}, rhs_contracting_dims={0}")),
                                   target=target, rtol=2e-5, atol_scale=2e-5)
     assert _descriptors(model, "out0_d") == {128 * 4, 4}  # seven tiles as rows; the last 104 results one by one
+
+
+def test_a_weight_on_the_left_split_in_heads_is_read_as_it_lies() -> None:
+    """``dot(W, x)`` with the weight on the left and its free dimensions (k/v, heads, head_dim) not merging
+    into one stride (-O1 extracted gemma's k/v projection so): each of the outer free dimensions a batch
+    against the same right operand, no copy of W (it was a copy of 2-byte descriptors)."""
+    text = _dot("f32[2,1,64,32]", "f32[1,5,64]", "f32[2,1,32,1,5]",
+                "lhs_contracting_dims={2}, rhs_contracting_dims={2}")
+    assert_device_matches(module_of(text), rtol=2e-5, atol_scale=2e-5)
+    c = compile_graph(module_of(text), sim.load_target("trn1"))
+    assert not [n for n, t in c.program.tensors.items() if t.kind == "scratch"]
