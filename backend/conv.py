@@ -568,10 +568,7 @@ def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
     else:
         on_act = cv.evac % 2 == 0
         cv.evac += 1
-    if on_act:
-        cv.g.add("act", "activation", dst, src)
-    else:
-        cv.g.add("dve", "tensor_copy", dst, src)
+    cv.g.copy(on_act, dst, src)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -936,12 +933,9 @@ def _weights_converted(cv: Conv, raw: Ref) -> Ref:
     if raw.dtype is cv.mt:
         return raw
     t = cv.g.tile(raw.shape, cv.mt, "sbuf", "cvwc").ref()
-    if raw.dtype.is_float and cv.mt.is_float:
-        # ScalarE: in a convolution it only evacuates PSUM, while VectorE runs the layers' elementwise
-        # work (ResNet-50: 165 us of weight casts on VectorE, 8% of ScalarE busy); the same rounding
-        cv.g.add("act", "activation", t, raw)
-    else:
-        cv.g.add("dve", "tensor_copy", t, raw)
+    # floats on ScalarE: in a convolution it only evacuates PSUM, while VectorE runs the layers'
+    # elementwise work (ResNet-50: 165 us of weight casts on VectorE, 8% of ScalarE busy); the same rounding
+    cv.g.copy(raw.dtype.is_float and cv.mt.is_float, t, raw)
     return t
 
 

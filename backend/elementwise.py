@@ -87,22 +87,30 @@ PURE_VIEWS = frozenset({"reshape", "broadcast", "bitcast"})  # an access pattern
 VIEWS = PURE_VIEWS | {"transpose"}  # and a permutation of it
 
 
-def lowering_order(order: list[Node]) -> list[Node]:
+def fixed_values(order: list[Node]) -> set[int]:
+    """The values of the post-order ``order`` computed from parameters and constants alone: views of
+    them, and small elementwise values (a batch-norm scale ``gamma * rsqrt(var + eps)``)."""
+    fixed: set[int] = set()
+    for n in order:
+        if all(o.id in fixed for o in n.operands) and (
+                n.op in EARLY_VIEWS or is_elementwise(n) and math.prod(n.shape) <= EARLY_ELEMENTS):
+            fixed.add(n.id)
+    return fixed
+
+
+def lowering_order(order: list[Node], fixed: set[int] | None = None) -> list[Node]:
     """The post-order ``order`` rearranged for clusters, which take only operands computed before they
-    start. A small value computed from parameters and constants alone that is broadcast (a batch-norm
-    scale ``gamma * rsqrt(var + eps)``) goes to the front, with the views of parameters: then the
-    cluster applying it to a convolution's or a dot's result can start with that result and run as its
-    epilogue (backend/epilogue.py). Every other elementwise operator goes just before its first reader
-    (a causal mask's comparison, layernorm's ``x - mean`` once the variance is known): a reader of its
-    shape computes it in its pass, after whatever else the pass reads."""
-    fixed: set[int] = set()  # computed from parameters and constants alone: views, small elementwise values
+    start. A small value computed from parameters and constants alone (``fixed``: :func:`fixed_values`)
+    that is broadcast goes to the front, with the views of parameters: then the cluster applying it to a
+    convolution's or a dot's result can start with that result and run as its epilogue
+    (backend/epilogue.py). Every other elementwise operator goes just before its first reader (a causal
+    mask's comparison, layernorm's ``x - mean`` once the variance is known): a reader of its shape
+    computes it in its pass, after whatever else the pass reads."""
+    fixed = fixed_values(order) if fixed is None else fixed
     readers: dict[int, list[Node]] = {}
     for n in order:
         for o in n.operands:
             readers.setdefault(o.id, []).append(n)
-        if all(o.id in fixed for o in n.operands) and (
-                n.op in EARLY_VIEWS or is_elementwise(n) and math.prod(n.shape) <= EARLY_ELEMENTS):
-            fixed.add(n.id)
     early = set(fixed)
     for n in reversed(order):  # an elementwise value moves to the front only to be viewed (broadcast)
         rs = readers.get(n.id, ())
@@ -586,7 +594,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     stores = {m.id: lw.result(m) for m in outputs}
     folds, share = pass_plan(lw, members, set(stores))
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
-    of_params = all(lw.of_params(m) for m in members) and all(_read_elementwise(lw, m.id) for m in outputs)
+    of_params = all(m.id in lw.fixed for m in members) and all(_read_elementwise(lw, m.id) for m in outputs)
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params)
     nf = lay.nfree
     view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}

@@ -297,8 +297,7 @@ def _column_from_row(lw: Lowering, dst: Ref, row: Ref) -> None:
 
 def copy_out(g: Graph, dst: Ref, ps: Ref) -> None:
     """PSUM tile ``ps`` copied into ``dst`` by whichever of ScalarE and VectorE has had less work lately."""
-    eng = g.lighter(("act", "dve"), math.prod(ps.shape[1:]))
-    g.add(eng, "activation" if eng == "act" else "tensor_copy", dst, ps)
+    g.copy(g.lighter(("act", "dve"), math.prod(ps.shape[1:])) == "act", dst, ps)
 
 
 # the members that may take the producer's PSUM tile as an operand (one VectorE or ScalarE instruction each)

@@ -413,6 +413,11 @@ class Graph:
             b.users.append(inst)
         return inst
 
+    def copy(self, on_act: bool, dst: Ref, src: Ref) -> Inst:
+        """``src`` copied into ``dst`` (out of PSUM, into another type) on ScalarE (``activation``) or on
+        VectorE (``tensor_copy``): the two engines that both convert, and take turns at it."""
+        return self.add("act", "activation", dst, src) if on_act else self.add("dve", "tensor_copy", dst, src)
+
     RECENT = 0.98  # per compute instruction: how much of the engines' recent work :meth:`lighter` still counts
 
     def _account(self, inst: Inst) -> None:

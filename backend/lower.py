@@ -109,36 +109,11 @@ class Lowering:
     absorbed: set[int] = field(default_factory=set)  # nodes another operator's lowering does itself
     deferred: dict[int, Node] = field(default_factory=dict)  # hosts waiting for a reader (run)
     plan: dict[int, Any] = field(default_factory=dict)  # node id -> what a planner decided for its lowering
+    fixed: set[int] = field(default_factory=set)  # from parameters and constants alone (elementwise.fixed_values)
     _consts: dict[tuple, Ref] = field(default_factory=dict)
-    _of_params: dict[int, bool] = field(default_factory=dict)
     _copies: dict[tuple, Ref] = field(default_factory=dict)  # (buffer, access) -> its contiguous copy
     _by_id: dict[int, Node] = field(default_factory=dict)
     _fresh: list[Any] = field(default_factory=list)  # values set since the last operator was lowered
-
-    def of_params(self, node: Node) -> bool:
-        """Is ``node``'s value computed elementwise from the model's parameters and constants alone (a batch
-        norm's per-channel scale from its mean, variance and gamma)?"""
-        from nxsat.backend.elementwise import EMITTERS, VIEWS
-
-        memo = self._of_params
-        stack = [node]
-        while stack:
-            n = stack[-1]
-            if n.id in memo:
-                stack.pop()
-                continue
-            if n.op in ("parameter", "constant"):
-                memo[n.id] = True
-            elif n.op not in EMITTERS and n.op not in VIEWS:
-                memo[n.id] = False
-            else:
-                todo = [o for o in n.operands if o.id not in memo]
-                if todo:
-                    stack += todo
-                    continue
-                memo[n.id] = all(memo[o.id] for o in n.operands)
-            stack.pop()
-        return memo[node.id]
 
     # --- where values live ----------------------------------------------------------------------
     def ref(self, node: Node) -> Ref:
@@ -315,12 +290,14 @@ class Lowering:
 
     def run(self) -> None:
         from nxsat.backend import families  # noqa: F401 - registers every lowering
-        from nxsat.backend.elementwise import clusters, lowering_order
+        from nxsat.backend.elementwise import clusters, fixed_values, lowering_order
 
         entry = self.module.entry
         self.graph.hbm_limit = self.target.hbm_bytes
         self.graph.clocks = {e.stream: e.clock_ghz for e in self.target.engines.values()}
-        order = lowering_order(entry.post_order())
+        post = entry.post_order()
+        self.fixed = fixed_values(post)
+        order = lowering_order(post, self.fixed)
         for node in order:
             for o in node.operands:
                 self.consumers.setdefault(o.id, set()).add(node.id)

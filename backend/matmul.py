@@ -80,28 +80,13 @@ def dot(lw: Lowering, node: Node) -> None:
     if math.prod(rhs.shape) > math.prod(lhs.shape):  # the larger operand (a weight) read as it lies
         lc, rc = _contraction_order(lw.ref(rhs), lc, rc)
     Lp, Rp = lw.ref(lhs).permute(*lb, *lf, *lc), lw.ref(rhs).permute(*rb, *rc, *rf)
-    heads = _free_heads(Rp, B, K, N, [rhs.shape[d] for d in rf])
-    if heads and not device_dtype(node.dtype).is_int:
-        # R's free dimensions do not merge into one stride (gemma's q projection, [4 heads, 1152, 256]:
-        # N = 4 x 256): each head is a batch of its own, the left operand repeated (a stride-0 view), rather
-        # than a copy of the whole weight into a contiguous scratch (153 MB of gemma3's HBM traffic)
-        H, n = heads
-        ep = softmax_epilogue(lw, node, lambda r: r.reshape(M, H, n).permute(1, 0, 2))
-        L = lw.view(Lp, lambda r: r.reshape(1, M, 1, K).broadcast(0, H), node)
-        R = Rp.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n)
-        matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
-        return
-    Lk = lw.ref(lhs).permute(*lb, *lc, *lf)  # [K..., M...]: the left operand K-major, as R is
-    heads = _free_heads(Lk, B, K, M, [lhs.shape[d] for d in lf])
-    if heads and not device_dtype(node.dtype).is_int:
-        # the same for the left operand's free dimensions (a weight on the left: -O1 extracted gemma's
-        # k/v projection as ``dot(W[2, 1, 1152, 256], x)``, and the copy of W was 2-byte descriptors,
-        # 443 us of DMA engine time per layer): each head a batch, the right operand repeated
-        H, m = heads
-        ep = softmax_epilogue(lw, node, lambda r: r.reshape(H, m, N))
-        L = Lk.reshape(K, H, m).permute(1, 2, 0).reshape(H, m, 1, K)
-        R = lw.view(Rp, lambda r: r.reshape(1, 1, K, N).broadcast(0, H), node)
-        matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
+    by_heads = None if device_dtype(node.dtype).is_int else _by_heads(
+        lw, node, Lp, Rp, lw.ref(lhs).permute(*lb, *lc, *lf), (B, M, K, N),
+        [lhs.shape[d] for d in lf], [rhs.shape[d] for d in rf])
+    if by_heads is not None:
+        frame, L, R = by_heads
+        matmul(lw, node, L, R, softmax_epilogue(lw, node, frame), "tf32" if tf32 else "fp32",
+               mt=operand_type(*types, lw))
         return
     if device_dtype(node.dtype).is_int and Lp.dtype.is_int and Rp.dtype.is_int:
         out = lw.view(lw.result(node), lambda r: r.reshape(B, M, N), node)
@@ -132,21 +117,46 @@ def _contraction_order(R: Ref, lc: tuple[int, ...] | list[int], rc: tuple[int, .
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _free_heads(Rp: Ref, B: int, K: int, N: int, free: list[int]) -> tuple[int, int] | None:
-    """``(H, n)`` when an operand's free dimensions (``Rp``: the operand K-major, ``[K..., free...]``) do not
-    merge into one stride but split as ``H`` outer by ``n`` inner ones that do (heads by head_dim), for
-    a dot without batch dimensions whose contraction merges; None otherwise (the usual path)."""
+def _by_heads(lw: Lowering, node: Node, Lp: Ref, Rp: Ref, Lk: Ref, sizes: tuple[int, int, int, int],
+              lfree: list[int], rfree: list[int]) -> tuple[Callable[[Ref], Ref], Ref, Ref] | None:
+    """An operand whose free dimensions do not merge into one stride but split as ``H`` outer by ``n`` inner
+    ones that do (heads by head_dim: gemma's q projection ``[4, 1152, 256]`` on the right, its k/v one
+    ``dot(W[2, 1, 1152, 256], x)`` as -O1 extracted it, on the left), in a dot without batch dimensions:
+    each head a batch of its own, the other operand repeated through a stride-0 view, rather than a
+    copy of the whole weight into a contiguous scratch (153 MB of gemma3's HBM traffic on the right;
+    on the left, 2-byte descriptors, 10.3 ms of DMA engine time). The result's frame, L and R; None
+    otherwise (the usual path). ``Lk``: the left operand K-major, ``[K..., M...]``, as ``Rp`` is."""
+    B, M, K, N = sizes
+    heads = _free_heads(Rp, B, K, N, rfree)
+    if heads is not None:
+        H, n = heads
+        return (lambda r: r.reshape(M, H, n).permute(1, 0, 2),
+                lw.view(Lp, lambda r: r.reshape(1, M, 1, K).broadcast(0, H), node),
+                Rp.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n))
+    heads = _free_heads(Lk, B, K, M, lfree)
+    if heads is not None:
+        H, m = heads
+        return (lambda r: r.reshape(H, m, N),
+                Lk.reshape(K, H, m).permute(1, 2, 0).reshape(H, m, 1, K),
+                lw.view(Rp, lambda r: r.reshape(1, 1, K, N).broadcast(0, H), node))
+    return None
+
+
+def _free_heads(Xk: Ref, B: int, K: int, F: int, free: list[int]) -> tuple[int, int] | None:
+    """``(H, n)`` when the free dimensions ``free`` (``F`` elements) of an operand seen K-major (``Xk``:
+    ``[K..., free...]``) do not merge into one stride but split as ``H`` outer by ``n`` inner ones that
+    do, for a dot without batch dimensions whose contraction merges; None otherwise."""
     if B != 1 or len(free) < 2:
         return None
     try:
-        Rp.reshape(1, 1, K, N).ap  # noqa: B018 - merges: the usual path
+        Xk.reshape(1, 1, K, F).ap  # noqa: B018 - merges: the usual path
         return None
     except AccessError:
         pass
     for s in range(1, len(free)):
         H, n = math.prod(free[:s]), math.prod(free[s:])
         try:
-            Rp.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n).ap  # noqa: B018
+            Xk.reshape(K, H, n).permute(1, 0, 2).reshape(H, 1, K, n).ap  # noqa: B018
             return H, n
         except AccessError:
             continue
@@ -190,8 +200,9 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     joint = plan.joint and _joint_transposable(L[0, :, 0, :].T, R[0, 0, :, :], mt, transpose_dma)
     # a weight lying K-contiguous (transposed on TensorE) loads in longer rows: LOAD_BYTES per partition
     # (priced so by extract/cost.py: the moving operand transposed, not jointly)
-    rows = not joint and _k_contiguous(R[0, 0]) and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
-    wide = plan.is_wide(joint, _k_contiguous(R[0, 0]))
+    r_kmajor = _k_contiguous(R[0, 0])
+    rows = not joint and r_kmajor and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
+    wide = plan.is_wide(joint, r_kmajor)
     groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows, wide)]
     first = [sum(grp[3] for grp in groups[:gi]) for gi in range(len(groups))]  # a group's first K tile
     last = Ko * plan.k_tiles(Ki) - 1
@@ -215,7 +226,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             # all at once, the block's loads shared the DMA bandwidth and the first one, which TensorE
             # waits for, arrived with the last (a 2048^3 bf16 dot: TensorE idle for its first 36 us)
             kept: dict[int, list[Ref]] | None = {} if plan.n_block else None
-            columns = _Columns.of(lw, ep, b, M, N, out_t, plan.m_tile)
+            columns = _Columns.of(lw, ep, b, out_t, plan.m_tile) if plan.column_rows(M, N) else None
             for m0 in range(0, M, plan.m_tile):
                 mn = min(plan.m_tile, M - m0)
 
@@ -286,11 +297,11 @@ class _Columns:
     tile: Ref | None = None
 
     @staticmethod
-    def of(lw: Lowering, ep: Epilogue, b: int, M: int, N: int, out_t: dt.DType, m_tile: int) -> _Columns | None:
-        """The gatherer for batch ``b`` of a one-column product when its result is stored plainly (no
-        elementwise reader on its tiles) in positions that lie side by side, and it has several tiles."""
-        if N != 1 or M < 2 * m_tile or type(ep) is not Epilogue or ep.cluster is not None or ep.out is None \
-                or not out_t.is_float:
+    def of(lw: Lowering, ep: Epilogue, b: int, out_t: dt.DType, m_tile: int) -> _Columns | None:
+        """The gatherer for batch ``b`` of a product whose plan stores its result as rows
+        (``MatmulPlan.column_rows``), when that result is stored plainly (no elementwise reader on its
+        tiles) in positions that lie side by side."""
+        if type(ep) is not Epilogue or ep.cluster is not None or ep.out is None or not out_t.is_float:
             return None
         try:
             view = ep.out[b, 0:m_tile * 2, 0].reshape(2, m_tile)
@@ -306,8 +317,7 @@ class _Columns:
             self.tile = g.tile((self.rows, self.lw.target.matmul["cols"]), dt.F32, "sbuf", "mmcol").ref()
             self.first = m0
         col = self.tile[:, len(self.cols):len(self.cols) + 1]
-        on_act = self.ep.evacuate_on_act()
-        g.add("act" if on_act else "dve", "activation" if on_act else "tensor_copy", col, acc)
+        g.copy(self.ep.evacuate_on_act(), col, acc)
         self.cols.append(col)
         if len(self.cols) == self.tile.shape[1]:
             self.flush()
@@ -321,8 +331,7 @@ class _Columns:
         ps = g.tile((n, self.rows), dt.F32, "psum", "mmcolps").ref()
         g.add("pe", "transpose", ps, self.tile[:, 0:n])
         res = g.tile((n, self.rows), self.out_t, "sbuf", "mmrows").ref()
-        on_act = self.ep.evacuate_on_act()
-        g.add("act" if on_act else "dve", "activation" if on_act else "tensor_copy", res, ps)
+        g.copy(self.ep.evacuate_on_act(), res, ps)
         a = self.first
         g.add("dma", "dma", self.ep.out[self.b, a:a + n * self.rows, 0].reshape(n, self.rows), res)
         self.cols, self.tile = [], None
@@ -341,10 +350,7 @@ def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t
         return
     on_act = ep.evacuate_on_act() if on_act is None else on_act
     res = lw.graph.tile(acc.shape, out_t, "sbuf", "mm").ref()
-    if on_act:
-        lw.graph.add("act", "activation", res, acc)
-    else:
-        lw.graph.add("dve", "tensor_copy", res, acc)
+    lw.graph.copy(on_act, res, acc)
     ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res, at)
 
 
@@ -602,10 +608,7 @@ def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dty
             for i in range(cnt):
                 g.add("pe", "transpose", ps[:, i, :], nat[:, (i0 + i) * kn:(i0 + i + 1) * kn])
             # copied out by VectorE and ScalarE in turn, as result tiles are evacuated
-            if (x0 // rows + i0 // per) % 2:
-                g.add("act", "activation", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
-            else:
-                g.add("dve", "tensor_copy", tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
+            g.copy(bool((x0 // rows + i0 // per) % 2), tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
     return tile
 
 

@@ -500,9 +500,9 @@ class CostModel:
         st_run = min(K, run) * ls if lt else min(M, plan.m_tile) * ls
         mv_run = min(K, run) * rs if rt else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
         load = B * (self.dma_ns(st_bytes, st_run) * (not ahead[0]) + self.dma_ns(mv_bytes, mv_run) * (not ahead[1]))
-        if N == 1 and M >= 2 * plan.m_tile:
-            # one-column results gathered 128 tiles at a time, transposed and stored as rows (backend/matmul.py
-            # _Columns; a result stored plainly, as this prices a dot alone)
+        if plan.column_rows(M, N):
+            # gathered 128 tiles at a time, transposed and stored as rows (a result stored plainly, as this
+            # prices a dot alone)
             store = B * self.dma_ns(M * os_, plan.m_tile * os_, min(-(-M // plan.m_tile), self.P))
             for cn, cc in _tiles(mtiles, t.matmul["cols"]):
                 pe += cc * op_ns(t, "transpose", "pe", P=plan.m_tile, N=cn, fp32=1)

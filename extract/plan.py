@@ -64,6 +64,12 @@ class MatmulPlan:
     def group(self, rows: bool = False, wide: bool = False) -> int:
         return self.k_group_rows if rows else self.k_group_wide if wide else self.k_group
 
+    def column_rows(self, M: int, N: int) -> bool:
+        """Does a product's result go out as rows: one column and several M tiles (an LM head for one
+        token), its ``[m_tile, 1]`` tiles gathered, transposed and stored as rows (backend/matmul.py
+        ``_Columns``), where one by one each was ``m_tile`` descriptors of one value?"""
+        return N == 1 and M >= 2 * self.m_tile
+
     def is_wide(self, joint: bool, k_contiguous: bool) -> bool:
         """Is the moving operand loaded N long (:attr:`wide`), given whether the dot takes the joint path
         and whether its moving operand lies K-contiguous (transposed as it loads: its runs are K's)?"""

@@ -668,21 +668,8 @@ ENTRY main {
                           rtol=2e-2, atol_scale=2e-2)
 
 
-PADDED_POOL = """HloModule pool
-
-max_f32 {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT m = f32[] maximum(a, b)
-}
-
-ENTRY main {
-  x = f32[1,64,20,20] parameter(0)
-  ninf = f32[] constant(-inf)
-  ROOT r = f32[1,64,10,10] reduce-window(x, ninf), window={size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1},
-    to_apply=max_f32
-}
-"""
+PADDED_POOL = window_hlo("1,64,20,20", "1,64,10,10", "maximum", "-inf",
+                         "size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1")
 
 
 def test_a_padded_pooling_fills_only_the_padding() -> None:
