@@ -147,10 +147,6 @@ XFAIL: dict[str, str] = {
     "wgrad1x1-4x64x56x56-matmult": _WG.format(0.64),
     "wgrad3x3-8x16x28x28-none": _WG.format(0.48),
     "wgrad3x3-8x16x28x28-matmult": _WG.format(0.44),
-    "dot-3072x768x128-bf16": "a K-contiguous stationary in 24 M tiles against one kept moving tile: TensorE's "
-                             "transposes, VectorE's copies out of PSUM and the loads overlap less than the model "
-                             "has them (predicted/simulated 0.82; before moving tiles were kept: 0.95 of 63.3 us, "
-                             "now 43.2 us)",
     "depthwise3x3-nchw-1x256x56x56-bf16": _PACKED.format(0.72),
     "depthwise3x3-nhwc-1x56x56x256-bf16": _PACKED.format(0.66),
 }
