@@ -122,6 +122,10 @@ def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
             ops = [convert(o, low) for o in ops]
             attrs = dict(node.attrs, to_apply=body)
             new = Node("reduce", ops, attrs, infer_type("reduce", ops, attrs, node.loc), node.name, node.loc)
+        elif node.op == "convert" and ops[0].op == "transpose" and isinstance(node.type, TensorType):
+            # a cast the extraction chose of a transposed value: its source cast, the cast transposed (a
+            # view), so the source's producer writes it narrow (extract/cost.py prices it so)
+            new = convert(ops[0], node.dtype)
         else:
             # Everything else keeps fp32: a cast value it reads is converted back.
             ops = [convert(m, o.dtype) if isinstance(o.type, TensorType) and m.dtype is not o.dtype else m

@@ -1093,6 +1093,10 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # that convolution a form reading the cast itself (its window padding), in which it is absorbed;
     # priced as a pass, the cast kept ResNet-50's image pad at -O2 where -O1's policy dropped it.
     cast_read = _read_by_contractions(view, ops, _CONTRACTIONS, _PASS_VIEWS | {"pad"})
+    # A cast of a value an operator computes, or of a transpose of one, is written narrow by that operator
+    # (the backend's cluster ends in the cast, a dot's evacuation writes it; backend/precision.py casts a
+    # transpose's source): the dot loads the narrow value and converts nothing.
+    produced = _produced(view, ops)
     cast_from: dict[int, int] = {}
     for i, node in enumerate(view.nodes):
         c = view.node_class[i]
@@ -1121,7 +1125,8 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         multiply_in = None
         if ops[i] == "dot" and all(k in cast_from for k in kids):
             multiply_in = view.dtype.get(kids[0])
-            kids = [k if inputs[cast_from[k]] and not params[cast_from[k]] else cast_from[k] for k in kids]
+            kids = [k if produced[cast_from[k]] or (inputs[cast_from[k]] and not params[cast_from[k]])
+                    else cast_from[k] for k in kids]
         elif ops[i] == "convolution" and len(kids) == 2 and kids[1] in cast_from and params[cast_from[kids[1]]] \
                 and view.dtype.get(kids[0]) == view.dtype.get(kids[1]):
             # fp32 weights cast to the input's type: the implicit GEMM loads and converts them (backend/lower.py
@@ -1140,6 +1145,26 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
             op, attrs = eg.operator(node)
             cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in, hosted)
         out.append(cost)
+    return out
+
+
+def _produced(view: View, ops: Sequence[str]) -> list[bool]:
+    """Per class: its value is computed on chip by an operator (not a model input), directly or through
+    transposes (views the backend's casts look through)."""
+    out = [False] * len(view.class_nodes)
+    changed = True
+    while changed:
+        changed = False
+        for c, nodes in enumerate(view.class_nodes):
+            if out[c]:
+                continue
+            for i in nodes:
+                node = view.nodes[i]
+                if node.ctor in _INPUT_CTORS or not ops[i] or ops[i] in _PASS_VIEWS - {"transpose"}:
+                    continue
+                if ops[i] != "transpose" or (node.children and out[node.children[0]]):
+                    out[c] = changed = True
+                    break
     return out
 
 
