@@ -77,6 +77,16 @@ def _gelu_torch() -> Module:
     return b.module(b.op("multiply", [b.op("multiply", [c(0.5), x]), b.op("add", [c(1.0), b.op("tanh", [inner])])]))
 
 
+def _gelu_relay() -> Module:
+    """tests/data/relay/gpt2_extract.relay's GELU: every constant on the right, sqrt(2/pi) printed as 0.797885."""
+    b = Builder("gelu")
+    x = b.param(F32, (2, 5))
+    c = lambda v: _splat(b, v, F32, (2, 5))  # noqa: E731
+    cube = b.op("multiply", [b.op("power", [x, c(3.0)]), c(0.044715)])
+    inner = b.op("tanh", [b.op("multiply", [b.op("add", [x, cube]), c(0.797885)])])
+    return b.module(b.op("multiply", [b.op("multiply", [x, c(0.5)]), b.op("add", [inner, c(1.0)])]))
+
+
 def _silu(form: str) -> Callable[[], Module]:
     def make() -> Module:
         b = Builder("silu")
@@ -189,6 +199,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "rms-norm-f32-sum": _rms_norm_f32_sum,
     "gelu-tanh": _gelu_jax,
     "gelu-tanh-torch": _gelu_torch,
+    "gelu-tanh-relay": _gelu_relay,
     "silu": _silu("right"),
     "silu-left": _silu("left"),
     "silu-reciprocal": _silu("reciprocal"),
