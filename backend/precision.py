@@ -122,10 +122,14 @@ def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
             ops = [convert(o, low) for o in ops]
             attrs = dict(node.attrs, to_apply=body)
             new = Node("reduce", ops, attrs, infer_type("reduce", ops, attrs, node.loc), node.name, node.loc)
-        elif node.op == "convert" and ops[0].op == "transpose" and isinstance(node.type, TensorType):
-            # a cast the extraction chose of a transposed value: its source cast, the cast transposed (a
-            # view), so the source's producer writes it narrow (extract/cost.py prices it so)
-            new = convert(ops[0], node.dtype)
+        elif node.op == "convert" and isinstance(node.type, TensorType) and ops[0].dtype is node.operands[0].dtype:
+            # a cast the extraction chose: of a transposed value, its source's cast transposed (a view), so
+            # the source's producer writes it narrow (extract/cost.py prices it so); one cast per value
+            key = (ops[0].id, node.dtype.name)
+            if ops[0].op == "transpose":
+                new = convert(ops[0], node.dtype)
+            else:
+                new = cast_cache.setdefault(key, Node(node.op, ops, node.attrs, node.type, node.name, node.loc))
         else:
             # Everything else keeps fp32: a cast value it reads is converted back.
             ops = [convert(m, o.dtype) if isinstance(o.type, TensorType) and m.dtype is not o.dtype else m

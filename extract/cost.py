@@ -1149,8 +1149,9 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
 
 
 def _produced(view: View, ops: Sequence[str]) -> list[bool]:
-    """Per class: its value is computed on chip by an operator (not a model input), directly or through
-    transposes (views the backend's casts look through)."""
+    """Per class: its value is computed by an engine that writes it from SBUF or PSUM (ScalarE, VectorE,
+    TensorE: a cast joins that write), directly or through transposes (views the backend's casts look
+    through); not a model input, nor data moved by DMA (a concatenate: a cast of it is a pass of its own)."""
     out = [False] * len(view.class_nodes)
     changed = True
     while changed:
@@ -1160,7 +1161,9 @@ def _produced(view: View, ops: Sequence[str]) -> list[bool]:
                 continue
             for i in nodes:
                 node = view.nodes[i]
-                if node.ctor in _INPUT_CTORS or not ops[i] or ops[i] in _PASS_VIEWS - {"transpose"}:
+                od = registry.get(ops[i]) if ops[i] else None
+                if node.ctor in _INPUT_CTORS or od is None or ops[i] in ("broadcast", "reshape", "bitcast") \
+                        or od.engine not in (registry.SCALAR, registry.VECTOR, registry.TENSOR):
                     continue
                 if ops[i] != "transpose" or (node.children and out[node.children[0]]):
                     out[c] = changed = True
