@@ -26,12 +26,12 @@ import numpy as np
 
 from nxsat.backend.graph import Buf, Graph, Inst, Ref
 from nxsat.diagnostics import error
+from nxsat.extract.plan import PREFETCH_SBUF_FRACTION  # a load goes ahead only while SBUF stays below it
 from nxsat.sim.program import Access, Instr, Program, Tensor, Wait
 from nxsat.sim.target import Target
 
 ALIGN = 64
 LOOKAHEAD = 48  # how many instructions a DMA load may go ahead of program order
-PREFETCH_SBUF_FRACTION = 0.6  # and only while SBUF stays below this fraction in use
 REACH = 512  # how far past the lowest unscheduled instruction one may take on-chip memory
 ENGINES = ("pe", "act", "dve", "pool", "cc")
 

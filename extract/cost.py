@@ -38,6 +38,7 @@ from nxsat.extract.plan import (
     GROUP_NORM_RESIDENT,
     MAX_COLS,
     PE_BLOCK,
+    PREFETCH_SBUF_FRACTION,
     ConvGeometry,
     ConvPlan,
     DepthwisePlan,
@@ -499,7 +500,14 @@ class CostModel:
         run = plan.k_tile * plan.group(rt and not joint, wide)  # K per load (backend/matmul.py groups)
         st_run = min(K, run) * ls if lt else min(M, plan.m_tile) * ls
         mv_run = min(K, run) * rs if rt else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
-        load = B * (self.dma_ns(st_bytes, st_run) * (not ahead[0]) + self.dma_ns(mv_bytes, mv_run) * (not ahead[1]))
+        # a model input's load issued ahead hides under the operators before it only as far as the prefetch
+        # share of SBUF holds it: the rest of a weight far bigger (gemma3's LM head, 604 MB) streams on the
+        # dot's own path, which its DMA then bounds whichever operand is stationary
+        ahead_bytes = B * (st_bytes * ahead[0] + mv_bytes * ahead[1])
+        cap = PREFETCH_SBUF_FRACTION * self.P * t.sbuf_bytes
+        exposed = max(0.0, 1.0 - cap / ahead_bytes) if ahead_bytes else 1.0
+        load = B * (self.dma_ns(st_bytes, st_run) * (exposed if ahead[0] else 1.0)
+                    + self.dma_ns(mv_bytes, mv_run) * (exposed if ahead[1] else 1.0))
         if plan.column_rows(M, N):
             # gathered 128 tiles at a time, transposed and stored as rows (a result stored plainly, as this
             # prices a dot alone)

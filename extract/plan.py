@@ -76,6 +76,9 @@ class MatmulPlan:
         return self.wide and not joint and not k_contiguous
 
 
+# The share of SBUF loads issued ahead of program order may fill (backend/schedule.py prefetches within it;
+# extract/cost.py hides a model input's load under the operators before it up to that many bytes).
+PREFETCH_SBUF_FRACTION = 0.6
 # The share of SBUF an M tile's stationary operand may keep resident across its N tiles.
 STATIONARY_SBUF_SHARE = 1 / 8
 # The share of SBUF a block of N tiles' moving operand may keep resident across the M tiles.
