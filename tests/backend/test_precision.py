@@ -180,6 +180,12 @@ def test_a_chosen_cast_of_a_transpose_casts_its_source() -> None:
     lhs = out.entry.root.operands[0]
     assert lhs.op == "transpose" and lhs.dtype is dt.BF16
     assert lhs.operands[0].op == "convert" and lhs.operands[0].operands[0].op == "exponential"
+    # a transposed model input's cast stays the dot's to absorb (loaded wide and converted on chip)
+    b = Builder("m")
+    x, w = b.param(dt.F32, (4, 8)), b.param(dt.BF16, (4, 6))
+    t = b.op("convert", [b.op("transpose", [x], dimensions=(1, 0))], dtype=dt.BF16)
+    out, _ = apply_precision(b.module(b.op("dot", [t, w], dims=DotDims((1,), (0,)))), "matmult", tensor_ops=())
+    assert out.entry.root.operands[0].op == "convert"
 
 
 def sim_target():  # noqa: ANN201
