@@ -10,7 +10,7 @@ import numpy as np
 
 from nxsat.backend.graph import Buf, Graph
 from nxsat.backend.lower import Lowering, Options
-from nxsat.backend.schedule import Scheduled, schedule
+from nxsat.backend.schedule import LOOKAHEAD, Scheduled, schedule
 from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import Warnings
 from nxsat.ir import Module
@@ -64,10 +64,10 @@ def lower_graph(module: Module, target: Target, options: Options | None = None) 
     return lw
 
 
-def schedule_graph(lw: Lowering, target: Target, flags: tuple[str, ...] = ()) -> Compiled:
+def schedule_graph(lw: Lowering, target: Target, flags: tuple[str, ...] = (), lookahead: int = LOOKAHEAD) -> Compiled:
     """Order, place and synchronise a lowered graph into a device program."""
     with no_cycle_collection():
-        sch = schedule(lw.graph, target, lw.inputs, lw.outputs, flags, target.lnc)
+        sch = schedule(lw.graph, target, lw.inputs, lw.outputs, flags, target.lnc, lookahead)
     return Compiled(sch.program, sch.constants, sch, lw.warnings, lw.inputs, lw.outputs)
 
 

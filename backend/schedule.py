@@ -255,8 +255,9 @@ class _Space:
 
 
 def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf], flags: tuple[str, ...] = (),
-             lnc: int | None = None) -> Scheduled:
-    """Order, place and synchronise the graph; the device program for ``target``."""
+             lnc: int | None = None, lookahead: int = LOOKAHEAD) -> Scheduled:
+    """Order, place and synchronise the graph; the device program for ``target``. ``lookahead``: how many
+    instructions a load may go ahead of program order (-O3 measures a few)."""
     insts = graph.insts
     n = len(insts)
     succ: dict[int, list[Inst]] = defaultdict(list)
@@ -351,7 +352,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         # A load may go ahead of program order (within a window, while SBUF has room): its data then
         # arrives in a tile of its own while the tiles before it are still in use (double buffering).
         # (the earliest load first: when that one is parked, it would not fit)
-        if ready_loads and ready_loads[0] <= frontier + LOOKAHEAD and ready_loads[0] < lowest_parked_load() and (
+        if ready_loads and ready_loads[0] <= frontier + lookahead and ready_loads[0] < lowest_parked_load() and (
                 ready_loads[0] == frontier or sbuf.in_use <= PREFETCH_SBUF_FRACTION * sbuf.size):
             blocked = place(insts[ready_loads[0]], new_tiles(insts[ready_loads[0]]))
             if blocked is None:

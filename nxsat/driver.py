@@ -29,6 +29,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,11 @@ from nxsat.ir import Module
 from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
+# -O3's search (docs/compiling.md): each candidate program (-O3's extraction, and -O2's when it differs)
+# scheduled with the scheduler's load lookahead, half and twice it, each simulated, the fastest kept; a
+# program of more instructions than the limit is compiled once (mobilenet_v2's training step: minutes each)
+SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0)
+SEARCH_MAX_INSTRUCTIONS = 200_000
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 
 
@@ -169,6 +175,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import TENSOR_OPS, apply_precision
+    from nxsat.backend.schedule import LOOKAHEAD
     from nxsat.extract import ILP_SECONDS, LEVEL_EXTRACTOR, extract
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
@@ -210,42 +217,86 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     st.dump("03-egraph.json", json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
                                          sort_keys=True))
     extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
-    chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor,
-                                               _cost_model(target, opts, by_cost)),
+    cost = _cost_model(target, opts, by_cost)
+    chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor, cost),
                     f"extract (exact ILP: up to {ILP_SECONDS:g} s)" if extractor == "ilp" else "")
+    candidates = [(extractor, chosen)]
+    search = opts.optlevel == 3 and opts.extractor is None
+    if search:
+        # -O3 also weighs -O2's program (its budget, its extractor), so it is never slower than -O2
+        sat2 = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, 2, canonical=True,
+                                                          allow_approximate=bool(by_cost), extra_sets=by_cost,
+                                                          without=opts.disabled_rules + _left_out(opts, by_cost)))
+        other = st.run("extract", lambda: extract(sat2.egraph, sat2.loaded, LEVEL_EXTRACTOR[2], cost))
+        if _anonymous(print_module(other.module)) != _anonymous(print_module(chosen.module)):
+            candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other))
+
+    def build(ch: Any, lookahead: int) -> tuple[Any, ...]:
+        """The program of extraction ``ch`` scheduled with ``lookahead``: the report's pieces and the NEFF."""
+        extracted = ch.module
+        st.dump("04-extraction.json", lambda: json.dumps(ch.to_json(), indent=1))
+        st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
+        precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
+                                                                      opts.mixed_precision_accumulation,
+                                                                      opts.saturate_infinity,
+                                                                      () if by_cost else TENSOR_OPS))
+        st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
+        st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
+        parted, sharding = st.run("partition", lambda: partition(precise, target, matmul_precision(opts)))
+        if sharding.ranks > 1:
+            st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
+            st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
+        formed = st.run("device-forms", lambda: device_forms(parted, target))
+        if formed is not parted:
+            st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
+        found = Warnings()
+        # Lowering to the timing replay build millions of long-lived objects and no cyclic garbage (the
+        # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
+        # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
+        with no_cycle_collection():
+            summary, constants, io, data, model = _backend(st, formed, target, opts, found, lookahead)
+        return ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None
+
+    # -O3's search: each candidate program under each load lookahead, measured on the timing model, the
+    # fastest kept (the first on a tie); a program too big to compile again is not searched
+    workdir, st.workdir = st.workdir, (None if search else st.workdir)
+    tried: list[dict[str, Any]] = []
+    best: tuple[Any, ...] | None = None
+    lookaheads = [round(LOOKAHEAD * f) for f in SEARCH_LOOKAHEAD_FACTORS] if search else [LOOKAHEAD]
+    runs = [(c, la) for c in candidates for la in lookaheads]
+    for k, ((name, ch), la) in enumerate(runs):
+        if search:
+            progress.stage(f"search {k + 1}/{len(runs)}")
+        built = build(ch, la)
+        lat = built[4]["latency_ns"]
+        tried.append({"program": name, "lookahead": la, "latency_us": round(lat / 1000, 3)})
+        if best is None or lat < best[4]["latency_ns"]:
+            best = built
+        built = None
+        if search and k == 0 and best[4]["instructions"] > SEARCH_MAX_INSTRUCTIONS:
+            break
+    assert best is not None
+    st.workdir = workdir
+    if search and workdir is not None:  # the dumps are the chosen program's
+        pick = tried.index(min(tried, key=lambda t: t["latency_us"]))
+        best = build(runs[pick][0][1], runs[pick][1])
+    chosen, prec, sharding, found, summary, constants, io, data, model = best
+    best = None
+    warnings.extend(found)
     extracted = chosen.module
-    st.dump("04-extraction.json", lambda: json.dumps(chosen.to_json(), indent=1))
-    st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
-    precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
-                                                                  opts.mixed_precision_accumulation,
-                                                                  opts.saturate_infinity,
-                                                                  () if by_cost else TENSOR_OPS))
-    st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
-    st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
-    mm_type = matmul_precision(opts)
-    parted, sharding = st.run("partition", lambda: partition(precise, target, mm_type))
-    if sharding.ranks > 1:
-        st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
-        st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
-    formed = st.run("device-forms", lambda: device_forms(parted, target))
-    if formed is not parted:
-        st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
-    # Lowering to the timing replay build millions of long-lived objects and no cyclic garbage (the
-    # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
-    # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
-    with no_cycle_collection():
-        summary, constants, io, data, model = _backend(st, formed, target, opts, warnings)
-        model = model if keep_model else None
     info = model_info(canonical)
     report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
     report["extraction"] = chosen.to_json()
     report["decisions"] = _decisions(opts, by_cost, canonical, extracted, chosen.casts)
     report["sharding"] = sharding.to_json()
+    if search:
+        report["search"] = {"tried": tried, "chosen": tried.index(min(tried, key=lambda t: t["latency_us"])),
+                            "limit_instructions": SEARCH_MAX_INSTRUCTIONS}
     return CompileResult(data, report, warnings, model)
 
 
-def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
-             warnings: Warnings) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]:
+def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
+             lookahead: int) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]:
     """Lower, schedule, build the NEFF and replay it: the timing summary, constants, I/O sizes, the bytes
     and the simulator's model."""
     from nxsat import sim
@@ -267,7 +318,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
             else Forwarded(refused=forwarded.loads + forwarded.refused)
         st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
         try:
-            compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags))
+            compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, lookahead))
             break
         except NxsatError as e:
             if e.code != "NCC_EOOM001" or not forwarded.loads:
@@ -286,6 +337,15 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions,
     st.dump("07-program.nxs", lambda: model.text)
     st.dump("08-profile.json", json.dumps(summary, indent=1))
     return summary, constants, io, data, model
+
+
+def _anonymous(text: str) -> str:
+    """HLO text with every instruction and computation named by the order it is defined in: two extractions
+    of one program (names come from the e-graph's build) print the same."""
+    names: dict[str, str] = {}
+    for m in re.finditer(r"%([\w.\-]+) (?:= |\()", text):
+        names.setdefault(m.group(1), f"%{len(names)}")
+    return re.sub(r"%([\w.\-]+)", lambda m: names.get(m.group(1), m.group(0)), text)
 
 
 def _gathered_fraction(module: Module) -> dict[int, float]:
@@ -466,6 +526,13 @@ def format_report(r: dict[str, Any]) -> str:
         lines.insert(-1, "  model type   " + (", ".join(f"{k} x{v}" for k, v in r["fused"].items())
                                                  or "no fused operator") + " extracted; its rules matched: "
                      + (", ".join(f"{k} {v}" for k, v in fired.items()) or "none"))
+    sr = r.get("search")
+    if sr:
+        t = sr["tried"][sr["chosen"]]
+        lines.insert(-1, f"  search       {len(sr['tried'])} programs tried, the fastest kept: {t['program']} "
+                         f"extraction, load lookahead {t['lookahead']}"
+                         + ("" if len(sr["tried"]) > 1 else f" (over {sr['limit_instructions']:,} instructions: "
+                                                             "compiled once)"))
     return "\n".join(lines)
 
 

@@ -218,6 +218,25 @@ def test_each_level_has_its_extractor_and_the_flag_overrides_it(tmp_path: Path, 
     assert ("ilp" in ex) == (extractor == "ilp") and (extractor != "ilp" or ex["ilp"]["status"] == "optimal")
 
 
+def test_o3_measures_its_candidates_and_keeps_the_fastest(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """-O3 compiles its extraction (and -O2's, where it differs) under three load lookaheads, simulates each
+    and keeps the fastest: never slower than -O2, and the report lists what it tried."""
+    reports = {}
+    for level in (2, 3):
+        rep = tmp_path / f"r{level}.json"
+        code, out, _ = _run(capsys, "compile", str(DATA / "jax" / "transformer_layer.hlo"), "-o",
+                            str(tmp_path / f"t{level}.neff"), "--report", str(rep), "--logfile", "", "--auto-cast",
+                            "matmult", f"-O{level}")
+        assert code == 0
+        reports[level] = json.loads(rep.read_text())
+    assert "search" not in reports[2]
+    search = reports[3]["search"]
+    tried = [t["latency_us"] for t in search["tried"]]
+    assert {t["lookahead"] for t in search["tried"]} == {24, 48, 96} and len(tried) in (3, 6)
+    assert reports[3]["latency_us"] == tried[search["chosen"]] == min(tried) <= reports[2]["latency_us"]
+    assert "programs tried, the fastest kept" in out
+
+
 def test_an_unknown_extractor_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as e:
         main(["compile", str(MLP), "-o", str(tmp_path / "m.neff"), "--extractor", "fastest"])
