@@ -630,7 +630,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
                         val[oid] = col.broadcast(1, cn)
                     else:
                         tile = k.t.tile(onchip_dtype(src.dtype))
-                        lw.graph.add("dma", "dma", _shaped(tile, rn, lay, cn), view_of[oid][key])
+                        lw.graph.load(_shaped(tile, rn, lay, cn), view_of[oid][key])
                         val[oid] = tile
                 for oid, col in cols_of.items():
                     c = col[0:rn]

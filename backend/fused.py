@@ -85,7 +85,7 @@ def softmax(lw: Lowering, node: Node) -> None:
     scale = float(node.attrs.get("scale", 1.0))  # max(scale * x) is scale * min(x) when scale < 0
     def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref]:
         xt = g.tile((pn, k, L), in_t, "sbuf", "smx").ref()
-        g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
+        g.load(xt, src[r0:r0 + pn * k].reshape(pn, k, L))
         return xt, _maxima(g, xt, scale)
 
     def finish(r0: int, pn: int, k: int, xt: Ref, neg: Ref) -> None:
@@ -205,7 +205,7 @@ def layer_norm(lw: Lowering, node: Node) -> None:
 
     def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref, Ref]:
         xt = g.tile((pn, k, L), in_t, "sbuf", "lnx").ref()
-        g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
+        g.load(xt, src[r0:r0 + pn * k].reshape(pn, k, L))
         mv = g.tile((pn, k, 2), F32, "sbuf", "lnmv").ref()
         for j in range(k):
             st = g.tile((pn, 6 * len(chunks)), F32, "sbuf", "lnst").ref()
@@ -258,7 +258,7 @@ def rms_norm(lw: Lowering, node: Node) -> None:
 
     def load(r0: int, pn: int, k: int) -> tuple[Ref, Ref]:
         xt = g.tile((pn, k, L), in_t, "sbuf", "rmsx").ref()
-        g.add("dma", "dma", xt, src[r0:r0 + pn * k].reshape(pn, k, L))
+        g.load(xt, src[r0:r0 + pn * k].reshape(pn, k, L))
         ss = g.tile((pn, k), F32, "sbuf", "rmsss").ref()
         sq = g.tile((pn, L), F32, "sbuf", "rmssq").ref()  # the squares themselves are not kept
         for j in range(k):

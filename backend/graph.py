@@ -303,6 +303,9 @@ class _Track:
 
 
 BUCKETS = 512  # element-range buckets per HBM buffer
+# The narrowest column range Graph.load splits a load into: narrower, its descriptors cost more than reading
+# the piece on chip saves.
+MIN_LOAD_PIECE = 64
 WIDE_BUCKETS = 32  # an access spanning more buckets is checked against every later access
 
 
@@ -458,6 +461,40 @@ class Graph:
         if tr is not None:
             for key in [k for k, e in tr.entries.items() if not e[2]]:
                 tr.remove(key)
+
+    def load(self, dst: Ref, src: Ref) -> None:
+        """``src`` (in HBM) loaded into ``dst``: one DMA, or one per column range where the stores that wrote
+        ``src`` split its last dimension, so that each piece has one writer and backend/forward.py can
+        read it from the tile the store left in SBUF (BERT's layer norms read a residual sum its dot
+        stored in N tiles of 512 and 256 columns: the whole row had two writers and went through HBM)."""
+        L = src.shape[-1]
+        cuts = {0, L}
+        if src.buf.kind == "scratch" and src.buf.shape[-1] == L and dst.shape == src.shape:
+            for inst, ra in self.writers(src):
+                if inst.engine != "dma" or ra.box is None or ra.box[-1][2] != 1:
+                    cuts = {0, L}
+                    break
+                cuts.update(c for c in ra.box[-1][:2] if 0 < c < L)
+        edges = sorted(cuts)
+        if len(edges) == 2 or min(b - a for a, b in zip(edges, edges[1:])) < MIN_LOAD_PIECE:
+            self.add("dma", "dma", dst, src)
+            return
+        lead = (slice(None),) * (len(src.shape) - 1)
+        for a, b in zip(edges, edges[1:]):
+            self.add("dma", "dma", dst[(*lead, slice(a, b))], src[(*lead, slice(a, b))])
+
+    def writers(self, r: Ref) -> list[tuple[Inst, RAccess]]:
+        """The writes a read of ``r`` would depend on now (the latest per footprint), oldest first."""
+        tr = self._track.get(id(r.buf.root))
+        if tr is None:
+            return []
+        ra = self.resolved(r)
+        out = []
+        for key in tr.candidates(ra, False):
+            e_ra, e_inst, e_write, _ = tr.entries[key]
+            if e_write and e_ra.overlaps(ra):
+                out.append((e_inst, e_ra))
+        return out
 
     def _depend(self, inst: Inst) -> None:
         for is_write, refs in ((False, inst.reads), (True, inst.writes)):

@@ -720,7 +720,7 @@ class Reduction:
                 self.iota(tile, s, piece, key)
             else:
                 assert v is not None
-                self.g.add("dma", "dma", tile, self.piece_view(v, piece)[(slice(None), *key)])
+                self.g.load(tile, self.piece_view(v, piece)[(slice(None), *key)])
             if t.is_int and acc.is_int and acc.itemsize == 4 and t.itemsize < 4:
                 tile = copy_new(self.lw, tile, acc)  # widened: exact 32-bit arithmetic on GpSimd
             out.append(tile)

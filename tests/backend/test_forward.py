@@ -89,6 +89,45 @@ def test_a_load_onto_other_partitions_becomes_one_sbuf_to_sbuf_dma() -> None:
     np.testing.assert_array_equal(_run(g, ins, outs), want)
 
 
+def _two_writers(split: bool) -> tuple[Graph, list, list]:
+    """x -> tiles of 40 and 24 columns -> exp -> scratch (two stores) -> one tile of 64 columns -> y: a load
+    with two writers, as Graph.load splits it (``split``) or as one DMA."""
+    g = Graph()
+    x = g.buf("x", "input", dt.F32, (32, 64))
+    y = g.buf("y", "output", dt.F32, (32, 64))
+    mid = g.buf("mid", "scratch", dt.F32, (32, 64))
+    for c0, c1 in ((0, 40), (40, 64)):
+        t = g.tile((32, c1 - c0), dt.F32, "sbuf", "t")
+        g.add("dma", "dma", t.ref(), x[:, c0:c1])
+        g.add("act", "activation", t.ref(), t.ref(), func="exp")
+        g.add("dma", "dma", mid[:, c0:c1], t.ref())
+    u = g.tile((32, 64), dt.F32, "sbuf", "u")
+    if split:
+        g.load(u.ref(), mid.ref())
+    else:
+        g.add("dma", "dma", u.ref(), mid.ref())
+    g.add("dma", "dma", y.ref(), u.ref())
+    return g, [x], [y]
+
+
+def test_a_load_split_where_its_writers_stored_is_forwarded_piece_by_piece(monkeypatch) -> None:  # noqa: ANN001
+    """Graph.load cuts a load at its writers' column boundaries: each piece has one writer and is read from
+    the tile still in SBUF (one DMA with two writers is not forwarded); the values are the same."""
+    from nxsat.backend import graph
+
+    monkeypatch.setattr(graph, "MIN_LOAD_PIECE", 16)
+    want = _run(*_two_writers(False))
+    g, _, _ = _two_writers(False)
+    assert forward_stores(g, TARGET).loads == 0
+    g, ins, outs = _two_writers(True)
+    f = forward_stores(g, TARGET)
+    assert (f.loads, f.copies, f.stores, f.tensors) == (2, 2, 2, 1)
+    np.testing.assert_array_equal(_run(g, ins, outs), want)
+    monkeypatch.setattr(graph, "MIN_LOAD_PIECE", 32)  # a piece narrower than the minimum: one DMA
+    g, _, _ = _two_writers(True)
+    assert sum(i.engine == "dma" for i in g.insts) == 6
+
+
 def test_a_tile_written_again_after_its_store_is_not_read_in_its_place() -> None:
     g, ins, outs = _round_trip(rewrite=True)
     f = forward_stores(g, TARGET)
