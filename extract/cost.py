@@ -1101,9 +1101,11 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # that convolution a form reading the cast itself (its window padding), in which it is absorbed;
     # priced as a pass, the cast kept ResNet-50's image pad at -O2 where -O1's policy dropped it.
     cast_read = _read_by_contractions(view, ops, _CONTRACTIONS, _PASS_VIEWS | {"pad"})
-    # A cast of a value an operator computes, or of a transpose of one, is written narrow by that operator
-    # (the backend's cluster ends in the cast, a dot's evacuation writes it; backend/precision.py casts a
-    # transpose's source): the dot loads the narrow value and converts nothing.
+    # A cast of a value an operator computes is written narrow by that operator (the backend's cluster ends
+    # in the cast, a dot's evacuation writes it): the dot loads the narrow value and converts nothing. A
+    # cast of a transpose of one is loaded wide through the view and converted on chip. (Cast under the
+    # transpose instead, attention's output in bf16 was stored and loaded back where its fp32 tiles were
+    # read in SBUF: attention_s2048 under transformer 783.1 -> 798.6 us.)
     produced = _produced(view, ops)
     cast_from: dict[int, int] = {}
     for i, node in enumerate(view.nodes):
@@ -1158,30 +1160,20 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
 
 def _produced(view: View, ops: Sequence[str]) -> list[bool]:
     """Per class: its value is computed by an engine that writes it from SBUF or PSUM (ScalarE, VectorE,
-    TensorE: a cast joins that write), directly or through transposes (views the backend's casts look
-    through); not a model input, nor data moved by DMA (a concatenate: a cast of it is a pass of its own)."""
-    out = [False] * len(view.class_nodes)
-    changed = True
-    while changed:
-        changed = False
-        for c, nodes in enumerate(view.class_nodes):
-            if out[c]:
-                continue
-            for i in nodes:
-                node = view.nodes[i]
-                od = registry.get(ops[i]) if ops[i] else None
-                if node.ctor in _INPUT_CTORS or od is None or ops[i] in ("broadcast", "reshape", "bitcast") \
-                        or od.engine not in (registry.SCALAR, registry.VECTOR, registry.TENSOR):
-                    continue
-                if ops[i] != "transpose" or (node.children and out[node.children[0]]):
-                    out[c] = changed = True
-                    break
-    return out
+    TensorE: a cast joins that write); not a model input, a view, nor data moved by DMA (a concatenate:
+    a cast of it is a pass of its own)."""
+    def computes(i: int) -> bool:
+        od = registry.get(ops[i]) if ops[i] else None
+        return od is not None and view.nodes[i].ctor not in _INPUT_CTORS and ops[i] not in _VIEW_OPS \
+            and od.engine in (registry.SCALAR, registry.VECTOR, registry.TENSOR)
+
+    return [any(computes(i) for i in nodes) for nodes in view.class_nodes]
 
 
 _CONTRACTIONS = frozenset({"dot", "convolution"})
 _DOTS = frozenset({"dot"})
 _PASS_VIEWS = frozenset({"reshape", "bitcast", "transpose"})
+_VIEW_OPS = _PASS_VIEWS | {"broadcast"}
 
 
 def _read_by_contractions(view: View, ops: Sequence[str], contractions: frozenset[str],

@@ -361,6 +361,37 @@ def test_the_extractor_prices_a_softmax_the_dot_computes_as_hosted():
     assert softmax_price(8192, None) == softmax_price(8192, "input")  # 32 KiB of fp32 scores per row
 
 
+def test_a_cast_an_engine_writes_is_free_to_the_dot_a_cast_of_moved_data_is_not():
+    """A dot reading ``convert(x)``: free when an engine computes x (its write is narrow), a wide load and an
+    on-chip conversion when x is data a DMA moved (a concatenate: dlrm's, priced free, made -O2 10% slower
+    than the policy) or a transpose of a value (loaded wide through the view)."""
+    from nxsat import dtypes as dt
+    from nxsat.attrs import DotDims
+    from nxsat.builder import Builder
+    from nxsat.extract.cost import node_costs
+    from nxsat.rules import saturate_module
+
+    def dot_price(make: str) -> float:
+        b = Builder("e")
+        w = b.param(dt.F32, (128, 512))
+        if make == "transpose":  # exp(x) [128, 256] transposed
+            x = b.op("transpose", [b.op("exponential", [b.param(dt.F32, (128, 256))])], dimensions=(1, 0))
+        else:
+            a, c = b.param(dt.F32, (256, 64)), b.param(dt.F32, (256, 64))
+            x = b.op("exponential", [b.op("concatenate", [a, c], dimension=1)]) if make == "exp" else \
+                b.op("concatenate", [b.op("exponential", [a]), c], dimension=1)
+        lhs = b.op("convert", [x], dtype=dt.BF16)
+        rhs = b.op("convert", [w], dtype=dt.BF16)  # both cast, as the precision set's dot-bf16 writes it
+        m = Module("m", b.build(b.op("dot", [lhs, rhs], dims=DotDims((1,), (0,)))))
+        sat = saturate_module(m, "generic", 1)
+        view = sat.egraph.view()
+        prices = node_costs(sat.egraph, view, CostModel(_target(), "bf16", in_program=True))
+        return min(prices[i] for i, n in enumerate(view.nodes) if n.ctor == "Dot")
+
+    assert dot_price("exp") < dot_price("concat")
+    assert dot_price("exp") < dot_price("transpose")
+
+
 def test_in_a_program_a_weight_bigger_than_the_prefetch_share_streams_on_the_dots_path():
     """Ahead of a dot, the scheduler prefetches into a share of SBUF only: the rest of a weight far bigger
     (an LM head) is loaded on the dot's own path, so its price is its stream's, whichever operand is
