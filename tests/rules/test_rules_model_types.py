@@ -58,10 +58,11 @@ def _scaled(left: bool) -> Callable[[], Module]:
     return make
 
 
-def _gelu_jax() -> Module:
+def _gelu_jax(t: dt.DType = F32) -> Module:
+    """jax.nn.gelu(approximate=True); in bf16 (gemma3's MLP) its constants are bf16's."""
     b = Builder("gelu")
-    x = b.param(F32, (2, 5))
-    c = lambda v: _splat(b, v, F32, (2, 5))  # noqa: E731
+    x = b.param(t, (2, 5))
+    c = lambda v: _splat(b, v, t, (2, 5))  # noqa: E731
     cube = b.op("multiply", [b.op("multiply", [x, x]), x])
     inner = b.op("multiply", [b.op("add", [x, b.op("multiply", [cube, c(0.044715)])]), c(math.sqrt(2 / math.pi))])
     half = b.op("multiply", [b.op("add", [b.op("tanh", [inner]), c(1.0)]), c(0.5)])
@@ -198,6 +199,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "group-norm-flax": _group_norm_flax,
     "rms-norm-f32-sum": _rms_norm_f32_sum,
     "gelu-tanh": _gelu_jax,
+    "gelu-tanh-bf16": lambda: _gelu_jax(BF16),
     "gelu-tanh-torch": _gelu_torch,
     "gelu-tanh-relay": _gelu_relay,
     "silu": _silu("right"),
@@ -260,7 +262,7 @@ def test_the_corpus_softmaxes_become_one_operator(path, scale, level):
     (DATA / "jax" / "unet_tiny.hlo", "transformer", {"silu": 3}),
     (DATA / "bert" / "bert_base_l2.hlo", "transformer", {"gelu-tanh": 2, "softmax": 2, "layer-norm": 5}),
     (DATA / "hlo" / "layer_norm_1x4096x768_bf16.hlo", "transformer", {"layer-norm": 1}),
-    (DATA / "hlo" / "gemma3_1b_flax_call.hlo", "transformer", {"rms-norm": 157, "softmax": 26}),
+    (DATA / "hlo" / "gemma3_1b_flax_call.hlo", "transformer", {"rms-norm": 157, "softmax": 26, "gelu-tanh": 26}),
     # the scores' re-read priced (extract/cost.py _reductions_of): before, the pattern looked fused
     (DATA / "models" / "attention_s2048.hlo", "transformer", {"softmax": 1}),
     (DATA / "models" / "unet_diffusers.hlo", "unet-inference", {"group-norm": 8, "silu": 7, "softmax": 1}),
