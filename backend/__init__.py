@@ -10,7 +10,7 @@ import numpy as np
 
 from nxsat.backend.graph import Buf, Graph
 from nxsat.backend.lower import Lowering, Options
-from nxsat.backend.schedule import LOOKAHEAD, Scheduled, schedule
+from nxsat.backend.schedule import DEFAULT_SCHEDULE, Scheduled, ScheduleOptions, schedule
 from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import Warnings
 from nxsat.ir import Module
@@ -64,18 +64,19 @@ def lower_graph(module: Module, target: Target, options: Options | None = None) 
     return lw
 
 
-def schedule_graph(lw: Lowering, target: Target, flags: tuple[str, ...] = (), lookahead: int = LOOKAHEAD) -> Compiled:
+def schedule_graph(lw: Lowering, target: Target, flags: tuple[str, ...] = (),
+                   options: ScheduleOptions = DEFAULT_SCHEDULE) -> Compiled:
     """Order, place and synchronise a lowered graph into a device program."""
     with no_cycle_collection():
-        sch = schedule(lw.graph, target, lw.inputs, lw.outputs, flags, target.lnc, lookahead)
+        sch = schedule(lw.graph, target, lw.inputs, lw.outputs, flags, target.lnc, options)
     return Compiled(sch.program, sch.constants, sch, lw.warnings, lw.inputs, lw.outputs)
 
 
 def compile_graph(module: Module, target: Target, options: Options | None = None,
-                  flags: tuple[str, ...] = ()) -> Compiled:
+                  flags: tuple[str, ...] = (), schedule: ScheduleOptions = DEFAULT_SCHEDULE) -> Compiled:
     """Rewrite into device forms, lower and schedule ``module`` for ``target`` (the driver's last
     stages, without the front end and the e-graph)."""
-    return schedule_graph(lower_graph(device_forms(module, target), target, options), target, flags)
+    return schedule_graph(lower_graph(device_forms(module, target), target, options), target, flags, schedule)
 
 
 def graph_summary(g: Graph) -> dict[str, object]:
@@ -85,4 +86,5 @@ def graph_summary(g: Graph) -> dict[str, object]:
     return {"instructions": len(g.insts), "by_engine_opcode": dict(sorted(by.items())), "buffers": dict(bufs)}
 
 
-__all__ = ["Compiled", "Options", "compile_graph", "device_forms", "graph_summary", "lower_graph", "schedule_graph"]
+__all__ = ["DEFAULT_SCHEDULE", "Compiled", "Options", "ScheduleOptions", "compile_graph", "device_forms",
+           "graph_summary", "lower_graph", "schedule_graph"]

@@ -46,9 +46,11 @@ from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
 # -O3's search (docs/compiling.md): each candidate program (-O3's extraction, and -O2's when it differs)
-# scheduled with the scheduler's load lookahead, half and twice it, each simulated, the fastest kept; a
-# program of more instructions than the limit is compiled once (mobilenet_v2's training step: minutes each)
+# scheduled with the scheduler's load lookahead, half and twice it, then at the best of those with the
+# weights' loads on queues of their own, each simulated, the fastest kept; a program of more instructions
+# than the limit is compiled once (mobilenet_v2's training step: minutes each)
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0)
+SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 
@@ -175,7 +177,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import TENSOR_OPS, apply_precision
-    from nxsat.backend.schedule import LOOKAHEAD
+    from nxsat.backend.schedule import DEFAULT_SCHEDULE, LOOKAHEAD, ScheduleOptions
     from nxsat.extract import ILP_SECONDS, LEVEL_EXTRACTOR, extract
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
@@ -231,8 +233,9 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if _anonymous(print_module(other.module)) != _anonymous(print_module(chosen.module)):
             candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other))
 
-    def build(ch: Any, lookahead: int) -> tuple[Any, ...]:
-        """The program of extraction ``ch`` scheduled with ``lookahead``: the report's pieces and the NEFF."""
+    def build(ch: Any, schedule: Any) -> tuple[Any, ...]:
+        """The program of extraction ``ch`` scheduled with ``schedule`` (ScheduleOptions): the report's pieces
+        and the NEFF."""
         extracted = ch.module
         st.dump("04-extraction.json", lambda: json.dumps(ch.to_json(), indent=1))
         st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
@@ -254,32 +257,42 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
         # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
         with no_cycle_collection():
-            summary, constants, io, data, model = _backend(st, formed, target, opts, found, lookahead)
+            summary, constants, io, data, model = _backend(st, formed, target, opts, found, schedule)
         return ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None
 
-    # -O3's search: each candidate program under each load lookahead, measured on the timing model, the
-    # fastest kept (the first on a tie); a program too big to compile again is not searched
+    # -O3's search: per candidate program, the load lookahead, then the weights' queues at the best lookahead,
+    # each measured on the timing model; the fastest kept (the first on a tie). A program too big to compile
+    # again is not searched.
     workdir, st.workdir = st.workdir, (None if search else st.workdir)
     tried: list[dict[str, Any]] = []
+    runs: list[tuple[Any, Any]] = []
     best: tuple[Any, ...] | None = None
-    lookaheads = [round(LOOKAHEAD * f) for f in SEARCH_LOOKAHEAD_FACTORS] if search else [LOOKAHEAD]
-    runs = [(c, la) for c in candidates for la in lookaheads]
-    for k, ((name, ch), la) in enumerate(runs):
+
+    def measure(name: str, ch: Any, schedule: Any) -> float:
+        nonlocal best
         if search:
-            progress.stage(f"search {k + 1}/{len(runs)}")
-        built = build(ch, la)
+            progress.stage(f"search {len(tried) + 1}")
+        built = build(ch, schedule)
         lat = built[4]["latency_ns"]
-        tried.append({"program": name, "lookahead": la, "latency_us": round(lat / 1000, 3)})
+        tried.append({"program": name, **schedule.to_json(), "latency_us": round(lat / 1000, 3)})
+        runs.append((ch, schedule))
         if best is None or lat < best[4]["latency_ns"]:
             best = built
-        built = None
-        if search and k == 0 and best[4]["instructions"] > SEARCH_MAX_INSTRUCTIONS:
-            break
+        return lat
+
+    first = measure(*candidates[0], DEFAULT_SCHEDULE)
     assert best is not None
+    if search and best[4]["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
+        for name, ch in candidates:
+            found_la = {LOOKAHEAD: first if ch is candidates[0][1] else measure(name, ch, DEFAULT_SCHEDULE)}
+            for f in SEARCH_LOOKAHEAD_FACTORS[1:]:
+                found_la[round(LOOKAHEAD * f)] = measure(name, ch, ScheduleOptions(round(LOOKAHEAD * f)))
+            la = min(found_la, key=lambda k: found_la[k])
+            measure(name, ch, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
     st.workdir = workdir
+    pick = tried.index(min(tried, key=lambda t: t["latency_us"]))
     if search and workdir is not None:  # the dumps are the chosen program's
-        pick = tried.index(min(tried, key=lambda t: t["latency_us"]))
-        best = build(runs[pick][0][1], runs[pick][1])
+        best = build(*runs[pick])
     chosen, prec, sharding, found, summary, constants, io, data, model = best
     best = None
     warnings.extend(found)
@@ -290,13 +303,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     report["decisions"] = _decisions(opts, by_cost, canonical, extracted, chosen.casts)
     report["sharding"] = sharding.to_json()
     if search:
-        report["search"] = {"tried": tried, "chosen": tried.index(min(tried, key=lambda t: t["latency_us"])),
-                            "limit_instructions": SEARCH_MAX_INSTRUCTIONS}
+        report["search"] = {"tried": tried, "chosen": pick, "limit_instructions": SEARCH_MAX_INSTRUCTIONS}
     return CompileResult(data, report, warnings, model)
 
 
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
-             lookahead: int) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]:
+             schedule: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]:
     """Lower, schedule, build the NEFF and replay it: the timing summary, constants, I/O sizes, the bytes
     and the simulator's model."""
     from nxsat import sim
@@ -318,7 +330,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
             else Forwarded(refused=forwarded.loads + forwarded.refused)
         st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
         try:
-            compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, lookahead))
+            compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, schedule))
             break
         except NxsatError as e:
             if e.code != "NCC_EOOM001" or not forwarded.loads:
@@ -531,6 +543,7 @@ def format_report(r: dict[str, Any]) -> str:
         t = sr["tried"][sr["chosen"]]
         lines.insert(-1, f"  search       {len(sr['tried'])} programs tried, the fastest kept: {t['program']} "
                          f"extraction, load lookahead {t['lookahead']}"
+                         + (f", weights on {t['weight_queues']} queues of their own" if t["weight_queues"] else "")
                          + ("" if len(sr["tried"]) > 1 else f" (over {sr['limit_instructions']:,} instructions: "
                                                              "compiled once)"))
     return "\n".join(lines)

@@ -184,9 +184,9 @@ def test_no_room_for_the_forwarded_tiles_forwards_less_then_nothing(monkeypatch:
     real = backend.schedule_graph
     calls = []
 
-    def refuse(lw, target, flags=(), lookahead=48):  # noqa: ANN001, ANN202 - the patched function's own signature
+    def refuse(lw, target, flags=(), options=backend.DEFAULT_SCHEDULE):  # noqa: ANN001, ANN202 - its signature
         calls.append(1)
-        done = real(lw, target, flags, lookahead)  # every tile placed: what a retry must not be misled by
+        done = real(lw, target, flags, options)  # every tile placed: what a retry must not be misled by
         if len(calls) <= refusals:
             raise error("NCC_EOOM001", "the working set does not fit on chip")
         return done

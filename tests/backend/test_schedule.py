@@ -122,3 +122,29 @@ def test_far_ahead_work_takes_no_memory_while_the_frontier_waits_for_some() -> N
     np.testing.assert_array_equal(got[1], xs)
     np.testing.assert_array_equal(got[2], np.broadcast_to(xs[0:1, 0:8], (REACH + 88, 8)))
     np.testing.assert_array_equal(got[3], np.full((128, 1), 3.0, np.float32))
+
+
+def test_weight_queues_keep_the_models_inputs_apart_from_other_loads() -> None:
+    """``ScheduleOptions.weight_queues``: loads of the model's inputs go to the first queues, loads of computed
+    values to the other load queues (0: all share them); the values do not change."""
+    from harness import DATA, module_of
+
+    from nxsat.backend import ScheduleOptions, compile_graph
+
+    module = module_of(DATA / "jax" / "transformer_layer.hlo", optimized=True)
+    target = sim.load_target("trn1")
+    load_queues = target.dma_queues * 3 // 4
+    for wq in (0, 8):
+        prog = compile_graph(module, target, schedule=ScheduleOptions(weight_queues=wq)).program
+        kinds = {name: t.kind for name, t in prog.tensors.items()}
+        weight, other = set(), set()
+        for ins in prog.instrs:
+            if not ins.stream.startswith("q") or kinds.get(ins.operands[0].tensor) != "sbuf":
+                continue
+            src = kinds.get(ins.operands[1].tensor)
+            (weight if src in ("input", "const") else other if src == "scratch" else set()).add(int(ins.stream[1:]))
+        assert weight and other
+        if wq:
+            assert max(weight) < wq <= min(other) and max(other) < load_queues
+        else:
+            assert weight & other
