@@ -309,7 +309,8 @@ def sinkable_reshapes(module: Module) -> dict[int, tuple[int, ...]]:
     another such node. Relay's GELU after a dense reads ``reshape(dense + bias)`` in ``[50, 32, 3072]``
     where the dense made ``[1600, 3072]``: computed in the dense's shape, the chain joins the bias's
     pass and runs as the dense's epilogue, and one reshape (a view) follows it. A node is left where
-    it is when an elementwise reader of it would stay in the other shape (the pass would split)."""
+    it is when an elementwise reader of it would stay in the other shape (the pass would split). A model
+    input or constant operand is read reshaped (a view)."""
     from nxsat.backend import families  # noqa: F401 - every emitter registered (is_elementwise)
 
     order = module.entry.post_order()
@@ -323,7 +324,8 @@ def sinkable_reshapes(module: Module) -> dict[int, tuple[int, ...]]:
             continue
         shapes = {o.operands[0].shape if o.op == "reshape" else to[o.id] for o in n.operands
                   if o.op == "reshape" or o.id in to}
-        if len(shapes) == 1 and all(o.op == "reshape" or o.id in to or _scalar_splat(o) for o in n.operands):
+        if len(shapes) == 1 and all(o.op == "reshape" or o.id in to or _scalar_splat(o) or _input(o)
+                                    for o in n.operands):
             (shape,) = shapes
             if shape != n.shape and math.prod(shape) == math.prod(n.shape):
                 to[n.id] = shape
@@ -343,6 +345,14 @@ def sinkable_reshapes(module: Module) -> dict[int, tuple[int, ...]]:
                     del to[n.id]
                 changed = True
     return to
+
+
+def _input(o: Node) -> bool:
+    """A model input or a constant, or a broadcast of one, read where it lies: a reshape of it is a view
+    (gpt2_extract's residual constant, [32, 768] broadcast over 50 sequences, added to a dense's output)."""
+    while o.op in ("broadcast", "reshape") and o.operands and not _scalar_splat(o):
+        o = o.operands[0]
+    return o.op in ("parameter", "constant") and isinstance(o.type, TensorType) and not _scalar_splat(o)
 
 
 def _groups(to: dict[int, tuple[int, ...]], by_id: dict[int, Node]) -> list[list[Node]]:
@@ -382,6 +392,9 @@ def sink_reshapes(module: Module) -> Module:
         for o in ops:
             if o.op == "reshape" and o.operands[0].shape == shape:
                 new_ops.append(o.operands[0])
+            elif _input(o):  # a model input or constant seen in the other shape (a view)
+                new_ops.append(Node("reshape", [o], {"shape": shape}, o.tensor.with_shape(shape), f"{o.name}.reshape",
+                                    o.loc))
             else:  # a number broadcast
                 new_ops.append(Node("broadcast", o.operands, {"shape": shape, "dimensions": ()},
                                     o.tensor.with_shape(shape), o.name, o.loc))

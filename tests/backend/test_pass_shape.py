@@ -274,3 +274,30 @@ def test_a_step_whose_result_is_kept_is_not_chained() -> None:
     assert_device_matches(module_of(text), {
         "x": rng.standard_normal((128, 1024)).astype(np.float32), "mean": rng.standard_normal(128).astype(np.float32),
         "scale": rng.uniform(0.5, 2, 128).astype(np.float32), "beta": rng.standard_normal(128).astype(np.float32)})
+
+
+# a dense's result reshaped and added to an input broadcast over the sequences (gpt2_extract.relay's residual)
+DENSE_RESIDUAL = """HloModule dense_residual
+ENTRY main {
+  x = f32[256,128]{1,0} parameter(0)
+  w = f32[128,512]{1,0} parameter(1)
+  c = f32[32,512]{1,0} parameter(2)
+  d = f32[256,512]{1,0} dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  r = f32[8,32,512]{2,1,0} reshape(d)
+  cb = f32[8,32,512]{2,1,0} broadcast(c), dimensions={1,2}
+  ROOT y = f32[8,32,512]{2,1,0} add(cb, r)
+}
+"""
+
+
+def test_an_input_operand_is_read_reshaped_so_the_chain_runs_as_the_dense_epilogue() -> None:
+    """sink_reshapes computes ``cb + reshape(d)`` in the dense's [256, 512]: the broadcast input is read
+    through a reshape (a view) and the add runs on the dot's tiles; same values."""
+    from nxsat.backend.elementwise import sinkable_reshapes
+
+    m = module_of(DENSE_RESIDUAL)
+    assert list(sinkable_reshapes(m).values()) == [(256, 512)]
+    rng = np.random.default_rng(0)
+    assert_device_matches(m, {"x": rng.standard_normal((256, 128)).astype(np.float32),
+                              "w": (rng.standard_normal((128, 512)) / 11).astype(np.float32),
+                              "c": rng.standard_normal((32, 512)).astype(np.float32)})
