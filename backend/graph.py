@@ -469,7 +469,9 @@ class Graph:
         stored in N tiles of 512 and 256 columns: the whole row had two writers and went through HBM)."""
         L = src.shape[-1]
         cuts = {0, L}
-        if src.buf.kind == "scratch" and src.buf.shape[-1] == L and dst.shape == src.shape:
+        # the view's last dimension is its buffer's (indexed and reshaped only), as the writers' boxes see it
+        plain = bool(src.buf.shape) and src.buf.shape[-1] == L and all(op in ("index", "reshape") for op, _ in src.ops)
+        if src.buf.kind == "scratch" and plain and dst.shape == src.shape:
             for inst, ra in self.writers(src):
                 if inst.engine != "dma" or ra.box is None or ra.box[-1][2] != 1:
                     cuts = {0, L}

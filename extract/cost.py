@@ -1159,13 +1159,20 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
 
 
 def _produced(view: View, ops: Sequence[str]) -> list[bool]:
-    """Per class: its value is computed by an engine that writes it from SBUF or PSUM (ScalarE, VectorE,
-    TensorE: a cast joins that write); not a model input, a view, nor data moved by DMA (a concatenate:
-    a cast of it is a pass of its own)."""
+    """Per class: its value is written by a producer a cast joins (backend/lower.py ``_fused_source``): an
+    elementwise pass of its shape on ScalarE or VectorE (a fused norm's epilogue too), a dot's or a
+    convolution's evacuation, a softmax; not a model input, a view, a reduction (its result written
+    apart), nor data moved by DMA (a concatenate: a cast of it is a pass of its own)."""
     def computes(i: int) -> bool:
-        od = registry.get(ops[i]) if ops[i] else None
-        return od is not None and view.nodes[i].ctor not in _INPUT_CTORS and ops[i] not in _VIEW_OPS \
-            and od.engine in (registry.SCALAR, registry.VECTOR, registry.TENSOR)
+        node, op = view.nodes[i], ops[i]
+        od = registry.get(op) if op else None
+        if od is None or node.ctor in _INPUT_CTORS or op in _VIEW_OPS:
+            return False
+        if op in _CONTRACTIONS or op == "softmax":
+            return True
+        shape = view.shape.get(view.node_class[i])
+        return od.engine in (registry.SCALAR, registry.VECTOR) and shape is not None and all(
+            view.shape.get(k) in (shape, None) for k in node.children[:operand_layout(node)[0]])
 
     return [any(computes(i) for i in nodes) for nodes in view.class_nodes]
 
