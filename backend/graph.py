@@ -469,8 +469,11 @@ class Graph:
         stored in N tiles of 512 and 256 columns: the whole row had two writers and went through HBM)."""
         L = src.shape[-1]
         cuts = {0, L}
-        # the view's last dimension is its buffer's (indexed and reshaped only), as the writers' boxes see it
-        plain = bool(src.buf.shape) and src.buf.shape[-1] == L and all(op in ("index", "reshape") for op, _ in src.ops)
+        # the view's last dimension is its buffer's whole rows (as the writers' boxes see them), whatever the
+        # view does to the others
+        ap = src.ap
+        plain = bool(src.buf.shape) and src.buf.shape[-1] == L and bool(ap.dims) and tuple(ap.dims[-1]) == (L, 1) \
+            and ap.offset % L == 0
         if src.buf.kind == "scratch" and plain and dst.shape == src.shape:
             for inst, ra in self.writers(src):
                 if inst.engine != "dma" or ra.box is None or ra.box[-1][2] != 1:
