@@ -28,6 +28,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -230,7 +231,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                                                           allow_approximate=bool(by_cost), extra_sets=by_cost,
                                                           without=opts.disabled_rules + _left_out(opts, by_cost)))
         other = st.run("extract", lambda: extract(sat2.egraph, sat2.loaded, LEVEL_EXTRACTOR[2], cost))
-        if _anonymous(print_module(other.module)) != _anonymous(print_module(chosen.module)):
+        if _structure(print_module(other.module)) != _structure(print_module(chosen.module)):
             candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other))
 
     def build(ch: Any, schedule: Any) -> tuple[Any, ...]:
@@ -351,13 +352,26 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     return summary, constants, io, data, model
 
 
-def _anonymous(text: str) -> str:
-    """HLO text with every instruction and computation named by the order it is defined in: two extractions
-    of one program (names come from the e-graph's build) print the same."""
-    names: dict[str, str] = {}
-    for m in re.finditer(r"%([\w.\-]+) (?:= |\()", text):
-        names.setdefault(m.group(1), f"%{len(names)}")
-    return re.sub(r"%([\w.\-]+)", lambda m: names.get(m.group(1), m.group(0)), text)
+def _structure(text: str) -> list[str]:
+    """The distinct instructions of HLO text as sorted content hashes, each over the instruction without
+    its name and over its operands' hashes: two extractions of one program (names from the e-graph's
+    build, independent instructions in another order) give the same list."""
+    defs: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
+        if m:
+            defs[m.group(1)] = (re.sub(r"%[\w.\-]+", "%", m.group(2)), re.findall(r"%([\w.\-]+)", m.group(2)))
+    memo: dict[str, str] = {}
+
+    def h(name: str) -> str:
+        if name not in memo:
+            memo[name] = name  # a cycle or a computation's name: itself
+            if name in defs:
+                body, ops = defs[name]
+                memo[name] = hashlib.sha1("|".join([body, *map(h, ops)]).encode()).hexdigest()
+        return memo[name]
+
+    return sorted({h(n) for n in defs})  # a constant written twice is one value
 
 
 def _gathered_fraction(module: Module) -> dict[int, float]:

@@ -286,3 +286,17 @@ def test_the_roofline_counts_the_rows_a_gather_reads_of_a_table() -> None:
     r = compile_model(str(DATA / "jax" / "embedding.hlo"), CompileOptions()).report
     assert r["roofline"]["compulsory_hbm_bytes"] == 15 * 16 * 4 + 3 * 5 * 4 + 3 * 16 * 4
     assert r["latency_us"] >= r["roofline_us"]
+
+
+def test_two_extractions_of_one_program_compare_equal() -> None:
+    """-O3 compiles -O2's program too only when it is another program: names, the order of independent
+    instructions and a constant written twice do not make one."""
+    from nxsat.driver import _structure
+
+    a = ("ENTRY e {\n  %p.1 = f32[4]{0} parameter(0)\n  %c.1 = f32[] constant(2)\n  %b.1 = f32[4]{0} broadcast(%c.1)\n"
+         "  %e.1 = f32[4]{0} exponential(%p.1)\n  ROOT %m.1 = f32[4]{0} multiply(%e.1, %b.1)\n}\n")
+    b = ("ENTRY e {\n  %p.9 = f32[4]{0} parameter(0)\n  %e.7 = f32[4]{0} exponential(%p.9)\n  %k.3 = f32[] constant(2)\n"
+         "  %k.4 = f32[] constant(2)\n  %b.5 = f32[4]{0} broadcast(%k.4)\n  ROOT %m.2 = f32[4]{0} multiply(%e.7, %b.5)\n}\n")
+    assert _structure(a) == _structure(b)
+    assert _structure(a) != _structure(a.replace("exponential", "tanh"))
+    assert _structure(a) != _structure(a.replace("multiply(%e.1, %b.1)", "multiply(%b.1, %e.1)"))
