@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import NxsatError, Warnings, error
@@ -46,6 +45,7 @@ from nxsat.ir import Module
 from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
+AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 # -O3's search (docs/compiling.md): each candidate program (-O3's extraction, and -O2's when it differs)
 # scheduled with the scheduler's load lookahead, half and twice it, then at the best of those with the
 # weights' loads on queues of their own, each simulated, the fastest kept; a program of more instructions
@@ -53,7 +53,6 @@ AUTO_CAST = ("none", "matmult", "all")
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
-AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -231,10 +230,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                                                           allow_approximate=bool(by_cost), extra_sets=by_cost,
                                                           without=opts.disabled_rules + _left_out(opts, by_cost)))
         other = st.run("extract", lambda: extract(sat2.egraph, sat2.loaded, LEVEL_EXTRACTOR[2], cost))
-        if _structure(print_module(other.module)) != _structure(print_module(chosen.module)):
+        if _structure(other.module) != _structure(chosen.module):
             candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other))
 
-    def build(ch: Any, schedule: Any) -> tuple[Any, ...]:
+    def build(ch: Any, schedule: Any) -> _Built:
         """The program of extraction ``ch`` scheduled with ``schedule`` (ScheduleOptions): the report's pieces
         and the NEFF."""
         extracted = ch.module
@@ -259,7 +258,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
         with no_cycle_collection():
             summary, constants, io, data, model = _backend(st, formed, target, opts, found, schedule)
-        return ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None
+        return _Built(ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None)
 
     # -O3's search: per candidate program, the load lookahead, then the weights' queues at the best lookahead,
     # each measured on the timing model; the fastest kept (the first on a tie). A program too big to compile
@@ -267,23 +266,24 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     workdir, st.workdir = st.workdir, (None if search else st.workdir)
     tried: list[dict[str, Any]] = []
     runs: list[tuple[Any, Any]] = []
-    best: tuple[Any, ...] | None = None
+    best: _Built | None = None
+    pick = 0
 
     def measure(name: str, ch: Any, schedule: Any) -> float:
-        nonlocal best
+        nonlocal best, pick
         if search:
             progress.stage(f"search {len(tried) + 1}")
         built = build(ch, schedule)
-        lat = built[4]["latency_ns"]
+        lat = built.summary["latency_ns"]
         tried.append({"program": name, **schedule.to_json(), "latency_us": round(lat / 1000, 3)})
         runs.append((ch, schedule))
-        if best is None or lat < best[4]["latency_ns"]:
-            best = built
+        if best is None or lat < best.summary["latency_ns"]:
+            best, pick = built, len(runs) - 1
         return lat
 
     first = measure(*candidates[0], DEFAULT_SCHEDULE)
     assert best is not None
-    if search and best[4]["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
+    if search and best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
         for name, ch in candidates:
             found_la = {LOOKAHEAD: first if ch is candidates[0][1] else measure(name, ch, DEFAULT_SCHEDULE)}
             for f in SEARCH_LOOKAHEAD_FACTORS[1:]:
@@ -291,7 +291,6 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             la = min(found_la, key=lambda k: found_la[k])
             measure(name, ch, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
     st.workdir = workdir
-    pick = tried.index(min(tried, key=lambda t: t["latency_us"]))
     if search and workdir is not None:  # the dumps are the chosen program's
         best = build(*runs[pick])
     chosen, prec, sharding, found, summary, constants, io, data, model = best
@@ -306,6 +305,20 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if search:
         report["search"] = {"tried": tried, "chosen": pick, "limit_instructions": SEARCH_MAX_INSTRUCTIONS}
     return CompileResult(data, report, warnings, model)
+
+
+class _Built(NamedTuple):
+    """One candidate program compiled and simulated: what the report and the NEFF are made of."""
+
+    chosen: Any  # the extraction (extract.Extraction)
+    prec: Any
+    sharding: Any
+    warnings: Warnings
+    summary: dict[str, Any]
+    constants: dict[str, Any]
+    io: list[tuple[int, int | None]]
+    data: bytes
+    model: Any
 
 
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
@@ -352,26 +365,18 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     return summary, constants, io, data, model
 
 
-def _structure(text: str) -> list[str]:
-    """The distinct instructions of HLO text as sorted content hashes, each over the instruction without
-    its name and over its operands' hashes: two extractions of one program (names from the e-graph's
-    build, independent instructions in another order) give the same list."""
-    defs: dict[str, tuple[str, list[str]]] = {}
-    for line in text.splitlines():
-        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
-        if m:
-            defs[m.group(1)] = (re.sub(r"%[\w.\-]+", "%", m.group(2)), re.findall(r"%([\w.\-]+)", m.group(2)))
-    memo: dict[str, str] = {}
+def _structure(module: Module) -> frozenset[str]:
+    """The distinct values of ``module`` by content (operator, type, attributes by the e-graph's
+    ``Fingerprints``, operands' keys): two extractions of one program, whatever their names, instruction
+    order or a constant written twice, have the same set."""
+    from nxsat.rules.egraph import Fingerprints
 
-    def h(name: str) -> str:
-        if name not in memo:
-            memo[name] = name  # a cycle or a computation's name: itself
-            if name in defs:
-                body, ops = defs[name]
-                memo[name] = hashlib.sha1("|".join([body, *map(h, ops)]).encode()).hexdigest()
-        return memo[name]
-
-    return sorted({h(n) for n in defs})  # a constant written twice is one value
+    fp = Fingerprints()
+    key: dict[int, str] = {}
+    for n in module.entry.post_order():
+        text = f"{n.op}|{n.type}|{fp.of(n.attrs)}|{','.join(key[o.id] for o in n.operands)}"
+        key[n.id] = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return frozenset(key.values())
 
 
 def _gathered_fraction(module: Module) -> dict[int, float]:

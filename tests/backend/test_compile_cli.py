@@ -291,12 +291,21 @@ def test_the_roofline_counts_the_rows_a_gather_reads_of_a_table() -> None:
 def test_two_extractions_of_one_program_compare_equal() -> None:
     """-O3 compiles -O2's program too only when it is another program: names, the order of independent
     instructions and a constant written twice do not make one."""
+    from nxsat import dtypes as dt
+    from nxsat.builder import Builder
     from nxsat.driver import _structure
 
-    a = ("ENTRY e {\n  %p.1 = f32[4]{0} parameter(0)\n  %c.1 = f32[] constant(2)\n  %b.1 = f32[4]{0} broadcast(%c.1)\n"
-         "  %e.1 = f32[4]{0} exponential(%p.1)\n  ROOT %m.1 = f32[4]{0} multiply(%e.1, %b.1)\n}\n")
-    b = ("ENTRY e {\n  %p.9 = f32[4]{0} parameter(0)\n  %e.7 = f32[4]{0} exponential(%p.9)\n  %k.3 = f32[] constant(2)\n"
-         "  %k.4 = f32[] constant(2)\n  %b.5 = f32[4]{0} broadcast(%k.4)\n  ROOT %m.2 = f32[4]{0} multiply(%e.7, %b.5)\n}\n")
-    assert _structure(a) == _structure(b)
-    assert _structure(a) != _structure(a.replace("exponential", "tanh"))
-    assert _structure(a) != _structure(a.replace("multiply(%e.1, %b.1)", "multiply(%b.1, %e.1)"))
+    def program(op: str = "exponential", twice: bool = False, swap: bool = False):  # noqa: ANN202
+        b = Builder("m")
+        p = b.param(dt.F32, (4,))
+        two = b.op("broadcast", [b.constant(2.0, dt.F32)], shape=(4,), dimensions=())
+        e = b.op(op, [p])
+        if twice:  # the same constant again, for a second reader
+            e = b.op("add", [e, b.op("broadcast", [b.constant(2.0, dt.F32)], shape=(4,), dimensions=())])
+        else:
+            e = b.op("add", [e, two])
+        return b.module(b.op("multiply", [two, e] if swap else [e, two]))
+
+    assert _structure(program()) == _structure(program(twice=True))
+    assert _structure(program()) != _structure(program("tanh"))
+    assert _structure(program()) != _structure(program(swap=True))
