@@ -24,6 +24,7 @@ import numpy as np
 from nxsat import dtypes as dt
 from nxsat.backend.graph import Buf, Graph, Ref
 from nxsat.diagnostics import Warnings, error
+from nxsat.extract.plan import NARROW_WRITERS
 from nxsat.ir import Module, Node, TensorType, TupleType
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
@@ -395,8 +396,6 @@ def _fused_source(lw: Lowering, cast: Node) -> bool:
     return is_elementwise(src) and src.shape == cast.shape
 
 
-# Kernels that write their result in the type of a narrowing cast reading it alone (backend/fused.py).
-NARROW_WRITERS = frozenset({"softmax"})
 
 
 def is_tf32_rounding(node: Node) -> bool:

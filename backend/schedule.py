@@ -294,14 +294,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     # tile (a load and a memset of its padding) need not be ordered, so each waits for the memory itself.
     reuse: dict[int, list[Inst]] = {}
 
-    def is_load(i: Inst) -> bool:
-        return i.engine == "dma" and bool(i.writes) and i.writes[0].buf.onchip
-
     ready_loads: list[int] = []
     ready_other: list[int] = []
     for i in insts:
         if indeg[i.index] == 0:
-            heapq.heappush(ready_loads if is_load(i) else ready_other, i.index)
+            heapq.heappush(ready_loads if _is_load(i) else ready_other, i.index)
     order: list[Inst] = []
     frontier = 0  # lowest unscheduled program position
     scheduled = [False] * n
@@ -357,7 +354,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         while waiting and (everything or waiting[0][0] <= wide):
             idx = heapq.heappop(waiting)[1]
             is_parked[idx] = 0
-            heapq.heappush(ready_loads if is_load(insts[idx]) else ready_other, idx)
+            heapq.heappush(ready_loads if _is_load(insts[idx]) else ready_other, idx)
 
     def lowest_parked_load() -> int:
         while parked_loads and not is_parked[parked_loads[0]]:
@@ -409,11 +406,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
             frontier += 1
         while deferred and deferred[0] <= frontier + REACH:
             idx = heapq.heappop(deferred)
-            heapq.heappush(ready_loads if is_load(insts[idx]) else ready_other, idx)
+            heapq.heappush(ready_loads if _is_load(insts[idx]) else ready_other, idx)
         for s in succ[pick.index]:
             indeg[s.index] -= 1
             if indeg[s.index] == 0:
-                heapq.heappush(ready_loads if is_load(s) else ready_other, s.index)
+                heapq.heappush(ready_loads if _is_load(s) else ready_other, s.index)
         for b in {id(r.buf.root): r.buf.root for r in (*pick.reads, *pick.writes)}.values():
             if not b.onchip:
                 continue
@@ -428,12 +425,21 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                  options.weight_queues)
 
 
+def _is_load(i: Inst) -> bool:
+    """A DMA into SBUF or PSUM."""
+    return i.engine == "dma" and bool(i.writes) and i.writes[0].buf.onchip
+
+
+def _of_inputs(i: Inst) -> bool:
+    """Reads only the model's inputs and constants (a weight's load)."""
+    return all(r.buf.kind in ("input", "const") for r in i.reads)
+
+
 def _passthrough(i: Inst, extra: dict[int, list[Inst]]) -> bool:
     """A DMA from the model's inputs or constants into its outputs that waits for nothing (the caller
     checks that nothing waits for it: a KV cache copied before its update is not one)."""
     return (i.engine == "dma" and not i.deps and not extra.get(i.index) and bool(i.writes)
-            and all(w.buf.kind == "output" for w in i.writes)
-            and all(r.buf.kind in ("input", "const") for r in i.reads))
+            and all(w.buf.kind == "output" for w in i.writes) and _of_inputs(i))
 
 
 def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list[Inst]], inputs: list[Buf],
@@ -501,11 +507,10 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
             continue
         if i.engine != "dma":
             stream[i.index] = i.engine
-        elif split and i.writes and i.writes[0].buf.onchip and all(r.buf.kind in ("input", "const")
-                                                                    for r in i.reads):
+        elif split and _is_load(i) and _of_inputs(i):
             stream[i.index] = f"q{weight_q[nw % len(weight_q)]}"
             nw += 1
-        elif i.writes and i.writes[0].buf.onchip or not i.deps and not extra.get(i.index):
+        elif _is_load(i) or not i.deps and not extra.get(i.index):
             # loads, and copies that wait for nothing (they cannot hold a queue up): the store queues are
             # for what waits on compute (gemma3: 2.6% faster with its HBM-to-HBM copies among the loads)
             stream[i.index] = f"q{other_q[nl % len(other_q)]}"

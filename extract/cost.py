@@ -37,6 +37,7 @@ from nxsat.extract.plan import (
     DMA_T_BLOCK,
     GROUP_NORM_RESIDENT,
     MAX_COLS,
+    NARROW_WRITERS,
     PE_BLOCK,
     PREFETCH_SBUF_FRACTION,
     ConvGeometry,
@@ -1168,7 +1169,7 @@ def _produced(view: View, ops: Sequence[str]) -> list[bool]:
         od = registry.get(op) if op else None
         if od is None or node.ctor in _INPUT_CTORS or op in _VIEW_OPS:
             return False
-        if op in _CONTRACTIONS or op == "softmax":
+        if op in _CONTRACTIONS or op in NARROW_WRITERS:
             return True
         shape = view.shape.get(view.node_class[i])
         return od.engine in (registry.SCALAR, registry.VECTOR) and shape is not None and all(
