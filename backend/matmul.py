@@ -253,7 +253,7 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             # transposes the next weights while the last ones are copied out of PSUM instead of waiting for
             # the copy (gemma3's projections: weights stored K-innermost, every tile transposed; its LM head,
             # W @ x, one group per M tile: without the lookahead across M tiles TensorE's transposes, the
-            # copy and the matmuls ran in series, 1.16x the weight stream's time).
+            # copy and the matmuls ran in series: 2,577.7 us against the weight stream's 2,417; 2,447.1 now).
             # Kept moving tiles (plan.n_block) still load after the N tile before them has started
             # (test_dot: loaded together, the first matmul waited for all of them).
             work = [(m0, n0, nn, gi) for m0 in range(0, M, plan.m_tile) for n0, nn in n_tiles
