@@ -101,12 +101,19 @@ def written_as(lw: Lowering, s: Node) -> Node:
     softmax."""
     from nxsat.backend.lower import _fused_source
 
-    readers = lw.consumers.get(s.id, set())
-    if len(readers) != 1:
-        return s
+    c = narrowing_reader(lw, s)
+    return c if c is not None and _fused_source(lw, c) else s
+
+
+def narrowing_reader(lw: Lowering, n: Node) -> Node | None:
+    """The cast to a narrower float that alone reads ``n`` (left to lowering, not a reader's absorbed cast):
+    a kernel that computes ``n`` in fp32 can round as it writes and store the cast's value instead."""
+    readers = lw.consumers.get(n.id, set())
+    if len(readers) != 1 or n.id in lw.output_of:
+        return None
     c = lw.node(next(iter(readers)))
-    narrowing = c.op == "convert" and c.dtype.is_float and s.dtype.is_float and c.dtype.itemsize < s.dtype.itemsize
-    return c if narrowing and c.id not in lw.absorbed and _fused_source(lw, c) else s
+    narrowing = c.op == "convert" and c.dtype.is_float and n.dtype.is_float and c.dtype.itemsize < n.dtype.itemsize
+    return c if narrowing and c.id not in lw.absorbed else None
 
 
 def _maxima(g: Graph, xt: Ref, scale: float) -> Ref:
@@ -626,7 +633,13 @@ class _ProbsDot:
         other = dot.operands[1 - reader.side]
         self.mt = operand_type(dot.operands[0].dtype, dot.operands[1].dtype, lw)
         self.p_type = onchip_dtype(device_dtype(dot.operands[reader.side].dtype))
-        self.out_t = onchip_dtype(device_dtype(dot.dtype))
+        # A cast alone reading the result (attention's output to bf16 for the output projection) is
+        # written by the evacuation: the fp32 result never exists, half the bytes are stored and loaded.
+        cast = narrowing_reader(lw, dot)
+        if cast is not None:
+            lw.absorbed.add(dot.id)
+        written = dot if cast is None else cast
+        self.out_t = onchip_dtype(device_dtype(written.dtype))
         lf, rf, (B, M, K, N) = dot_dims(dot)
         d = dot.attrs["dims"]
         src = other.operands[0] if other.id in lw.absorbed else other  # a cast it absorbs: done on load
@@ -637,7 +650,7 @@ class _ProbsDot:
             view = lw.ref(src).permute(*d.rhs_batch, *d.rhs_contracting, *rf)
             self.width = N
         self.other = lw.view(view, lambda r: r.reshape(B, K, self.width), src)
-        self.out = lw.result(dot).reshape(B, M, N)
+        self.out = lw.result(written).reshape(B, M, N)
         self.loaded: dict[int, list[tuple[int, int, Ref]]] = {}
         self.copies = 0
 

@@ -122,6 +122,13 @@ def apply_precision(module: Module, mode: str = "none", cast_type: str = "bf16",
             ops = [convert(o, low) for o in ops]
             attrs = dict(node.attrs, to_apply=body)
             new = Node("reduce", ops, attrs, infer_type("reduce", ops, attrs, node.loc), node.name, node.loc)
+        elif node.op == "convert" and isinstance(node.type, TensorType) and ops[0].dtype is node.operands[0].dtype \
+                and ops[0].op == "transpose" and ops[0].operands[0].op not in ("parameter", "constant"):
+            # a cast the extraction chose of a transposed computed value: the source's cast transposed (a
+            # view), so the source's producer writes it narrow (extract/cost.py ``_produced`` prices it so).
+            # A transposed model input's cast stays the dot's, which loads and converts it (cast apart,
+            # gpt_decoder's LM head weight took a pass of its own: +1.7 us).
+            new = convert(ops[0], node.dtype)
         else:
             # Everything else keeps fp32: a cast value it reads is converted back.
             ops = [convert(m, o.dtype) if isinstance(o.type, TensorType) and m.dtype is not o.dtype else m

@@ -1103,10 +1103,9 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # priced as a pass, the cast kept ResNet-50's image pad at -O2 where -O1's policy dropped it.
     cast_read = _read_by_contractions(view, ops, _CONTRACTIONS, _PASS_VIEWS | {"pad"})
     # A cast of a value an operator computes is written narrow by that operator (the backend's cluster ends
-    # in the cast, a dot's evacuation writes it): the dot loads the narrow value and converts nothing. A
-    # cast of a transpose of one is loaded wide through the view and converted on chip. (Cast under the
-    # transpose instead, attention's output in bf16 was stored and loaded back where its fp32 tiles were
-    # read in SBUF: attention_s2048 under transformer 783.1 -> 798.6 us.)
+    # in the cast, a dot's evacuation writes it): the dot loads the narrow value and converts nothing. So
+    # is a cast of a transpose of one (backend/precision.py casts the source): attention's output written
+    # bf16 by its evacuation and loaded transposed, half the bytes each way.
     produced = _produced(view, ops)
     cast_from: dict[int, int] = {}
     for i, node in enumerate(view.nodes):
@@ -1163,7 +1162,8 @@ def _produced(view: View, ops: Sequence[str]) -> list[bool]:
     """Per class: its value is written by a producer a cast joins (backend/lower.py ``_fused_source``): an
     elementwise pass of its shape on ScalarE or VectorE (a fused norm's epilogue too), a dot's or a
     convolution's evacuation, a softmax; not a model input, a view, a reduction (its result written
-    apart), nor data moved by DMA (a concatenate: a cast of it is a pass of its own)."""
+    apart), nor data moved by DMA (a concatenate: a cast of it is a pass of its own). A transpose of such a
+    value counts too: backend/precision.py casts the source and transposes the cast (a view)."""
     def computes(i: int) -> bool:
         node, op = view.nodes[i], ops[i]
         od = registry.get(op) if op else None
@@ -1175,7 +1175,16 @@ def _produced(view: View, ops: Sequence[str]) -> list[bool]:
         return od.engine in (registry.SCALAR, registry.VECTOR) and shape is not None and all(
             view.shape.get(k) in (shape, None) for k in node.children[:operand_layout(node)[0]])
 
-    return [any(computes(i) for i in nodes) for nodes in view.class_nodes]
+    out = [any(computes(i) for i in nodes) for nodes in view.class_nodes]
+    transposes = [(view.node_class[i], view.nodes[i].children[0]) for i in range(len(view.nodes))
+                  if ops[i] == "transpose" and view.nodes[i].children]
+    changed = True
+    while changed:
+        changed = False
+        for c, src in transposes:
+            if out[src] and not out[c]:
+                out[c] = changed = True
+    return out
 
 
 _CONTRACTIONS = frozenset({"dot", "convolution"})
