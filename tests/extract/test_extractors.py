@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from nxsat.extract.greedy import dag, dag_cost, reachable, tree
+from nxsat.extract.greedy import dag, dag_cost, improve, reachable, tree
 from nxsat.extract.ilp import ilp
 from nxsat.rules.egraph import ENode, View
 
@@ -62,6 +62,19 @@ def test_dag_pays_a_shared_subterm_once():
     assert view.nodes[d[5]].ctor == "Add"  # DAG: 1 + 1 + 1 + 10 = 13 < 16
     assert dag_cost(view, d, 5, costs) == 13.0 and dag_cost(view, t, 5, costs) == 16.0
     assert ilp(view, costs, 5).best[5] == d[5]
+
+
+def test_dag_takes_a_class_the_program_pays_for_anyway():
+    # root = Root(A, X); X = {UseA(A), Alt(leaf)}. Alone, X's cheaper term is Alt (5 < 10 + 1), which the
+    # greedy takes; but the root pays for A anyway, so UseA costs X 1 (gemma3's residual sums, copied
+    # privately by the greedy where the next layer's norm reads the shared one). improve() switches it.
+    spec = [[("Parameter", ())], [("Big", (0,))], [("UseA", (1,)), ("Alt", (0,))], [("Root", (1, 2))]]
+    view = _view(spec)
+    costs = [0.0, 10.0, 1.0, 5.0, 1.0]
+    d = dag(view, costs, 3)
+    assert view.nodes[d[2]].ctor == "UseA"
+    assert dag_cost(view, d, 3, costs) == 12.0 == _brute_force(view, costs, 3)
+    assert improve(view, costs, [0, 1, 3, 4], 3) == d  # from the greedy's own choice
 
 
 def test_the_ilp_forbids_the_cycles_the_cheapest_nodes_form():
