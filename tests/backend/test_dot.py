@@ -378,3 +378,20 @@ def test_a_weight_on_the_left_split_in_heads_is_read_as_it_lies() -> None:
     assert_device_matches(module_of(text), rtol=2e-5, atol_scale=2e-5)
     c = compile_graph(module_of(text), sim.load_target("trn1"))
     assert not [n for n, t in c.program.tensors.items() if t.kind == "scratch"]
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_batch_dimensions_that_do_not_merge_are_read_batch_by_batch(target: str, dtype: str) -> None:
+    """Attention's scores from ``[b, s, h, d]`` projections, batched over (b, h): the two batch dimensions
+    lie apart (positions between them) and do not merge into one stride. Each batch is read through its
+    own view; no permuted copy of either operand through HBM (transformer_layer: two 7.5 us copies on its
+    critical path, generic -O2 57.5 -> 42.3 us)."""
+    from nxsat.backend import lower_graph
+
+    m = module_of(_dot(f"{dtype}[2,8,3,16]", f"{dtype}[2,8,3,16]", "f32[2,3,8,8]",
+                       "lhs_batch_dims={0,2}, lhs_contracting_dims={3}, rhs_batch_dims={0,2}, "
+                       "rhs_contracting_dims={3}"))
+    lw = lower_graph(m, sim.load_target(target))
+    assert not any(b.kind == "scratch" for b in lw.graph.bufs)
+    assert_device_matches(m, target=target)
