@@ -47,10 +47,14 @@ from nxsat.progress import Progress
 AUTO_CAST = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 # -O3's search (docs/compiling.md): each candidate program (-O3's extraction, and -O2's when it differs)
-# scheduled with the scheduler's load lookahead, half and twice it, then at the best of those with the
-# weights' loads on queues of their own, each simulated, the fastest kept; a program of more instructions
-# than the limit is compiled once (mobilenet_v2's training step: minutes each)
-SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0)
+# scheduled with the scheduler's load lookahead, half, twice and a hundred times it, then at the best of
+# those with the weights' loads on queues of their own, each simulated, the fastest kept; a program of
+# more instructions than the limit is compiled once (mobilenet_v2's training step: minutes each). A
+# hundred times: loads go ahead as far as the prefetch share of SBUF allows, so a model streaming its
+# weights keeps streaming through each layer's attention and its start (-O2, measured with weights on 8
+# queues: gemma3 under transformer 9,503.7 -> 8,868.8 us, BERT-12 2,238.3 -> 2,001.1; but resnet50
+# 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,110.6: not -O2's default)
+SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
 
