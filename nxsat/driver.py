@@ -55,6 +55,8 @@ AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 # queues: gemma3 under transformer 9,503.7 -> 8,868.8 us, BERT-12 2,238.3 -> 2,001.1; but resnet50
 # 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,110.6: not -O2's default)
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
+# -O2 measures two schedules of its program, the default and this streaming one (the last lookahead, the
+# weights on queues of their own), and keeps the faster
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
 
@@ -228,6 +230,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                     f"extract (exact ILP: up to {ILP_SECONDS:g} s)" if extractor == "ilp" else "")
     candidates = [(extractor, chosen)]
     search = opts.optlevel == 3 and opts.extractor is None
+    streaming = opts.optlevel == 2  # -O2 weighs the streaming schedule against the default one
     if search:
         # -O3 also weighs -O2's program (its budget, its extractor), so it is never slower than -O2
         sat2 = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, 2, canonical=True,
@@ -265,9 +268,11 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         return _Built(ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None)
 
     # -O3's search: per candidate program, the load lookahead, then the weights' queues at the best lookahead,
-    # each measured on the timing model; the fastest kept (the first on a tie). A program too big to compile
-    # again is not searched.
-    workdir, st.workdir = st.workdir, (None if search else st.workdir)
+    # each measured on the timing model; the fastest kept (the first on a tie). -O2's: the default schedule
+    # and the streaming one (the last lookahead, weights apart). A program too big to compile again is not
+    # searched.
+    measured = search or streaming
+    workdir, st.workdir = st.workdir, (None if measured else st.workdir)
     tried: list[dict[str, Any]] = []
     runs: list[tuple[Any, Any]] = []
     best: _Built | None = None
@@ -275,7 +280,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
 
     def measure(name: str, ch: Any, schedule: Any) -> float:
         nonlocal best, pick
-        if search:
+        if measured:
             progress.stage(f"search {len(tried) + 1}")
         built = build(ch, schedule)
         lat = built.summary["latency_ns"]
@@ -294,8 +299,11 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                 found_la[round(LOOKAHEAD * f)] = measure(name, ch, ScheduleOptions(round(LOOKAHEAD * f)))
             la = min(found_la, key=lambda k: found_la[k])
             measure(name, ch, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
+    elif streaming and best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
+        measure(*candidates[0], ScheduleOptions(round(LOOKAHEAD * SEARCH_LOOKAHEAD_FACTORS[-1]),
+                                                SEARCH_WEIGHT_QUEUES))
     st.workdir = workdir
-    if search and workdir is not None:  # the dumps are the chosen program's
+    if measured and workdir is not None:  # the dumps are the chosen program's
         best = build(*runs[pick])
     chosen, prec, sharding, found, summary, constants, io, data, model = best
     best = None
@@ -306,7 +314,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     report["extraction"] = chosen.to_json()
     report["decisions"] = _decisions(opts, by_cost, canonical, extracted, chosen.casts)
     report["sharding"] = sharding.to_json()
-    if search:
+    if measured:
         report["search"] = {"tried": tried, "chosen": pick, "limit_instructions": SEARCH_MAX_INSTRUCTIONS}
     return CompileResult(data, report, warnings, model)
 
@@ -564,7 +572,7 @@ def format_report(r: dict[str, Any]) -> str:
     sr = r.get("search")
     if sr:
         t = sr["tried"][sr["chosen"]]
-        lines.insert(-1, f"  search       {len(sr['tried'])} programs tried, the fastest kept: {t['program']} "
+        lines.insert(-1, f"  search       {len(sr['tried'])} schedules tried, the fastest kept: {t['program']} "
                          f"extraction, load lookahead {t['lookahead']}"
                          + (f", weights on {t['weight_queues']} queues of their own" if t["weight_queues"] else "")
                          + ("" if len(sr["tried"]) > 1 else f" (over {sr['limit_instructions']:,} instructions: "
