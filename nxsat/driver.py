@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -282,10 +283,18 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         nonlocal best, pick
         if measured:
             progress.stage(f"search {len(tried) + 1}")
-        built = build(ch, schedule)
+        runs.append((ch, schedule))
+        try:
+            built = build(ch, schedule)
+        except NxsatError as e:
+            # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand needs:
+            # gemma3 generic at lookahead 4,800); the first one is the compile's own, and its failure is
+            if best is None or e.code != "NCC_EOOM001":  # the compile's
+                raise
+            tried.append({"program": name, **schedule.to_json(), "latency_us": None, "failed": e.code})
+            return math.inf
         lat = built.summary["latency_ns"]
         tried.append({"program": name, **schedule.to_json(), "latency_us": round(lat / 1000, 3)})
-        runs.append((ch, schedule))
         if best is None or lat < best.summary["latency_ns"]:
             best, pick = built, len(runs) - 1
         return lat

@@ -311,3 +311,32 @@ def test_two_extractions_of_one_program_compare_equal() -> None:
     assert _structure(program()) == _structure(program(twice=True))
     assert _structure(program()) != _structure(program("tanh"))
     assert _structure(program()) != _structure(program(swap=True))
+
+
+def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schedule the search tries may not fit on chip (loads far ahead holding the SBUF the work at hand
+    needs: gemma3 generic at lookahead 4,800); it is reported as failed and the others are kept. The
+    compile's own first schedule failing is the compile's failure."""
+    from nxsat import driver
+    from nxsat.diagnostics import NxsatError, error
+
+    real = driver._backend
+
+    def backend(st, formed, target, opts, warnings, schedule):  # noqa: ANN001, ANN202
+        if schedule.lookahead > 1000:
+            raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
+        return real(st, formed, target, opts, warnings, schedule)
+
+    monkeypatch.setattr(driver, "_backend", backend)
+    path = str(DATA / "jax" / "mlp.hlo")
+    res = driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+    tried = res.report["search"]["tried"]
+    assert [t.get("failed") for t in tried] == [None, "NCC_EOOM001"] and res.report["search"]["chosen"] == 0
+    assert res.report["latency_us"] == tried[0]["latency_us"]
+
+    def always(st, formed, target, opts, warnings, schedule):  # noqa: ANN001, ANN202
+        raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
+
+    monkeypatch.setattr(driver, "_backend", always)
+    with pytest.raises(NxsatError):
+        driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
