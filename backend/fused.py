@@ -626,7 +626,7 @@ class _ProbsDot:
     result evacuated and stored where the dot's result has those rows."""
 
     def __init__(self, lw: Lowering, reader: ProbsReader, keys: int) -> None:
-        from nxsat.backend.matmul import dot_dims, operand_type
+        from nxsat.backend.matmul import batched_view, dot_dims, operand_type
 
         self.lw, self.keys, self.side = lw, keys, reader.side
         self.node = dot = reader.dot
@@ -645,11 +645,11 @@ class _ProbsDot:
         src = other.operands[0] if other.id in lw.absorbed else other  # a cast it absorbs: done on load
         if reader.side == 1:  # probabilities on the right: [B, d, rows] = other[B, d, K] @ P^T
             view = lw.ref(src).permute(*d.lhs_batch, *d.lhs_contracting, *lf)
-            self.width = M
+            self.width, batch = M, d.lhs_batch
         else:  # [B, rows, d] = P @ other[B, K, d]
             view = lw.ref(src).permute(*d.rhs_batch, *d.rhs_contracting, *rf)
-            self.width = N
-        self.other = lw.view(view, lambda r: r.reshape(B, K, self.width), src)
+            self.width, batch = N, d.rhs_batch
+        self.other = batched_view(lw, view, [src.shape[i] for i in batch], (K, self.width), src)
         self.out = lw.result(written).reshape(B, M, N)
         self.loaded: dict[int, list[tuple[int, int, Ref]]] = {}
         self.copies = 0

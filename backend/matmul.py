@@ -96,8 +96,8 @@ def dot(lw: Lowering, node: Node) -> None:
     split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target)
     if split is None:
         bs = [lhs.shape[d] for d in lb]
-        L = _batched(lw, Lp, bs, (M, 1, K), node)
-        R = _batched(lw, Rp, bs, (1, K, N), node)
+        L = batched_view(lw, Lp, bs, (M, 1, K), node)
+        R = batched_view(lw, Rp, bs, (1, K, N), node)
     else:
         L, R = split
     matmul(lw, node, L, R, ep, "tf32" if tf32 else "fp32", mt=operand_type(*types, lw))
@@ -128,7 +128,7 @@ class PerBatch:
         return r[more] if more else r
 
 
-def _batched(lw: Lowering, ref: Ref, batch: list[int], rest: tuple[int, ...], node: Node) -> Ref | PerBatch:
+def batched_view(lw: Lowering, ref: Ref, batch: list[int], rest: tuple[int, ...], node: Node) -> Ref | PerBatch:
     """``ref`` (``[batch..., rest...]`` in dimensions) as ``[B, *rest]``: one view where the batch dimensions
     merge, else one view per batch (:class:`PerBatch`), else a contiguous copy."""
     B = math.prod(batch)
