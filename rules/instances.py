@@ -31,6 +31,7 @@ SHAPES: tuple[tuple[int, ...], ...] = ((), (3,), (2, 3), (3, 2), (2, 2), (2, 3, 
                                        (2, 2, 3, 4))
 DTYPES = (dt.F32, dt.F32, dt.S32, dt.BF16, dt.PRED, dt.F16, dt.U8)
 SPLATS = (0, 1, -1, 2, 0.5)
+MANY_GUARDS = 8  # above this many guarded splats a rule's instances take them by _Env.guard_odds
 CONVERT_TYPES = (dt.F32, dt.BF16, dt.F16, dt.F64, dt.S32, dt.S8, dt.U8, dt.PRED, dt.S64)
 MIXED_FLOATS = (dt.F16, dt.BF16, dt.F32)  # the other operand's type of a mixed-precision dot
 
@@ -57,6 +58,13 @@ class _Env:
     splats: tuple[Any, ...] = SPLATS  # constants leaves take: SPLATS and the ones the rule's guards name
     var_splats: dict[str, float] = field(default_factory=dict)  # var -> the splat its guard asks for
     var_ranks: dict[str, int] = field(default_factory=dict)  # var -> the rank its guard asks for
+
+    @property
+    def guard_odds(self) -> float:
+        """How often a guarded leaf takes its guard's splat (0: the usual mix). With many guards (an
+        expansion's dozens of coefficients: gelu-erf-xla's 35), half the instances meet them all."""
+        n = len(self.var_splats)
+        return 0.5 ** (1 / n) if n > MANY_GUARDS else 0.0
 
 
 def _is_var(x: SExp) -> bool:
@@ -86,6 +94,10 @@ def _leaf(env: _Env, t: TensorType, guard: float | None = None) -> Node:
     """A parameter, or (sometimes) a constant, of type t; mostly the constant ``guard`` when the rule's
     guard asks this variable to be that splat."""
     rng = env.rng
+    if guard is not None and env.guard_odds and t.dtype.is_float and rng.random() < env.guard_odds:
+        n = Node("constant", (), {"value": splat_array(str(guard), t.dtype, t.shape), "type": t}, t)
+        env.nodes.append(n)
+        return n
     if t.dtype.storage and (rng.random() < 0.3 or (guard is not None and rng.random() < 0.85)):
         pick = guard is not None and rng.random() < 0.9
         if pick or rng.random() < 0.7:

@@ -338,6 +338,7 @@ def _terms() -> list[Term]:
              slot_names=("dimensions", "reducer", "reducer_dtype"),
              doc="reduce(x, init) over dimensions with one binary operator (add, maximum, ...) of type "
                  "reducer_dtype; other bodies and multi-operand reductions stay Opaque"),
+        Term("Gelu", "gelu", 1, elementwise=True, doc="fused: GELU's erf form, x * Phi(x) (transformer rule set)"),
         Term("GeluTanh", "gelu-tanh", 1, elementwise=True, doc="fused: GELU's tanh form (transformer rule set)"),
         Term("Silu", "silu", 1, elementwise=True, doc="fused: x * logistic(x) (transformer rule set)"),
         Term("LayerNorm", "layer-norm", 1, attrs=(("epsilon", EPSILON),), slot_names=("epsilon",), elementwise=True,

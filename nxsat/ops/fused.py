@@ -14,7 +14,7 @@ group-norm(x, groups, epsilon): channels last (``x`` is ``[N, spatial..., C]``),
 channels as layer-norm normalizes a row. Instance norm is ``groups = C``. Its scale and shift stay
 elementwise too.
 
-gelu-tanh(x), silu(x): activation chains ScalarE computes as one function (``ACTIVATIONS``).
+gelu(x), gelu-tanh(x), silu(x): activation chains ScalarE computes as one function (``ACTIVATIONS``).
 
 softmax(x, dimension, scale): the softmax of ``scale * x`` along ``dimension`` (``exp(y - max(y)) /
 sum(exp(y - max(y)))``, ``y = scale * x``; scale 1 unless a rule folded a multiply in), computed in fp32
@@ -155,6 +155,12 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
 
 
+def _gelu(x: np.ndarray) -> np.ndarray:
+    from scipy import special
+
+    return x * special.ndtr(x)  # the normal CDF: no cancellation for x << 0
+
+
 def _silu(x: np.ndarray) -> np.ndarray:
     from scipy import special
 
@@ -163,6 +169,7 @@ def _silu(x: np.ndarray) -> np.ndarray:
 
 # name -> (reference, ScalarE's function, description, neuronx-cc's name)
 ACTIVATIONS = {
+    "gelu": (_gelu, "gelu", "x Phi(x) = 0.5 x erfc(-x / sqrt 2): GELU's erf form", "Gelu"),
     "gelu-tanh": (_gelu_tanh, "gelu_tanh", "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): GELU's tanh form",
                   "Gelu_apprx_tanh"),
     "silu": (_silu, "silu", "x * logistic(x): SiLU (Swish)", "Silu"),

@@ -206,7 +206,7 @@ def test_a_softmax_of_the_dots_epilogue_is_computed_there_too(return_probs):
     assert not [tn for tn in program.tensors.values() if tn.kind == "scratch"]  # the probabilities: chip or output
 
 
-@pytest.mark.parametrize("name", ["gelu-tanh", "silu"])
+@pytest.mark.parametrize("name", ["gelu", "gelu-tanh", "silu"])
 def test_activations_run_in_a_dense_layers_epilogue(name):
     """dense + bias + activation: the activation is one ScalarE instruction on each result tile; nothing
     but the output goes to HBM."""

@@ -56,12 +56,13 @@ def test_softmax_shape_rule_refuses(d, attrs, words):
     assert e.value.code == "NCC_EVRF064" and words in e.value.message
 
 
-@pytest.mark.parametrize("name", ["gelu-tanh", "silu"])
+@pytest.mark.parametrize("name", ["gelu", "gelu-tanh", "silu"])
 @pytest.mark.parametrize("d", [dt.F32, dt.BF16])
 def test_activations_against_their_formulas(name, d):
     x = dt.cast(np.linspace(-12, 12, 97), d)
     xw = x.astype(np.float64)
-    want = {"gelu-tanh": 0.5 * xw * (1 + np.tanh(np.sqrt(2 / np.pi) * (xw + 0.044715 * xw**3))),
+    want = {"gelu": 0.5 * xw * special.erfc(-xw / np.sqrt(2)),
+            "gelu-tanh": 0.5 * xw * (1 + np.tanh(np.sqrt(2 / np.pi) * (xw + 0.044715 * xw**3))),
             "silu": xw * special.expit(xw)}[name]
     got = _act(name, x, d)
     np.testing.assert_array_equal(got, dt.cast(want, d))

@@ -69,6 +69,46 @@ def _gelu_jax(t: dt.DType = F32) -> Module:
     return b.module(b.op("multiply", [x, half]))
 
 
+# XLA's erfc expansion (its constants, as transformer_layer's HLO has them)
+_ERFC_SMALL = (7.853861461626366e-05, -0.0008010193705558777, 0.005188327748328447, -0.026853812858462334,
+               0.1128358542919159, -0.3761262595653534, 1.1283791065216064)
+_ERFC_MID = (0.0232682004570961, -0.13870394229888916, 0.3687424659729004, -0.5824732780456543,
+             0.6210004687309265, -0.49445152282714844, 0.3404879868030548, -0.2741127014160156, 0.5638259649276733)
+_ERFC_LARGE = (-10.47766399383545, 12.97719955444336, -7.495518684387207, 2.9210190773010254, -1.0152652263641357,
+               0.42184633016586304, -0.28207674622535706, 0.5641894936561584)
+
+
+def _gelu_erf_xla() -> Module:
+    """jax.nn.gelu(approximate=False) as XLA expands it: 0.5 x * erfc(-x / sqrt 2), erfc by its rational
+    approximations (transformer_layer's MLP)."""
+    b = Builder("gelu")
+    shape = (2, 8, 16)
+    x = b.param(F32, shape)
+    c = lambda v: _splat(b, v, F32, shape)  # noqa: E731
+    op = b.op
+
+    def horner(v: Node, coeffs: tuple[float, ...]) -> Node:
+        e = op("add", [op("multiply", [v, c(coeffs[0])]), c(coeffs[1])])
+        for k in coeffs[2:]:
+            e = op("add", [op("multiply", [e, v]), c(k)])
+        return e
+
+    def lt(a: Node, v: Node) -> Node:
+        return op("compare", [a, v], direction="LT")
+
+    z = op("multiply", [op("negate", [x]), c(0.7071067690849304)])
+    z2, a = op("multiply", [z, z]), op("abs", [z])
+    small = op("subtract", [c(1.0), op("multiply", [z, horner(z2, _ERFC_SMALL)])])
+    q = op("divide", [c(1.0), z2])
+    ratio = op("select", [lt(a, c(2.0)), horner(q, _ERFC_MID), horner(q, _ERFC_LARGE)])
+    tail = op("multiply", [op("multiply", [op("exponential", [op("negate", [z2])]), op("divide", [c(1.0), a])]),
+                           ratio])
+    tail = op("select", [lt(op("negate", [z2]), c(-88.72283935546875)), c(0.0), tail])
+    big = op("select", [lt(z, c(0.0)), op("subtract", [c(2.0), tail]), tail])
+    erfc = op("select", [lt(a, c(1.0)), small, big])
+    return b.module(op("multiply", [op("multiply", [x, c(0.5)]), erfc]))
+
+
 def _gelu_torch() -> Module:
     b = Builder("gelu")
     x = b.param(F32, (2, 5))
@@ -198,6 +238,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "layer-norm-two-pass": _layer_norm_two_pass,
     "group-norm-flax": _group_norm_flax,
     "rms-norm-f32-sum": _rms_norm_f32_sum,
+    "gelu-erf-xla": _gelu_erf_xla,
     "gelu-tanh": _gelu_jax,
     "gelu-tanh-bf16": lambda: _gelu_jax(BF16),
     "gelu-tanh-torch": _gelu_torch,
