@@ -49,15 +49,14 @@ AUTO_CAST = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 # -O3's search (docs/compiling.md): each candidate program (-O3's extraction, and -O2's when it differs)
 # scheduled with the scheduler's load lookahead, half, twice and a hundred times it, then at the best of
-# those with the weights' loads on queues of their own, each simulated, the fastest kept; a program of
-# more instructions than the limit is compiled once (mobilenet_v2's training step: minutes each). A
-# hundred times: loads go ahead as far as the prefetch share of SBUF allows, so a model streaming its
-# weights keeps streaming through each layer's attention and its start (-O2, measured with weights on 8
-# queues: gemma3 under transformer 9,503.7 -> 8,868.8 us, BERT-12 2,238.3 -> 2,001.1; but resnet50
-# 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,110.6: not -O2's default)
+# those with the weights' loads on queues of their own, and with -O2's streaming schedule; each simulated,
+# the fastest kept. A program of more instructions than the limit is compiled once (mobilenet_v2's
+# training step: minutes each). A hundred times: loads go ahead as far as the prefetch share of SBUF
+# allows, so a model streaming its weights keeps streaming through each layer's attention and its start.
+# -O2 measures two schedules of its program, the default and that streaming one (the weights on queues
+# of their own), and keeps the faster (measured: gemma3 under transformer 9,503.7 -> 8,868.8 us, BERT-12
+# 2,238.3 -> 2,001.1; but resnet50 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,110.6: not a default)
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
-# -O2 measures two schedules of its program, the default and this streaming one (the last lookahead, the
-# weights on queues of their own), and keeps the faster
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
 
@@ -299,6 +298,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             best, pick = built, len(runs) - 1
         return lat
 
+    stream = ScheduleOptions(round(LOOKAHEAD * SEARCH_LOOKAHEAD_FACTORS[-1]), SEARCH_WEIGHT_QUEUES)
     first = measure(*candidates[0], DEFAULT_SCHEDULE)
     assert best is not None
     if search and best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
@@ -308,9 +308,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                 found_la[round(LOOKAHEAD * f)] = measure(name, ch, ScheduleOptions(round(LOOKAHEAD * f)))
             la = min(found_la, key=lambda k: found_la[k])
             measure(name, ch, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
+            if la != stream.lookahead:  # -O2's streaming schedule too: -O3 is never slower than -O2
+                measure(name, ch, stream)
     elif streaming and best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
-        measure(*candidates[0], ScheduleOptions(round(LOOKAHEAD * SEARCH_LOOKAHEAD_FACTORS[-1]),
-                                                SEARCH_WEIGHT_QUEUES))
+        measure(*candidates[0], stream)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
         best = build(*runs[pick])
