@@ -396,8 +396,6 @@ def _fused_source(lw: Lowering, cast: Node) -> bool:
     return is_elementwise(src) and src.shape == cast.shape
 
 
-
-
 def is_tf32_rounding(node: Node) -> bool:
     """``reduce-precision`` of fp32 to tf32's 8 exponent and 10 mantissa bits (what --auto-cast-type tf32
     puts on TensorE operands)."""

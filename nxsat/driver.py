@@ -55,7 +55,7 @@ AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 # allows, so a model streaming its weights keeps streaming through each layer's attention and its start.
 # -O2 measures two schedules of its program, the default and that streaming one (the weights on queues
 # of their own), and keeps the faster (measured: gemma3 under transformer 9,503.7 -> 8,868.8 us, BERT-12
-# 2,238.3 -> 2,001.1; but resnet50 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,110.6: not a default)
+# 2,238.3 -> 2,001.1; but resnet50 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,121.7: not a default)
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
@@ -267,10 +267,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             summary, constants, io, data, model = _backend(st, formed, target, opts, found, schedule)
         return _Built(ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None)
 
-    # -O3's search: per candidate program, the load lookahead, then the weights' queues at the best lookahead,
-    # each measured on the timing model; the fastest kept (the first on a tie). -O2's: the default schedule
-    # and the streaming one (the last lookahead, weights apart). A program too big to compile again is not
-    # searched.
+    # The schedules -O2 and -O3 measure (SEARCH_* above), each simulated; the fastest kept (the first on a tie).
     measured = search or streaming
     workdir, st.workdir = st.workdir, (None if measured else st.workdir)
     tried: list[dict[str, Any]] = []
@@ -287,8 +284,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             built = build(ch, schedule)
         except NxsatError as e:
             # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand needs:
-            # gemma3 generic at lookahead 4,800); the first one is the compile's own, and its failure is
-            if best is None or e.code != "NCC_EOOM001":  # the compile's
+            # gemma3 generic at lookahead 4,800): skipped. The first schedule's failure is the compile's.
+            if best is None or e.code != "NCC_EOOM001":
                 raise
             tried.append({"program": name, **schedule.to_json(), "latency_us": None, "failed": e.code})
             return math.inf
@@ -301,7 +298,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     stream = ScheduleOptions(round(LOOKAHEAD * SEARCH_LOOKAHEAD_FACTORS[-1]), SEARCH_WEIGHT_QUEUES)
     first = measure(*candidates[0], DEFAULT_SCHEDULE)
     assert best is not None
-    if search and best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
+    again = best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS  # small enough to compile again
+    if search and again:
         for name, ch in candidates:
             found_la = {LOOKAHEAD: first if ch is candidates[0][1] else measure(name, ch, DEFAULT_SCHEDULE)}
             for f in SEARCH_LOOKAHEAD_FACTORS[1:]:
@@ -313,7 +311,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             la = min((k for k in found_la if k != stream.lookahead), key=lambda k: found_la[k])
             measure(name, ch, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
             measure(name, ch, stream)
-    elif streaming and best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS:
+    elif streaming and again:
         measure(*candidates[0], stream)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
