@@ -29,7 +29,7 @@ from nxsat.backend.epilogue import Epilogue
 from nxsat.backend.fused import require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import MatmulPlan, dot_sizes, matmul_plan, pe_transpose_pays, segments_pay
+from nxsat.extract.plan import MatmulPlan, dot_sizes, matmul_plan, pe_transpose_pays, rows_per_partition, segments_pay
 from nxsat.ir import Module, Node, TensorType
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
@@ -250,6 +250,10 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
     r_kmajor = _k_contiguous(R[0, 0])
     rows = not joint and r_kmajor and _pe_transposable(R[0, 0], mt, transpose_dma, Ko * Ki)
     wide = plan.is_wide(joint, r_kmajor)
+    # M tiles whose resident stationary tiles load together (whole K-contiguous rows, several a partition)
+    lk = L[0, :, 0, :].T
+    st_rows = plan.stationary_rows(M, Ki, onchip_dtype(L.dtype).itemsize, plan.group(rows, wide)) \
+        if not joint and Ko == 1 and _k_contiguous(lk) and _pe_transposable(lk, mt, transpose_dma, Ki) else 1
     groups = [(ko, *grp) for ko in range(Ko) for grp in plan.runs(Ki, rows, wide)]
     first = [sum(grp[3] for grp in groups[:gi]) for gi in range(len(groups))]  # a group's first K tile
     last = Ko * plan.k_tiles(Ki) - 1
@@ -276,15 +280,22 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             columns = _Columns.of(lw, ep, b, out_t, plan.m_tile) if plan.column_rows(M, N) else None
             residents: dict[int, list[Ref] | None] = {}
 
-            def stationary(ko: int, k0: int, kn: int, n: int, m0: int, b: int = b) -> list[Ref]:
-                mn = min(plan.m_tile, M - m0)
+            def stationary(ko: int, k0: int, kn: int, n: int, m0: int, b: int = b, tiles: int = 1) -> list[Ref]:
+                mn = min(plan.m_tile * tiles, M - m0)
                 return _load_ktiles(lw, L[b, m0:m0 + mn, ko, k0:k0 + n * kn].T, kn, mt, transpose_dma, Ko * Ki)
 
             def operands(m0: int, n0: int, nn: int, gi: int, kept: dict[int, list[Ref]] | None = kept,
                          residents: dict[int, list[Ref] | None] = residents, stationary: Callable[..., list[Ref]]
                          = stationary, moving: Callable[..., list[Ref]] = moving) -> tuple[list[Ref], list[Ref]]:
                 if m0 not in residents:  # an M tile's resident stationary tiles load where it first needs them
-                    residents[m0] = [st for grp in groups for st in stationary(*grp, m0)] if plan.resident else None
+                    if not plan.resident:
+                        residents[m0] = None
+                    else:  # several M tiles in one load where whole rows lie end to end (plan.stationary_rows)
+                        mt_ = plan.m_tile
+                        tiles = st_rows if m0 + st_rows * mt_ <= M else 1
+                        sts = [st for grp in groups for st in stationary(*grp, m0, tiles=tiles)]
+                        for j in range(tiles):
+                            residents[m0 + j * mt_] = [st[:, j * mt_:(j + 1) * mt_] for st in sts] if tiles > 1 else sts
                 resident = residents[m0]
                 ko, k0, kn, n = groups[gi]
                 j = first[gi]
@@ -635,30 +646,51 @@ def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dty
     holds) and the bank copied into the tile in the multiply type, as the NKI kernels transpose
     operands, instead of a DMA that moves one element per descriptor. Finite values are exact; a NaN
     or infinity spreads along its 128-row block (the transpose is an identity matmul on v2). A list
-    of views (of one type) is stacked row-wise and transposed together, 128 rows at a time."""
+    of views (of one type) is stacked row-wise and transposed together, 128 rows at a time. Whole rows
+    that lie end to end load several to a partition (:func:`~nxsat.extract.plan.rows_per_partition`:
+    longer descriptors), each row's blocks transposed apart and put back in order by the copy out of
+    PSUM (gemma3's gating weights and LM head: 2,304-byte rows, four a partition)."""
     g = lw.graph
     srcs = src if isinstance(src, list) else [src]
     X = sum(s.shape[0] for s in srcs)
     rows = lw.target.matmul["rows"]
     bank = lw.target.psum_bank_bytes // 4
+    width = n * kn
     tile = g.tile((kn, n, X), dtype, "sbuf", "mmop").ref()
-    for x0 in range(0, X, rows):
+    per_row = 1
+    # (a model input's or constant's rows: an activation's loads stay within the tiles that stored it, so
+    # that the forwarding pass can read them on chip)
+    if len(srcs) == 1 and X >= 2 * rows and srcs[0].buf.root.kind in ("input", "const") \
+            and srcs[0].ap is not None and srcs[0].ap.contiguous_run() >= 2 * width:
+        per_row = rows_per_partition(width * onchip_dtype(srcs[0].dtype).itemsize, X, rows)
+
+    x0 = 0
+    while x0 < X:
+        r = per_row if X - x0 >= per_row * rows else 1
         xn = min(rows, X - x0)
-        nat = g.tile((xn, n * kn), onchip_dtype(srcs[0].dtype), "sbuf", "mmnat").ref()
-        at = 0
-        for s in srcs:  # the rows of each view that fall in this block
-            lo, hi = max(at, x0), min(at + s.shape[0], x0 + xn)
-            if lo < hi:
-                g.add("dma", "dma", nat[lo - x0:hi - x0, :], s[lo - at:hi - at, :])
-            at += s.shape[0]
-        per = max(1, bank // xn)  # transposed blocks one bank holds
+        nat = g.tile((xn, r, width), onchip_dtype(srcs[0].dtype), "sbuf", "mmnat").ref()
+        if r > 1:
+            g.add("dma", "dma", nat, srcs[0][x0:x0 + r * xn, :].reshape(xn, r, width))
+        else:
+            at = 0
+            for s in srcs:  # the rows of each view that fall in this block
+                lo, hi = max(at, x0), min(at + s.shape[0], x0 + xn)
+                if lo < hi:
+                    g.add("dma", "dma", nat[lo - x0:hi - x0, 0, :], s[lo - at:hi - at, :])
+                at += s.shape[0]
+        per = max(1, bank // xn // r)  # K blocks (of r transposes each) one bank holds
         for i0 in range(0, n, per):
             cnt = min(per, n - i0)
-            ps = g.tile((kn, cnt, xn), dt.F32, "psum", "mmtp").ref()
+            ps = g.tile((kn, cnt, r, xn), dt.F32, "psum", "mmtp").ref()
             for i in range(cnt):
-                g.add("pe", "transpose", ps[:, i, :], nat[:, (i0 + i) * kn:(i0 + i + 1) * kn])
+                for j in range(r):
+                    g.add("pe", "transpose", ps[:, i, j, :], nat[:, j, (i0 + i) * kn:(i0 + i + 1) * kn])
+            out = tile[:, i0:i0 + cnt, x0:x0 + r * xn]
+            if r > 1:  # partition p's row j is row p * r + j
+                out = out.reshape(kn, cnt, xn, r).permute(0, 1, 3, 2)
             # copied out by VectorE and ScalarE in turn, as result tiles are evacuated
-            g.copy(bool((x0 // rows + i0 // per) % 2), tile[:, i0:i0 + cnt, x0:x0 + xn], ps)
+            g.copy(bool((x0 // rows + i0 // per) % 2), out, ps if r > 1 else ps[:, :, 0, :])
+        x0 += r * xn
     return tile
 
 

@@ -498,9 +498,16 @@ class CostModel:
         st_bytes = M * K * ls * st_loads
         mv_bytes = K * N * rs * mv_loads
         wide = plan.is_wide(joint, rhs_k_contiguous)  # the moving operand loaded in rows N long
-        run = plan.k_tile * plan.group(rt and not joint, wide)  # K per load (backend/matmul.py groups)
-        st_run = min(K, run) * ls if lt else min(M, plan.m_tile) * ls
-        mv_run = min(K, run) * rs if rt else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
+        group = plan.group(rt and not joint, wide)
+        run = plan.k_tile * group  # K per load (backend/matmul.py groups)
+        # a K-contiguous operand's whole rows lying end to end load several to a partition
+        # (of model inputs and constants only: backend/matmul.py keeps an activation's loads within the
+        # tiles that stored it, which the forwarding pass reads on chip)
+        stored = ahead if self.in_program else (True, True)
+        st_run = min(K, run) * ls * (plan.stationary_rows(M, K, ls, group) if stored[0] and not joint else 1) if lt \
+            else min(M, plan.m_tile) * ls
+        mv_run = min(K, run) * rs * (plan.moving_rows(K, N, rs) if stored[1] and not joint else 1) if rt \
+            else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
         # a model input's load issued ahead hides under the operators before it only as far as the prefetch
         # share of SBUF holds it: the rest of a weight far bigger (gemma3's LM head, 604 MB) streams on the
         # dot's own path, which its DMA then bounds whichever operand is stationary

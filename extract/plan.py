@@ -64,6 +64,18 @@ class MatmulPlan:
     def group(self, rows: bool = False, wide: bool = False) -> int:
         return self.k_group_rows if rows else self.k_group_wide if wide else self.k_group
 
+    def stationary_rows(self, M: int, K: int, size: int, group: int) -> int:
+        """M tiles whose resident stationary operand, lying K-contiguous and read in whole rows (K in one
+        run of ``group`` tiles), loads in one DMA, :func:`rows_per_partition` rows on each partition
+        (gemma's LM head: its [262144, 1152] table had loaded 128 rows, 2,304-byte descriptors, a DMA)."""
+        return rows_per_partition(K * size, M) if self.resident and group * self.k_tile >= K else 1
+
+    def moving_rows(self, K: int, N: int, size: int) -> int:
+        """The rows per partition of a moving operand lying K-contiguous, per N tile (gemma's [6912, 1152]
+        gating weights: four rows of 1,152 per partition, 9,216-byte descriptors)."""
+        whole = self.k_group_rows * self.k_tile >= K
+        return rows_per_partition(K * size, min(N, self.n_tile)) if whole else 1
+
     def column_rows(self, M: int, N: int) -> bool:
         """Does a product's result go out as rows: one column and several M tiles (an LM head for one
         token), its ``[m_tile, 1]`` tiles gathered, transposed and stored as rows (backend/matmul.py
@@ -94,6 +106,27 @@ WIDE_N_TILES = 4
 # Bytes per partition a grouped operand load moves at least: the size from which a DMA runs at full
 # rate (docs: ~1.3 us from trigger to transfer, >= 4 KiB per partition saturates).
 LOAD_BYTES = 4096
+# Bytes per partition that rows shorter than this are gathered to, several to a partition: a descriptor
+# costs a DMA engine 12 ns against 17 bytes a ns (the target spec), so 2,304-byte rows pay 8.9% over the
+# transfer, 9,216-byte runs 2.2% (gemma3's weights all lie in rows of 1,152 bf16: 621 us of its DMA
+# engines' 8,326)
+ROW_LOAD_BYTES = 16384
+# Adjacent rows a partition of a TensorE-transposed operand holds at most: each row's K blocks are
+# transposed apart (128 rows a transpose, as before) and the copy out of PSUM puts the columns back in
+# order; four keeps one bank's four 128-column blocks to one K block.
+MAX_ROWS_PER_PARTITION = 4
+
+
+def rows_per_partition(row_bytes: int, rows: int, partitions: int = 128) -> int:
+    """Adjacent rows of ``row_bytes`` each (a K-contiguous operand read in whole rows) one partition
+    loads, of ``rows``: as many as stay within :data:`ROW_LOAD_BYTES` (at least one), of the whole
+    blocks of ``partitions`` rows there are."""
+    r = MAX_ROWS_PER_PARTITION
+    while r > 1 and (r * partitions > rows or r * row_bytes > max(ROW_LOAD_BYTES, row_bytes)):
+        r //= 2
+    return r
+
+
 # A contraction split into segments may take this many more K tiles than merged before a copy is cheaper.
 SPLIT_TILES = 1.25
 

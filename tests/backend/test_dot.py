@@ -358,6 +358,29 @@ def test_a_few_tokens_read_a_wide_weight_in_whole_rows(target: str) -> None:
     assert [i.opcode for i in model.program.instrs].count("matmul") == 8 * 3
 
 
+def test_k_contiguous_weights_load_several_rows_to_a_partition() -> None:
+    """Weights lying K-contiguous in whole rows of 1,152 bf16 (2,304 bytes: gemma's gating weights and LM
+    head), transposed on TensorE: four adjacent rows a partition, 9,216-byte descriptors, each row's K
+    blocks transposed apart and put back in order by the copy out of PSUM. Moving (``x @ W.T``, one N
+    tile of 512 rows a load) and stationary (``W @ x``, four M tiles a load); a 640-row weight ends in a
+    block of 128 rows loaded one to a partition. Same values as the interpreter, the same descriptors
+    in the cost model's plan."""
+    from nxsat.extract.plan import matmul_plan
+
+    t = sim.load_target("trn1")
+    dims = "lhs_contracting_dims={1}, rhs_contracting_dims={1}"
+    plan = matmul_plan(11, 1152, 640, "bf16", t)
+    assert plan.moving_rows(1152, 640, 2) == 4
+    model = assert_device_matches(module_of(_dot("bf16[11,1152]", "bf16[640,1152]", "bf16[11,640]", dims)),
+                                  target="trn1", rtol=1e-2, atol_scale=1e-2)
+    assert _descriptors(model, "b") == {4 * 2304, 2304}
+    plan = matmul_plan(1024, 1152, 11, "bf16", t)
+    assert plan.stationary_rows(1024, 1152, 2, plan.group(rows=True)) == 4
+    model = assert_device_matches(module_of(_dot("bf16[1024,1152]", "bf16[11,1152]", "bf16[1024,11]", dims)),
+                                  target="trn1", rtol=1e-2, atol_scale=1e-2)
+    assert _descriptors(model, "a") == {4 * 2304}
+
+
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_a_one_column_result_is_stored_in_rows(target: str) -> None:
     """An LM head for one token (``W @ x``: the weight stationary, the 1,000 results on the partitions, 128
