@@ -362,7 +362,8 @@ def test_k_contiguous_weights_load_several_rows_to_a_partition() -> None:
     """Weights lying K-contiguous in whole rows of 1,152 bf16 (2,304 bytes: gemma's gating weights and LM
     head), transposed on TensorE: four adjacent rows a partition, 9,216-byte descriptors, each row's K
     blocks transposed apart and put back in order by the copy out of PSUM. Moving (``x @ W.T``, one N
-    tile of 512 rows a load) and stationary (``W @ x``, four M tiles a load); a 640-row weight ends in a
+    tile of 512 rows a load) and stationary (``W @ x``, four M tiles a load, when it streams through 64 M
+    tiles or more: with fewer, TensorE waits longer for the first load); a 640-row weight ends in a
     block of 128 rows loaded one to a partition. Same values as the interpreter, the same descriptors
     in the cost model's plan."""
     from nxsat.extract.plan import matmul_plan
@@ -374,9 +375,10 @@ def test_k_contiguous_weights_load_several_rows_to_a_partition() -> None:
     model = assert_device_matches(module_of(_dot("bf16[11,1152]", "bf16[640,1152]", "bf16[11,640]", dims)),
                                   target="trn1", rtol=1e-2, atol_scale=1e-2)
     assert _descriptors(model, "b") == {4 * 2304, 2304}
-    plan = matmul_plan(1024, 1152, 11, "bf16", t)
-    assert plan.stationary_rows(1024, 1152, 2, plan.group(rows=True)) == 4
-    model = assert_device_matches(module_of(_dot("bf16[1024,1152]", "bf16[11,1152]", "bf16[1024,11]", dims)),
+    plan = matmul_plan(8192, 1152, 11, "bf16", t)
+    assert plan.stationary_rows(8192, 1152, 2, plan.group(rows=True)) == 4
+    assert plan.stationary_rows(1024, 1152, 2, plan.group(rows=True)) == 1  # eight M tiles: not a stream
+    model = assert_device_matches(module_of(_dot("bf16[8192,1152]", "bf16[11,1152]", "bf16[8192,11]", dims)),
                                   target="trn1", rtol=1e-2, atol_scale=1e-2)
     assert _descriptors(model, "a") == {4 * 2304}
 
