@@ -25,7 +25,7 @@ from nxsat import dtypes as dt
 from nxsat.backend.graph import Buf, Graph, Ref
 from nxsat.diagnostics import Warnings, error
 from nxsat.extract.plan import NARROW_WRITERS
-from nxsat.ir import Module, Node, TensorType, TupleType
+from nxsat.ir import Computation, Module, Node, TensorType, TupleType, post_order
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
 
@@ -52,6 +52,30 @@ def lowers(*ops: str) -> Callable[[Lower], Lower]:
         return fn
 
     return wrap
+
+
+# Post-order positions a side computation (one with no product or convolution beneath: a mask made from the
+# parameters) is lowered ahead of its reader: early enough that its chain (GpSimd steps with DMA hops
+# between them) is done when the reader runs, late enough that the chains of all layers do not come
+# first. gemma3_1b under transformer (about 140 nodes a layer): 8,620.9 us all first, 8,584.5 just
+# before the reader, 8,551.6 / 8,493.3 / 8,516.9 / 8,547.6 at 100 / 150 / 200 / 400 ahead.
+HOIST = 150
+
+
+def side_computations_ahead(entry: Computation) -> list[Node]:
+    """The entry's post-order with each side computation (no dot or convolution beneath it) visited after
+    its reader's other operands and then moved :data:`HOIST` places earlier. Depth-first, gemma3's
+    ``select(mask, scores, -inf)`` reached each layer's mask before its scores, so the 26 layers' masks
+    (if-converted conditionals, compares, scatters: a 7 us chain of GpSimd steps and DMA hops each) came
+    before layer 0, in order 25 to 0, and GpSimd, in order, ran them all (150 us) before layer 0 could
+    start; the weights' stream waited with SBUF's prefetch share full."""
+    light: set[int] = set()
+    for n in entry.post_order():
+        if n.op not in ("dot", "convolution") and all(o.id in light for o in n.operands):
+            light.add(n.id)
+    post = post_order(entry.root, entry.params, last=light)
+    at = {n.id: k - (HOIST if n.id in light else 0) for k, n in enumerate(post)}
+    return sorted(post, key=lambda n: at[n.id])  # stable: light values keep their order, as do the others
 
 
 def hosts(*ops: str) -> None:
@@ -296,7 +320,7 @@ class Lowering:
         entry = self.module.entry
         self.graph.hbm_limit = self.target.hbm_bytes
         self.graph.clocks = {e.stream: e.clock_ghz for e in self.target.engines.values()}
-        post = entry.post_order()
+        post = side_computations_ahead(entry)
         self.fixed = fixed_values(post)
         order = lowering_order(post, self.fixed)
         for node in order:

@@ -113,7 +113,7 @@ LOAD_BYTES = 4096
 # costs a DMA engine 12 ns against 17 bytes a ns (the target spec), so 2,304-byte rows pay 8.9% over the
 # transfer, 9,216-byte runs 2.2% (gemma3's weights all lie in rows of 1,152 bf16: 621 us of its DMA
 # engines' 8,326)
-ROW_LOAD_BYTES = 16384
+GATHERED_ROW_BYTES = 16384
 # Adjacent rows a partition of a TensorE-transposed operand holds at most: each row's K blocks are
 # transposed apart (128 rows a transpose, as before) and the copy out of PSUM puts the columns back in
 # order; four keeps one bank's four 128-column blocks to one K block.
@@ -124,10 +124,10 @@ STREAM_M_TILES = 64
 
 def rows_per_partition(row_bytes: int, rows: int, partitions: int = 128) -> int:
     """Adjacent rows of ``row_bytes`` each (a K-contiguous operand read in whole rows) one partition
-    loads, of ``rows``: as many as stay within :data:`ROW_LOAD_BYTES` (at least one), of the whole
+    loads, of ``rows``: as many as stay within :data:`GATHERED_ROW_BYTES` (at least one), of the whole
     blocks of ``partitions`` rows there are."""
     r = MAX_ROWS_PER_PARTITION
-    while r > 1 and (r * partitions > rows or r * row_bytes > max(ROW_LOAD_BYTES, row_bytes)):
+    while r > 1 and (r * partitions > rows or r * row_bytes > max(GATHERED_ROW_BYTES, row_bytes)):
         r //= 2
     return r
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,25 +183,33 @@ class Computation:
         return f"<computation {self.name}>"
 
 
-def post_order(root: Node, params: Iterable[Node] = (), seen: set[int] | None = None) -> list[Node]:
+def post_order(root: Node, params: Iterable[Node] = (), seen: set[int] | None = None,
+               last: set[int] | None = None) -> list[Node]:
     """Iterative DFS post-order (no recursion: graphs have tens of thousands of nodes); the ids in
-    ``seen`` are taken as placed already (and it gains the ids placed now)."""
+    ``seen`` are taken as placed already (and it gains the ids placed now). The operands in ``last``
+    are visited after a node's others, so that they come just before it."""
     seen = set() if seen is None else seen
     order: list[Node] = []
     for p in params:
         if p.id not in seen:
             seen.add(p.id)
             order.append(p)
-    stack: list[tuple[Node, int]] = [(root, 0)]
+
+    def operands(n: Node) -> Sequence[Node]:
+        if not last or len(n.operands) < 2:
+            return n.operands
+        return [o for o in n.operands if o.id not in last] + [o for o in n.operands if o.id in last]
+
+    stack: list[tuple[Node, Sequence[Node], int]] = [(root, operands(root), 0)]
     while stack:
-        node, i = stack.pop()
+        node, ops, i = stack.pop()
         if i == 0 and node.id in seen:
             continue
-        if i < len(node.operands):
-            stack.append((node, i + 1))
-            child = node.operands[i]
+        if i < len(ops):
+            stack.append((node, ops, i + 1))
+            child = ops[i]
             if child.id not in seen:
-                stack.append((child, 0))
+                stack.append((child, operands(child), 0))
         else:
             if node.id not in seen:
                 seen.add(node.id)
