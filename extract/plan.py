@@ -67,7 +67,7 @@ class MatmulPlan:
     def stationary_rows(self, M: int, K: int, size: int, group: int) -> int:
         """M tiles whose resident stationary operand, lying K-contiguous and read in whole rows (K in one
         run of ``group`` tiles), loads in one DMA, :func:`rows_per_partition` rows on each partition
-        (gemma's LM head: its [262144, 1152] table had loaded 128 rows, 2,304-byte descriptors, a DMA),
+        (an LM head laid out ``W @ x``, its [262144, 1152] table 128 rows, 2,304-byte descriptors, a DMA),
         when it streams through at least STREAM_M_TILES M tiles: with a few, TensorE waits for a first
         load four times larger ([3072, 768] @ [768, 128] bf16: 37.0 -> 42.9 us)."""
         whole = self.resident and group * self.k_tile >= K and -(-M // self.m_tile) >= STREAM_M_TILES
@@ -75,7 +75,8 @@ class MatmulPlan:
 
     def moving_rows(self, K: int, N: int, size: int) -> int:
         """The rows per partition of a moving operand lying K-contiguous, per N tile (gemma's [6912, 1152]
-        gating weights: four rows of 1,152 per partition, 9,216-byte descriptors)."""
+        gating weights and its LM head, ``x @ E.T``: four rows of 1,152 per partition, 9,216-byte
+        descriptors)."""
         whole = self.k_group_rows * self.k_tile >= K
         return rows_per_partition(K * size, min(N, self.n_tile)) if whole else 1
 
