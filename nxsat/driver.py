@@ -28,6 +28,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -59,6 +60,9 @@ AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
+# -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
+# 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)
+LEVEL1_CHECK_INSTRUCTIONS = 50_000
 
 
 @dataclass(frozen=True)
@@ -228,28 +232,40 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     cost = _cost_model(target, opts, by_cost)
     chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor, cost),
                     f"extract (exact ILP: up to {ILP_SECONDS:g} s)" if extractor == "ilp" else "")
-    candidates = [(extractor, chosen)]
+    candidates = [(extractor, chosen, by_cost)]
     search = opts.optlevel == 3 and opts.extractor is None
     streaming = opts.optlevel == 2  # -O2 weighs the streaming schedule against the default one
+
+    def precise_of(ch: Any, by: tuple[str, ...]) -> tuple[Module, Any]:
+        """Extraction ``ch`` with its precision applied: chosen by cost (``by``: the precision sets the
+        e-graph ran, whose casts it holds) or by the policy."""
+        return st.run("precision", lambda: apply_precision(ch.module, opts.auto_cast, opts.auto_cast_type,
+                                                           opts.mixed_precision_accumulation, opts.saturate_infinity,
+                                                           () if by else TENSOR_OPS))
+
+    def level(n: int) -> tuple[Any, tuple[str, ...]]:
+        """Level ``n``'s extraction (its saturation budget, extractor and precision) of this model."""
+        lo = dataclasses.replace(opts, optlevel=n)
+        by = precision_by_cost(lo)
+        sat_n = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, n, canonical=True,
+                                                           allow_approximate=bool(by), extra_sets=by,
+                                                           without=opts.disabled_rules + _left_out(lo, by)))
+        return st.run("extract", lambda: extract(sat_n.egraph, sat_n.loaded, LEVEL_EXTRACTOR[n],
+                                                 _cost_model(target, lo, by))), by
+
     if search:
         # -O3 also weighs -O2's program (its budget, its extractor), so it is never slower than -O2
-        sat2 = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, 2, canonical=True,
-                                                          allow_approximate=bool(by_cost), extra_sets=by_cost,
-                                                          without=opts.disabled_rules + _left_out(opts, by_cost)))
-        other = st.run("extract", lambda: extract(sat2.egraph, sat2.loaded, LEVEL_EXTRACTOR[2], cost))
+        other, _ = level(2)
         if _structure(other.module) != _structure(chosen.module):
-            candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other))
+            candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other, by_cost))
 
-    def build(ch: Any, schedule: Any) -> _Built:
-        """The program of extraction ``ch`` scheduled with ``schedule`` (ScheduleOptions): the report's pieces
-        and the NEFF."""
+    def build(ch: Any, by: tuple[str, ...], schedule: Any) -> _Built:
+        """The program of extraction ``ch`` (precision by cost with ``by``, else the policy's) scheduled
+        with ``schedule`` (ScheduleOptions): the report's pieces and the NEFF."""
         extracted = ch.module
         st.dump("04-extraction.json", lambda: json.dumps(ch.to_json(), indent=1))
         st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
-        precise, prec = st.run("precision", lambda: apply_precision(extracted, opts.auto_cast, opts.auto_cast_type,
-                                                                      opts.mixed_precision_accumulation,
-                                                                      opts.saturate_infinity,
-                                                                      () if by_cost else TENSOR_OPS))
+        precise, prec = precise_of(ch, by)
         st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
         st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
         parted, sharding = st.run("partition", lambda: partition(precise, target, matmul_precision(opts)))
@@ -275,13 +291,13 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     best: _Built | None = None
     pick = 0
 
-    def measure(name: str, ch: Any, schedule: Any) -> float:
+    def measure(name: str, ch: Any, by: tuple[str, ...], schedule: Any) -> float:
         nonlocal best, pick
         if measured:
             progress.stage(f"search {len(tried) + 1}")
-        runs.append((ch, schedule))
+        runs.append((ch, by, schedule))
         try:
-            built = build(ch, schedule)
+            built = build(ch, by, schedule)
         except NxsatError as e:
             # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand needs:
             # gemma3 generic at lookahead 4,800): skipped. The first schedule's failure is the compile's.
@@ -300,19 +316,26 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     assert best is not None
     again = best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS  # small enough to compile again
     if search and again:
-        for name, ch in candidates:
-            found_la = {LOOKAHEAD: first if ch is candidates[0][1] else measure(name, ch, DEFAULT_SCHEDULE)}
+        for name, ch, by in candidates:
+            found_la = {LOOKAHEAD: first if ch is candidates[0][1] else measure(name, ch, by, DEFAULT_SCHEDULE)}
             for f in SEARCH_LOOKAHEAD_FACTORS[1:]:
-                found_la[round(LOOKAHEAD * f)] = measure(name, ch, ScheduleOptions(round(LOOKAHEAD * f)))
+                found_la[round(LOOKAHEAD * f)] = measure(name, ch, by, ScheduleOptions(round(LOOKAHEAD * f)))
             # the weights apart at the best window and with every load far ahead (-O2's streaming
             # schedule: -O3 is never slower than -O2); the windows compared without the streaming one
             # (BERT-12: 4,800 won without the weights apart, 2,034.7 us, and lost with them, 2,001.1,
             # to 24 with them, 1,991.7)
             la = min((k for k in found_la if k != stream.lookahead), key=lambda k: found_la[k])
-            measure(name, ch, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
-            measure(name, ch, stream)
+            measure(name, ch, by, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
+            measure(name, ch, by, stream)
     elif streaming and again:
         measure(*candidates[0], stream)
+        if opts.extractor is None and best.summary["instructions"] <= LEVEL1_CHECK_INSTRUCTIONS:
+            # -O1's program too (its budget, its extractor, the policy's precision) where it differs, as -O1
+            # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
+            # -O2's own 327.841)
+            low, by1 = level(1)
+            if _structure(precise_of(low, by1)[0]) != _structure(precise_of(chosen, by_cost)[0]):
+                measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
         best = build(*runs[pick])
