@@ -346,7 +346,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     info = model_info(canonical)
     report = _report(opts, target, info, summary, st.seconds, egraph, prec, io, constants, extracted)
     report["extraction"] = chosen.to_json()
-    report["decisions"] = _decisions(opts, by_cost, canonical, extracted, chosen.casts)
+    # who chose the precision: the kept program's (-O1's, kept at -O2, had the policy's)
+    report["decisions"] = _decisions(opts, runs[pick][1], canonical, extracted, chosen.casts)
     report["sharding"] = sharding.to_json()
     if measured:
         report["search"] = {"tried": tried, "chosen": pick, "limit_instructions": SEARCH_MAX_INSTRUCTIONS}
