@@ -291,11 +291,12 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
                     if not plan.resident:
                         residents[m0] = None
                     else:  # several M tiles in one load where whole rows lie end to end (plan.stationary_rows)
-                        mt_ = plan.m_tile
-                        tiles = st_rows if m0 + st_rows * mt_ <= M else 1
+                        mtile = plan.m_tile
+                        tiles = st_rows if m0 + st_rows * mtile <= M else 1
                         sts = [st for grp in groups for st in stationary(*grp, m0, tiles=tiles)]
                         for j in range(tiles):
-                            residents[m0 + j * mt_] = [st[:, j * mt_:(j + 1) * mt_] for st in sts] if tiles > 1 else sts
+                            residents[m0 + j * mtile] = [st[:, j * mtile:(j + 1) * mtile] for st in sts] \
+                                if tiles > 1 else sts
                 resident = residents[m0]
                 ko, k0, kn, n = groups[gi]
                 j = first[gi]

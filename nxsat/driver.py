@@ -236,12 +236,17 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     search = opts.optlevel == 3 and opts.extractor is None
     streaming = opts.optlevel == 2  # -O2 weighs the streaming schedule against the default one
 
+    precise: dict[tuple[int, bool], tuple[Module, Any]] = {}  # by extraction and mode: applied once
+
     def precise_of(ch: Any, by: tuple[str, ...]) -> tuple[Module, Any]:
         """Extraction ``ch`` with its precision applied: chosen by cost (``by``: the precision sets the
         e-graph ran, whose casts it holds) or by the policy."""
-        return st.run("precision", lambda: apply_precision(ch.module, opts.auto_cast, opts.auto_cast_type,
-                                                           opts.mixed_precision_accumulation, opts.saturate_infinity,
-                                                           () if by else TENSOR_OPS))
+        key = (id(ch), bool(by))
+        if key not in precise:
+            precise[key] = st.run("precision", lambda: apply_precision(
+                ch.module, opts.auto_cast, opts.auto_cast_type, opts.mixed_precision_accumulation,
+                opts.saturate_infinity, () if by else TENSOR_OPS))
+        return precise[key]
 
     def level(n: int) -> tuple[Any, tuple[str, ...]]:
         """Level ``n``'s extraction (its saturation budget, extractor and precision) of this model."""
@@ -265,10 +270,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         extracted = ch.module
         st.dump("04-extraction.json", lambda: json.dumps(ch.to_json(), indent=1))
         st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
-        precise, prec = precise_of(ch, by)
-        st.dump("05-precision.hlo", lambda: print_module(precise, large_constants=False))
+        narrowed, prec = precise_of(ch, by)
+        st.dump("05-precision.hlo", lambda: print_module(narrowed, large_constants=False))
         st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
-        parted, sharding = st.run("partition", lambda: partition(precise, target, matmul_precision(opts)))
+        parted, sharding = st.run("partition", lambda: partition(narrowed, target, matmul_precision(opts)))
         if sharding.ranks > 1:
             st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
             st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
@@ -287,7 +292,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     measured = search or streaming
     workdir, st.workdir = st.workdir, (None if measured else st.workdir)
     tried: list[dict[str, Any]] = []
-    runs: list[tuple[Any, Any]] = []
+    runs: list[tuple[Any, tuple[str, ...], Any]] = []  # (extraction, precision sets, schedule)
     best: _Built | None = None
     pick = 0
 

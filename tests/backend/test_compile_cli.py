@@ -258,11 +258,12 @@ def test_o2_measures_o1s_program_where_it_differs() -> None:
     assert [t["program"] for t in tried] == ["dag", "dag", "-O1 (greedy)"]
     assert tried[2]["latency_us"] == o1.report["latency_us"]
     assert o2.report["latency_us"] == min(t["latency_us"] for t in tried) <= o1.report["latency_us"]
-    # the report says who chose the kept program's precision (mlp under `all`: -O1's program, the policy's)
+    # the report says who chose the kept program's precision: mlp under `all` keeps -O1's program (7.319 us
+    # against -O2's own 7.576), whose precision is the policy's
     res = driver.compile_model(str(DATA / "jax" / "mlp.hlo"), driver.CompileOptions(auto_cast="all"))
     search = res.report["search"]
-    kept = search["tried"][search["chosen"]]["program"]
-    assert res.report["decisions"]["precision"] == ("policy" if kept.startswith("-O1") else "cost")
+    assert search["tried"][search["chosen"]]["program"] == "-O1 (greedy)"
+    assert res.report["decisions"]["precision"] == "policy"
 
 
 def test_an_unknown_extractor_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
