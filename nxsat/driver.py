@@ -32,6 +32,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import NxsatError, Warnings, error
 from nxsat.extract import EXTRACTORS
 from nxsat.io import atomic_write
-from nxsat.ir import Module
+from nxsat.ir import Module, restart_names
 from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
@@ -196,6 +198,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.rules import saturate_module
 
     opts.check()
+    restart_names()  # the nodes it makes named as in any other compile of this model
     if opts.target == "inf1":
         raise error("NCC_EARG002", "inf1 (NeuronCore-v1) models are compiled by neuron-cc, not neuronx-cc; nxsat "
                     "compiles for trn1, trn1n, inf2 and trn2", hint="nxsat assemble/run still take inf1 programs")
@@ -264,9 +267,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if _structure(other.module) != _structure(chosen.module):
             candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other, by_cost))
 
-    def build(ch: Any, by: tuple[str, ...], schedule: Any) -> _Built:
+    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any) -> list[tuple[Any, _Built | NxsatError]]:
         """The program of extraction ``ch`` (precision by cost with ``by``, else the policy's) scheduled
-        with ``schedule`` (ScheduleOptions): the report's pieces and the NEFF."""
+        as ``plan`` asks (or with the one ScheduleOptions ``plan`` is): the report's pieces and the NEFF of
+        each schedule, or the error that stopped it."""
         extracted = ch.module
         st.dump("04-extraction.json", lambda: json.dumps(ch.to_json(), indent=1))
         st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
@@ -285,10 +289,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
         # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
         with no_cycle_collection():
-            summary, constants, io, data, model = _backend(st, formed, target, opts, found, schedule)
-        return _Built(ch, prec, sharding, found, summary, constants, io, data, model if keep_model else None)
+            outcomes = _backend(st, formed, target, opts, found, plan, keep_model)
+        return [(schedule, out if isinstance(out, NxsatError) else _Built(ch, prec, sharding, found, *out))
+                for schedule, out in outcomes]
 
     # The schedules -O2 and -O3 measure (SEARCH_* above), each simulated; the fastest kept (the first on a tie).
+    # The schedules of one program share its lowering, and those a plan asks for at once run in parallel.
     measured = search or streaming
     workdir, st.workdir = st.workdir, (None if measured else st.workdir)
     tried: list[dict[str, Any]] = []
@@ -296,54 +302,65 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     best: _Built | None = None
     pick = 0
 
-    def measure(name: str, ch: Any, by: tuple[str, ...], schedule: Any) -> float:
+    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any) -> None:
         nonlocal best, pick
         if measured:
-            progress.stage(f"search {len(tried) + 1}")
-        runs.append((ch, by, schedule))
-        try:
-            built = build(ch, by, schedule)
-        except NxsatError as e:
-            # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand needs:
-            # gemma3 generic at lookahead 4,800): skipped. The first schedule's failure is the compile's.
-            if best is None or e.code != "NCC_EOOM001":
-                raise
-            tried.append({"program": name, **schedule.to_json(), "latency_us": None, "failed": e.code})
-            return math.inf
-        lat = built.summary["latency_ns"]
-        tried.append({"program": name, **schedule.to_json(), "latency_us": round(lat / 1000, 3)})
-        if best is None or lat < best.summary["latency_ns"]:
-            best, pick = built, len(runs) - 1
-        return lat
+            progress.stage(f"search: {name}'s schedules")
+        for schedule, built in build(ch, by, plan):
+            runs.append((ch, by, schedule))
+            if isinstance(built, NxsatError):
+                # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand
+                # needs: gemma3 generic at lookahead 4,800): skipped. The first schedule's failure is the
+                # compile's.
+                if best is None or built.code != "NCC_EOOM001":
+                    raise built
+                tried.append({"program": name, **schedule.to_json(), "latency_us": None, "failed": built.code})
+                continue
+            lat = built.summary["latency_ns"]
+            tried.append({"program": name, **schedule.to_json(), "latency_us": round(lat / 1000, 3)})
+            if best is None or lat < best.summary["latency_ns"]:
+                best, pick = built, len(runs) - 1
 
     stream = ScheduleOptions(round(LOOKAHEAD * SEARCH_LOOKAHEAD_FACTORS[-1]), SEARCH_WEIGHT_QUEUES)
-    first = measure(*candidates[0], DEFAULT_SCHEDULE)
+    windows = [DEFAULT_SCHEDULE] + [ScheduleOptions(round(LOOKAHEAD * f)) for f in SEARCH_LOOKAHEAD_FACTORS[1:]]
+
+    def latency(out: Any) -> float:
+        return math.inf if isinstance(out, NxsatError) else out[0]["latency_ns"]
+
+    def search_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
+        """-O3's: the load windows; then the weights apart at the best window and with every load far
+        ahead (-O2's streaming schedule: -O3 is never slower than -O2), the windows compared without the
+        streaming one (BERT-12: 4,800 won without the weights apart, 2,034.7 us, and lost with them,
+        2,001.1, to 24 with them, 1,991.7). A program too large to compile again: its default only."""
+        if not done:
+            return windows if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
+        if len(done) == len(windows):
+            found_la = {s.lookahead: latency(out) for s, out in done if s.lookahead != stream.lookahead}
+            return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream]
+        return []
+
+    def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
+        """-O2's: the default schedule and the streaming one."""
+        return [] if done else [DEFAULT_SCHEDULE, stream] if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
+
+    measure(*candidates[0], search_plan if search else streaming_plan if streaming else DEFAULT_SCHEDULE)
     assert best is not None
     again = best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS  # small enough to compile again
     if search and again:
-        for name, ch, by in candidates:
-            found_la = {LOOKAHEAD: first if ch is candidates[0][1] else measure(name, ch, by, DEFAULT_SCHEDULE)}
-            for f in SEARCH_LOOKAHEAD_FACTORS[1:]:
-                found_la[round(LOOKAHEAD * f)] = measure(name, ch, by, ScheduleOptions(round(LOOKAHEAD * f)))
-            # the weights apart at the best window and with every load far ahead (-O2's streaming
-            # schedule: -O3 is never slower than -O2); the windows compared without the streaming one
-            # (BERT-12: 4,800 won without the weights apart, 2,034.7 us, and lost with them, 2,001.1,
-            # to 24 with them, 1,991.7)
-            la = min((k for k in found_la if k != stream.lookahead), key=lambda k: found_la[k])
-            measure(name, ch, by, ScheduleOptions(la, SEARCH_WEIGHT_QUEUES))
-            measure(name, ch, by, stream)
-    elif streaming and again:
-        measure(*candidates[0], stream)
-        if opts.extractor is None and best.summary["instructions"] <= LEVEL1_CHECK_INSTRUCTIONS:
-            # -O1's program too (its budget, its extractor, the policy's precision) where it differs, as -O1
-            # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
-            # -O2's own 327.841)
-            low, by1 = level(1)
-            if _structure(precise_of(low, by1)[0]) != _structure(precise_of(chosen, by_cost)[0]):
-                measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE)
+        for name, ch, by in candidates[1:]:
+            measure(name, ch, by, search_plan)
+    elif streaming and again and opts.extractor is None and best.summary["instructions"] <= LEVEL1_CHECK_INSTRUCTIONS:
+        # -O1's program too (its budget, its extractor, the policy's precision) where it differs, as -O1
+        # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
+        # -O2's own 327.841)
+        low, by1 = level(1)
+        if _structure(precise_of(low, by1)[0]) != _structure(precise_of(chosen, by_cost)[0]):
+            measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
-        best = build(*runs[pick])
+        best = build(*runs[pick])[0][1]
+        if isinstance(best, NxsatError):
+            raise best
     chosen, prec, sharding, found, summary, constants, io, data, model = best
     best = None
     warnings.extend(found)
@@ -373,10 +390,20 @@ class _Built(NamedTuple):
     model: Any
 
 
+# One lowered program's schedules, measured: (schedule, its outcome or the error that stopped it)
+Outcome = tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]
+# (the lowered graph's instructions, the schedules measured so far) -> the next ones to measure (none: done)
+Plan = Callable[[int, list[tuple[Any, "Outcome | NxsatError"]]], list[Any]]
+_FORKED: tuple[Callable[[Any], Outcome], list[Any], _Stages] | None = None  # what a forked job runs
+
+
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
-             schedule: Any) -> tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]:
-    """Lower, schedule, build the NEFF and replay it: the timing summary, constants, I/O sizes, the bytes
-    and the simulator's model."""
+             plan: Plan | Any, keep_model: bool = False) -> list[tuple[Any, Outcome | NxsatError]]:
+    """Lower once, then schedule, build the NEFF and replay it for each schedule ``plan`` asks for (or
+    the one schedule ``plan`` is): the timing summary, constants, I/O sizes, the bytes and
+    (``keep_model``) the simulator's model of each. The schedules of a batch are independent: up to
+    ``--num-parallel-jobs`` run at once, each in a process forked from the lowered graph (the same
+    program, byte for byte, as one at a time)."""
     from nxsat import sim
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
     from nxsat.backend.forward import BUDGETS as FORWARD_BUDGETS
@@ -386,35 +413,104 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     lowering = st.run("lower", lambda: lower_graph(formed, target, options))
     warnings.extend(lowering.warnings)
     st.dump("06-lowered.json", lambda: json.dumps(graph_summary(lowering.graph), indent=1, sort_keys=True))
-    # Forwarding keeps tiles live longer; where the scheduler, ordering differently, then finds no room, the
-    # pass is undone and run again within a smaller budget, and at last not at all.
-    forwarded = Forwarded()
-    for budget in FORWARD_BUDGETS if opts.forward else (0.0,):
-        if forwarded.undo is not None:
-            forwarded.undo()
-        forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
-            else Forwarded(refused=forwarded.loads + forwarded.refused)
-        st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
-        try:
-            compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, schedule))
-            break
-        except NxsatError as e:
-            if e.code != "NCC_EOOM001" or not forwarded.loads:
-                raise
-    program, constants = compiled.program, compiled.constants
     gathered = _gathered_fraction(formed)
-    io = [(int(b.nbytes * gathered.get(i, 1.0)), b.shard) for i, b in enumerate(compiled.inputs)] \
-        + [(b.nbytes, b.shard) for b in compiled.outputs]
-    # The instruction graph is done with: freed now, not after the NEFF and the simulation (mobilenet_v2's
-    # is gigabytes).
+    budgets = FORWARD_BUDGETS if opts.forward else (0.0,)
+    # Forwarding keeps tiles live longer; where the scheduler, ordering differently, then finds no room, the
+    # pass is undone and run again within a smaller budget, and at last not at all. Every schedule starts
+    # from the graph forwarded within the first budget.
+    fwd: list[Any] = [Forwarded(), None]  # the pass's outcome, and the budget the graph is forwarded within
+
+    def forward_within(budget: float) -> None:
+        done, at = fwd
+        if at == budget:
+            return
+        if done.undo is not None:
+            done.undo()
+        fwd[0] = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
+            else Forwarded(refused=done.loads + done.refused)
+        fwd[1] = budget
+        st.dump("06-forwarded.json", json.dumps(fwd[0].to_json(), indent=1))
+
+    single = not callable(plan)
+    if single:
+        plan = partial(_once, plan)
+
+    def one(schedule: Any, keep: bool) -> Outcome:
+        for budget in budgets:
+            forward_within(budget)
+            try:
+                compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, schedule))
+                break
+            except NxsatError as e:
+                if e.code != "NCC_EOOM001" or not fwd[0].loads:
+                    raise
+        program, constants = compiled.program, compiled.constants
+        io = [(int(b.nbytes * gathered.get(i, 1.0)), b.shard) for i, b in enumerate(compiled.inputs)] \
+            + [(b.nbytes, b.shard) for b in compiled.outputs]
+        forwarded = fwd[0].to_json() if opts.forward else None
+        compiled = None
+        if single:  # freed now, not after the NEFF and the simulation (mobilenet_v2's graph is gigabytes)
+            lowering.graph.release()
+        data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
+        program = None
+        summary = st.run("simulate", lambda: model.profile()[0])
+        summary["forwarded"] = forwarded
+        st.dump("07-program.nxs", lambda: model.text)
+        st.dump("08-profile.json", json.dumps(summary, indent=1))
+        return summary, constants, io, data, model if keep else None
+
+    done: list[tuple[Any, Outcome | NxsatError]] = []
+    while batch := plan(len(lowering.graph.insts), done):
+        forward_within(budgets[0])  # what each schedule starts from (and what a forked job copies)
+        jobs = 1 if keep_model else min(opts.num_parallel_jobs, len(batch), os.cpu_count() or 1)
+        done.extend(zip(batch, _run_jobs(st, partial(one, keep=keep_model), batch, jobs)))
     lowering.graph.release()
-    lowering = compiled = None
-    data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
-    summary = st.run("simulate", lambda: model.profile()[0])
-    summary["forwarded"] = forwarded.to_json() if opts.forward else None
-    st.dump("07-program.nxs", lambda: model.text)
-    st.dump("08-profile.json", json.dumps(summary, indent=1))
-    return summary, constants, io, data, model
+    return done
+
+
+def _once(schedule: Any, n: int, done: list[Any]) -> list[Any]:
+    """The plan of a program scheduled one way."""
+    return [] if done else [schedule]
+
+
+def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs: int) -> list[Outcome | NxsatError]:
+    """``fn`` of each of ``batch``, in order: a user-facing error is the item's outcome (the caller decides
+    whether it stops the compile). With ``jobs`` > 1, in forked processes (where the platform forks);
+    their stage times are added to this one's."""
+    global _FORKED
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_attempt(fn, item) for item in batch]
+    _FORKED = (fn, batch, st)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            got = pool.map(_forked_job, range(len(batch)), chunksize=1)
+    finally:
+        _FORKED = None
+    outs: list[Outcome | NxsatError] = []
+    for out, seconds in got:
+        for k, v in seconds.items():
+            st.seconds[k] = round(st.seconds.get(k, 0.0) + v, 4)
+        outs.append(NxsatError(*out[1:]) if isinstance(out, tuple) and out and out[0] == "error" else out)
+    return outs
+
+
+def _attempt(fn: Callable[[Any], Outcome], item: Any) -> Outcome | NxsatError:
+    try:
+        return fn(item)
+    except NxsatError as e:
+        return e
+
+
+def _forked_job(k: int) -> tuple[Any, dict[str, float]]:
+    """Job ``k`` of the batch the parent set up before forking: its outcome (an error as its fields: the
+    exception does not pickle) and its stage times."""
+    assert _FORKED is not None
+    fn, batch, st = _FORKED
+    st.seconds, st.progress = {}, Progress(enabled=False)
+    out = _attempt(fn, batch[k])
+    if isinstance(out, NxsatError):
+        return ("error", out.code, out.message, out.loc, out.hint), st.seconds
+    return out, st.seconds
 
 
 def _structure(module: Module) -> frozenset[str]:

@@ -112,7 +112,15 @@ def scalar(dtype: DType) -> TensorType:
     return TensorType(dtype, ())
 
 
-_ids = itertools.count()
+_ids = itertools.count()  # unique in the process: what passes key nodes by
+_names = itertools.count()  # what names a node made without a name
+
+
+def restart_names() -> None:
+    """Name unnamed nodes from 0 again: a compile that starts here names the nodes it makes as any other
+    compile of the same model does (the same bytes in a fresh process or after other compiles)."""
+    global _names
+    _names = itertools.count()
 
 
 class Node:
@@ -134,7 +142,7 @@ class Node:
         self.operands: tuple[Node, ...] = tuple(operands)
         self.attrs: dict[str, Any] = attrs or {}
         self.type = type
-        self.name = name or f"{op}.{self.id}"
+        self.name = name or f"{op}.{next(_names)}"
         self.loc = loc
 
     @property

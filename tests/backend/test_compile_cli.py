@@ -342,26 +342,69 @@ def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.Mo
     """A schedule the search tries may not fit on chip (loads far ahead holding the SBUF the work at hand
     needs: gemma3 generic at lookahead 4,800); it is reported as failed and the others are kept. The
     compile's own first schedule failing is the compile's failure."""
+    import nxsat.backend as backend
     from nxsat import driver
     from nxsat.diagnostics import NxsatError, error
 
-    real = driver._backend
+    real = backend.schedule_graph
 
-    def backend(st, formed, target, opts, warnings, schedule):  # noqa: ANN001, ANN202
-        if schedule.lookahead > 1000:
+    def schedule(lw, target, flags, options):  # noqa: ANN001, ANN202
+        if options.lookahead > 1000:
             raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
-        return real(st, formed, target, opts, warnings, schedule)
+        return real(lw, target, flags, options)
 
-    monkeypatch.setattr(driver, "_backend", backend)
+    monkeypatch.setattr(backend, "schedule_graph", schedule)
     path = str(DATA / "jax" / "mlp.hlo")
     res = driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
     tried = res.report["search"]["tried"]
     assert [t.get("failed") for t in tried] == [None, "NCC_EOOM001"] and res.report["search"]["chosen"] == 0
     assert res.report["latency_us"] == tried[0]["latency_us"]
 
-    def always(st, formed, target, opts, warnings, schedule):  # noqa: ANN001, ANN202
+    def always(lw, target, flags, options):  # noqa: ANN001, ANN202
         raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
 
-    monkeypatch.setattr(driver, "_backend", always)
+    monkeypatch.setattr(backend, "schedule_graph", always)
     with pytest.raises(NxsatError):
         driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+
+
+def test_parallel_jobs_build_the_same_program(tmp_path: Path) -> None:
+    """--num-parallel-jobs builds a program's schedules in forked processes: the NEFF, the search and the
+    latency are those of one job at a time, at -O2 and -O3 (every schedule shares one lowering)."""
+    from nxsat import driver
+
+    path = str(DATA / "jax" / "convnet.hlo")
+    for level in (2, 3):
+        one, many = (driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=level,
+                                                                      auto_cast="matmult", num_parallel_jobs=j))
+                     for j in (1, 2))
+        assert one.neff == many.neff
+        assert one.report["search"] == many.report["search"] and len(one.report["search"]["tried"]) >= 3
+        assert one.report["latency_us"] == many.report["latency_us"]
+
+
+def test_parallel_jobs_run_in_other_processes_and_bring_back_errors() -> None:
+    """The jobs run in forked processes (where the platform forks), their outcomes in order; a job's
+    user-facing error comes back as the error, its stage times are added to the parent's."""
+    import multiprocessing
+
+    from nxsat import driver
+    from nxsat.diagnostics import NxsatError, error
+    from nxsat.progress import Progress
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform: the jobs run one at a time")
+    st = driver._Stages(None, Progress(enabled=False))
+
+    def job(k: int):  # noqa: ANN202
+        st.run("schedule", lambda: None)
+        if k == 2:
+            raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
+        return (k, os.getpid())
+
+    outs = driver._run_jobs(st, job, [0, 1, 2, 3], 2)
+    assert [o[0] for o in outs if not isinstance(o, NxsatError)] == [0, 1, 3]
+    assert all(o[1] != os.getpid() for o in outs if not isinstance(o, NxsatError))
+    assert isinstance(outs[2], NxsatError) and outs[2].code == "NCC_EOOM001"
+    assert "schedule" in st.seconds
+    assert driver._run_jobs(st, job, [0, 1], 1) == [(0, os.getpid()), (1, os.getpid())]
