@@ -496,10 +496,15 @@ def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> lis
 
 
 MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
+# A cluster of at most this many elements reads each input in its producer's partitions where a tiling
+# can (then the forwarding pass copies it on chip instead of a store and a load through HBM, ~3 us on
+# the critical path); a larger one keeps the most partitions (its engine time)
+FOLLOW_ELEMS = 16384
 
 
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
-                positional: bool = False, of_params: bool = False) -> Layout:
+                positional: bool = False, of_params: bool = False,
+                stored: tuple[tuple[int, int], ...] = ()) -> Layout:
     """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
     free axis the innermost runs (the outermost of them maybe split), the partitions any other axis (with
     ``positional``, the one just outside the free axis). First of all, the fewest operands read element by
@@ -536,6 +541,16 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
     total_elems = math.prod(shape) if shape else 1
     small = of_params and len(groups) == 1 and MIN_ROW * 4 <= total_elems < part * MIN_ROW
     useful = max(1, total_elems // MIN_ROW)
+    follow = total_elems <= FOLLOW_ELEMS
+
+    def follows(k: int, b: int, rows: int, lead: tuple[int, ...]) -> int:
+        """How many of the ``stored`` inputs this tiling reads with their producer's partition stride."""
+        n = 0
+        for a, stride in stored:
+            inner = strides[a][rows] if rows < k else (None if strides[a][k] is None else strides[a][k] * b)
+            n += lead[rows] > 1 and inner == stride
+        return n
+
     best: tuple[tuple[int, ...], Layout] | None = None
     for k in range(len(sizes) - 1, -1, -1):
         tail = math.prod(sizes[k + 1:])
@@ -552,12 +567,31 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
             for rows in ([len(lead) - 1] if positional else range(len(lead))):
                 n = lead[rows]
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
-                score = (scattered(k), tiles, -min(n, part, useful) if small else -min(n, part),
+                score = (scattered(k), tiles, -follows(k, b, rows, lead) if follow else 0,
+                         -min(n, part, useful) if small else -min(n, part),
                          n if small and n > useful else 0)
                 if best is None or score < best[0]:
                     best = (score, Layout((*lead, *free), rows, len(free), chunk, cap))
     assert best is not None
     return best[1]
+
+
+def _stored_stride(r: Ref) -> int | None:
+    """The stride (in elements of the whole tensor) between the partitions of the SBUF tiles that stored
+    the scratch tensor ``r`` views, where every store of it has the same; else None."""
+    b = r.buf.root
+    if b.kind != "scratch":
+        return None
+    found: set[int] = set()
+    for u in b.users:
+        for w in u.writes:
+            if w.buf.root is b:
+                if not (u.engine == "dma" and u.operands[1].buf.onchip):
+                    return None
+                dims = w.ap.dims
+                if dims and dims[0][0] > 1:
+                    found.add(dims[0][1])
+    return found.pop() if len(found) == 1 else None
 
 
 def _read_elementwise(lw: Lowering, nid: int) -> bool:
@@ -608,7 +642,10 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     folds, share = pass_plan(lw, members, set(stores))
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
     of_params = all(m.id in lw.fixed for m in members) and all(_read_elementwise(lw, m.id) for m in outputs)
-    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params)
+    stored = tuple((a, st) for a, r in enumerate(views[:len(views) - len(stores)])
+                   if (st := _stored_stride(r)) is not None)
+    lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params,
+                      stored)
     nf = lay.nfree
     view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
     # inputs repeated along the free axes (a per-row value): a column per tile
