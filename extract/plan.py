@@ -173,7 +173,8 @@ def matmul_plan(M: int, K: int, N: int, dtype: str, target: Target) -> MatmulPla
 
 
 PE_MIN = 16  # rows of a K-contiguous operand from which TensorE transposes pay whatever K is
-PE_MIN_ELEMENTS = 1024  # elements from which they pay however few the rows (an element-wise DMA: 12 ns each)
+PE_MIN_ELEMENTS = 256  # elements from which they pay however few the rows (an element-wise DMA: 12 ns each;
+# rows loaded as they lie may also be read on chip, where the producer left them: gemma3's probabilities)
 
 
 def pe_transpose_pays(rows: int, k: int) -> bool:

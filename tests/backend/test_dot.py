@@ -274,7 +274,8 @@ def test_a_few_tokens_against_a_long_contraction_are_transposed_on_tensore() -> 
     and TensorE transposes them, 128 of K at a time (extract/plan.py ``pe_transpose_pays``)."""
     from nxsat.extract.plan import pe_transpose_pays
 
-    assert pe_transpose_pays(11, 6912) and not pe_transpose_pays(4, 64) and pe_transpose_pays(16, 16)
+    assert pe_transpose_pays(11, 6912) and not pe_transpose_pays(4, 32) and pe_transpose_pays(16, 16)
+    assert pe_transpose_pays(44, 11)  # an attention's probabilities for its values' dot (gemma3: 11 tokens)
     text = _dot("bf16[11,6912]", "bf16[6912,1152]", "f32[11,1152]",
                 "lhs_contracting_dims={1}, rhs_contracting_dims={0}")
     m = module_of(text)
