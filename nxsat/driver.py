@@ -35,6 +35,7 @@ import math
 import multiprocessing
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -482,8 +483,12 @@ def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs:
         return [_attempt(fn, item) for item in batch]
     _FORKED = (fn, batch, st)
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            got = pool.map(_forked_job, range(len(batch)), chunksize=1)
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that a process with threads (egglog's, BLAS's) may deadlock when forked: the
+            # jobs run only the backend and the simulator (Python and numpy), not the threads' libraries
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                got = pool.map(_forked_job, range(len(batch)), chunksize=1)
     finally:
         _FORKED = None
     outs: list[Outcome | NxsatError] = []
