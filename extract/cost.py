@@ -1114,6 +1114,12 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # is a cast of a transpose of one (backend/precision.py casts the source): attention's output written
     # bf16 by its evacuation and loaded transposed, half the bytes each way.
     produced = _produced(view, ops)
+    # A cast of a computed value that only concatenates read is written narrow by its producer too: the
+    # pieces are copied narrow, where a cast of the concatenation is a pass of its own through HBM
+    # (generic's convert-concatenate; gemma's rotary halves cast to bf16 for the KV cache)
+    joined = _read_by_contractions(view, ops, frozenset({"concatenate"}), _PASS_VIEWS | {""})
+    # ... and a concatenation lies in HBM (its pieces are copied there by DMA): a pass reading it loads it
+    moved = [bool(nodes) and all(ops[i] == "concatenate" for i in nodes) for nodes in view.class_nodes]
     cast_from: dict[int, int] = {}
     for i, node in enumerate(view.nodes):
         c = view.node_class[i]
@@ -1132,7 +1138,8 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
             out.append(0.0)
             continue
         if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] == "convert" and cast_read[c]) \
-                or (ops[i] == "transpose" and dotted[c]):
+                or (ops[i] == "transpose" and dotted[c]) \
+                or (ops[i] == "convert" and joined[c] and bool(node.children) and produced[node.children[0]]):
             out.append(NODE_NS)
             continue
         fixed, variadic = operand_layout(node)
@@ -1155,8 +1162,8 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         # the reduction could finish: it is loaded back, not fused (the backend's passes do the same)
         reread = set().union(*(reduced[k] for k in kids)) if ops[i] not in _CONTRACTIONS else set()
         hosted = ops[i] == "softmax" and bool(kids) and _hosts_softmax(eg, view, ops, kids[0], model)
-        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] or k in reread for k in kids), multiply_in,
-               hosted)
+        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] or k in reread or moved[k] for k in kids),
+               multiply_in, hosted)
         cost = cache.get(key)
         if cost is None:
             op, attrs = eg.operator(node)

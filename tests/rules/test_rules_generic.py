@@ -237,6 +237,15 @@ def _convert_pad() -> Module:
     return b.module(b.op("convert", [p], dtype=dt.BF16))
 
 
+def _convert_concatenate() -> Module:
+    b = Builder("cc")  # gemma's rotary halves, concatenated and cast to bf16 for the KV cache
+    x1, x2 = b.param(F32, (1, 11, 1, 128)), b.param(F32, (1, 11, 1, 128))
+    h1 = b.op("multiply", [x1, x2])
+    h2 = b.op("add", [x1, x2])
+    c = b.op("concatenate", [h1, h2], dimension=3)
+    return b.module(b.op("convert", [c], dtype=dt.BF16))
+
+
 def _conv_pad() -> Module:
     b = Builder("cpad")  # Keras's ZeroPadding2D before a stem's strided 3x3 layer
     p = b.op("pad", [b.param(F32, (1, 6, 6, 3)), b.constant(0.0, F32)],
@@ -371,6 +380,7 @@ CASES: dict[str, Callable[[], Module]] = {
     "convert-convert-to-float": _convert_convert_to_float,
     "convert-broadcast": _convert_broadcast,
     "convert-pad": _convert_pad,
+    "convert-concatenate": _convert_concatenate,
     "conv-pad": _conv_pad,
     "reshape-convert-reshape": _reshape_convert,
     "dot-transpose-lhs": _dot_transpose_lhs,
