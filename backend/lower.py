@@ -58,8 +58,10 @@ def lowers(*ops: str) -> Callable[[Lower], Lower]:
 # parameters) is lowered ahead of its reader: early enough that its chain (GpSimd steps with DMA hops
 # between them) is done when the reader runs, late enough that the chains of all layers do not come
 # first. gemma3_1b under transformer (about 140 nodes a layer): 8,620.9 us all first, 8,584.5 just
-# before the reader, 8,551.6 / 8,493.3 / 8,516.9 / 8,547.6 at 100 / 150 / 200 / 400 ahead.
-HOIST = 150
+# before the reader, 8,551.6 / 8,493.3 / 8,516.9 / 8,547.6 at 100 / 150 / 200 / 400 ahead (stop 33);
+# once its attention chain kept more on chip (a shorter chain: the mask's came late), 8,108.2 / 8,137.2 /
+# 8,049.9 / 8,068.8 / 8,069.8 / 8,116.3 at 150 / 175 / 200 / 225 / 250 / 300.
+HOIST = 200
 
 
 def side_computations_ahead(entry: Computation) -> list[Node]:
