@@ -126,11 +126,7 @@ def test_a_base_dilated_convolution_is_a_dense_one_of_its_input_padded_with_hole
     rng = np.random.default_rng(4)
     inputs = {"x": rng.standard_normal((8, 32, 14, 14)).astype(ml_dtypes.bfloat16),
               "w": rng.standard_normal((3, 3, 32, 1)).astype(ml_dtypes.bfloat16)}
-    from nxsat.interpreter import run_module
-    from nxsat.io import match_inputs
-
-    want = run_module(load(str(path)), match_inputs(load(str(path)), inputs))
-    got = sim.load(chosen.neff).run(inputs)
+    want, got = _interpreter_and_device(path, chosen.neff, inputs)
     np.testing.assert_allclose(np.asarray(got[0], np.float64), np.asarray(want[0], np.float64), rtol=1e-5,
                                atol=1e-5 * float(np.abs(np.asarray(want[0], np.float64)).max()))
 
@@ -170,9 +166,14 @@ def test_a_cast_of_a_concatenation_is_made_by_its_pieces(tmp_path: Path) -> None
     assert chosen.report["latency_us"] < kept.report["latency_us"]
     rng = np.random.default_rng(5)
     inputs = {n: rng.standard_normal((1, 11, 1, 128)).astype(np.float32) for n in ("x1", "x2", "c", "s")}
+    want, got = _interpreter_and_device(path, chosen.neff, inputs)
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
+
+
+def _interpreter_and_device(path: Path, neff: bytes, inputs: dict[str, np.ndarray]) -> tuple[list, list]:
+    """The model's outputs by the reference interpreter and by the simulator running ``neff``."""
     from nxsat.interpreter import run_module
     from nxsat.io import match_inputs
 
     want = run_module(load(str(path)), match_inputs(load(str(path)), inputs))
-    got = sim.load(chosen.neff).run(inputs)
-    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
+    return want, sim.load(neff).run(inputs)
