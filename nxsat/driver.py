@@ -463,7 +463,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     done: list[tuple[Any, Outcome | NxsatError]] = []
     while batch := plan(len(lowering.graph.insts), done):
         forward_within(budgets[0])  # what each schedule starts from (and what a forked job copies)
-        jobs = 1 if keep_model else min(opts.num_parallel_jobs, len(batch), os.cpu_count() or 1)
+        jobs = 1 if keep_model else min(opts.num_parallel_jobs, len(batch), _cpus())
         done.extend(zip(batch, _run_jobs(st, partial(one, keep=keep_model), batch, jobs)))
     lowering.graph.release()
     return done
@@ -497,6 +497,14 @@ def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs:
             st.seconds[k] = round(st.seconds.get(k, 0.0) + v, 4)
         outs.append(NxsatError(*out[1:]) if isinstance(out, tuple) and out and out[0] == "error" else out)
     return outs
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (a container's share, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def _attempt(fn: Callable[[Any], Outcome], item: Any) -> Outcome | NxsatError:
