@@ -1100,7 +1100,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # (A cast on the way, the precision set's, is one the dot absorbs: it loads through the view and converts
     # on chip. Counted as a reader, it made BERT's attention output transpose a copy, 76 us a layer, and the
     # extraction took the other orientation of P.V: 11% slower.)
-    dotted = _read_by_contractions(view, ops, _DOTS, _PASS_VIEWS | {"convert"})
+    dotted = _read_only_by(view, ops, _DOTS, _PASS_VIEWS | {"convert"})
     reduced = _reductions_of(view, ops)
     # A cast only contractions read is absorbed by them (backend/matmul.py: the source is loaded and
     # converted on chip): the dot is priced on the source, multiplying in the cast's type, and the
@@ -1108,7 +1108,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # A cast read through a pad counts as read by the contraction beneath it: generic's conv-pad gives
     # that convolution a form reading the cast itself (its window padding), in which it is absorbed;
     # priced as a pass, the cast kept ResNet-50's image pad at -O2 where -O1's policy dropped it.
-    cast_read = _read_by_contractions(view, ops, _CONTRACTIONS, _PASS_VIEWS | {"pad"})
+    cast_read = _read_only_by(view, ops, _CONTRACTIONS, _PASS_VIEWS | {"pad"})
     # A cast of a value an operator computes is written narrow by that operator (the backend's cluster ends
     # in the cast, a dot's evacuation writes it): the dot loads the narrow value and converts nothing. So
     # is a cast of a transpose of one (backend/precision.py casts the source): attention's output written
@@ -1117,7 +1117,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
     # A cast of a computed value that only concatenates read is written narrow by its producer too: the
     # pieces are copied narrow, where a cast of the concatenation is a pass of its own through HBM
     # (generic's convert-concatenate; gemma's rotary halves cast to bf16 for the KV cache)
-    joined = _read_by_contractions(view, ops, frozenset({"concatenate"}), _PASS_VIEWS | {""})
+    joined = _read_only_by(view, ops, frozenset({"concatenate"}), _PASS_VIEWS | _LIST_CELLS)
     # ... and a concatenation lies in HBM (its pieces are copied there by DMA): a pass reading it loads it
     moved = [bool(nodes) and all(ops[i] == "concatenate" for i in nodes) for nodes in view.class_nodes]
     cast_from: dict[int, int] = {}
@@ -1204,29 +1204,30 @@ def _produced(view: View, ops: Sequence[str]) -> list[bool]:
 _CONTRACTIONS = frozenset({"dot", "convolution"})
 _DOTS = frozenset({"dot"})
 _PASS_VIEWS = frozenset({"reshape", "bitcast", "transpose"})
+_LIST_CELLS = frozenset({""})  # a variadic operator's operand list (no operator of its own)
 _VIEW_OPS = _PASS_VIEWS | {"broadcast"}
 
 
-def _read_by_contractions(view: View, ops: Sequence[str], contractions: frozenset[str],
-                          passes: frozenset[str] = frozenset()) -> list[bool]:
-    """Per class: it has readers, and every one is one of ``contractions`` or one of ``passes`` (default:
-    a view, reshape, bitcast or transpose) of which the same holds. Decided from the readers up, cycles
-    of views counting as not read by a contraction."""
+def _read_only_by(view: View, ops: Sequence[str], readers: frozenset[str],
+                  passes: frozenset[str] = frozenset()) -> list[bool]:
+    """Per class: it has readers, and every one is one of ``readers`` (contractions, say) or one of
+    ``passes`` (default: a view, reshape, bitcast or transpose) of which the same holds. Decided from the
+    readers up, cycles of views counting as not so read."""
     passes = passes or _PASS_VIEWS
-    readers: list[list[int]] = [[] for _ in range(view.n_classes)]
+    read_by: list[list[int]] = [[] for _ in range(view.n_classes)]
     for i, node in enumerate(view.nodes):
         for k in set(node.children):
-            readers[k].append(i)
+            read_by[k].append(i)
     memo: dict[int, bool] = {}
 
     def ok(c: int, open_: set[int]) -> bool:
         if c in memo:
             return memo[c]
-        if c in open_ or not readers[c]:
+        if c in open_ or not read_by[c]:
             return False
         open_.add(c)
-        res = all(ops[i] in contractions or (ops[i] in passes and ok(view.node_class[i], open_))
-                  for i in readers[c])
+        res = all(ops[i] in readers or (ops[i] in passes and ok(view.node_class[i], open_))
+                  for i in read_by[c])
         open_.discard(c)
         memo[c] = res
         return res

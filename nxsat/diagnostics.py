@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 # code -> one-line meaning. E = user error, W = warning, I = internal error.
 CODES: dict[str, str] = {
@@ -117,6 +117,10 @@ class NxsatError(Exception):
         self.loc = loc
         self.hint = hint
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its fields (a compile's forked jobs send their errors back to the parent)."""
+        return NxsatError, (self.code, self.message, self.loc, self.hint)
+
     def format(self) -> str:
         where = f"{self.loc}: " if self.loc else ""
         origin = f" [from {self.loc.origin}]" if self.loc and self.loc.origin else ""
@@ -138,6 +142,10 @@ class Warning_:
     code: str
     message: str
     loc: Loc | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its fields (a compile's forked jobs send their errors back to the parent)."""
+        return NxsatError, (self.code, self.message, self.loc, self.hint)
 
     def format(self) -> str:
         where = f"{self.loc}: " if self.loc else ""

@@ -419,18 +419,18 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     # Forwarding keeps tiles live longer; where the scheduler, ordering differently, then finds no room, the
     # pass is undone and run again within a smaller budget, and at last not at all. Every schedule starts
     # from the graph forwarded within the first budget.
-    fwd: list[Any] = [Forwarded(), None]  # the pass's outcome, and the budget the graph is forwarded within
+    forwarded, within = Forwarded(), None  # the pass's outcome, and the budget the graph is forwarded within
 
     def forward_within(budget: float) -> None:
-        done, at = fwd
-        if at == budget:
+        nonlocal forwarded, within
+        if within == budget:
             return
-        if done.undo is not None:
-            done.undo()
-        fwd[0] = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
-            else Forwarded(refused=done.loads + done.refused)
-        fwd[1] = budget
-        st.dump("06-forwarded.json", json.dumps(fwd[0].to_json(), indent=1))
+        if forwarded.undo is not None:
+            forwarded.undo()
+        forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
+            else Forwarded(refused=forwarded.loads + forwarded.refused)
+        within = budget
+        st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
 
     single = not callable(plan)
     if single:
@@ -443,19 +443,19 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
                 compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, schedule))
                 break
             except NxsatError as e:
-                if e.code != "NCC_EOOM001" or not fwd[0].loads:
+                if e.code != "NCC_EOOM001" or not forwarded.loads:
                     raise
         program, constants = compiled.program, compiled.constants
         io = [(int(b.nbytes * gathered.get(i, 1.0)), b.shard) for i, b in enumerate(compiled.inputs)] \
             + [(b.nbytes, b.shard) for b in compiled.outputs]
-        forwarded = fwd[0].to_json() if opts.forward else None
+        forwarding = forwarded.to_json() if opts.forward else None
         compiled = None
         if single:  # freed now, not after the NEFF and the simulation (mobilenet_v2's graph is gigabytes)
             lowering.graph.release()
         data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
         program = None
         summary = st.run("simulate", lambda: model.profile()[0])
-        summary["forwarded"] = forwarded
+        summary["forwarded"] = forwarding
         st.dump("07-program.nxs", lambda: model.text)
         st.dump("08-profile.json", json.dumps(summary, indent=1))
         return summary, constants, io, data, model if keep else None
@@ -491,12 +491,10 @@ def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs:
                 got = pool.map(_forked_job, range(len(batch)), chunksize=1)
     finally:
         _FORKED = None
-    outs: list[Outcome | NxsatError] = []
-    for out, seconds in got:
+    for _, seconds in got:
         for k, v in seconds.items():
             st.seconds[k] = round(st.seconds.get(k, 0.0) + v, 4)
-        outs.append(NxsatError(*out[1:]) if isinstance(out, tuple) and out and out[0] == "error" else out)
-    return outs
+    return [out for out, _ in got]
 
 
 def _cpus() -> int:
@@ -514,16 +512,12 @@ def _attempt(fn: Callable[[Any], Outcome], item: Any) -> Outcome | NxsatError:
         return e
 
 
-def _forked_job(k: int) -> tuple[Any, dict[str, float]]:
-    """Job ``k`` of the batch the parent set up before forking: its outcome (an error as its fields: the
-    exception does not pickle) and its stage times."""
+def _forked_job(k: int) -> tuple[Outcome | NxsatError, dict[str, float]]:
+    """Job ``k`` of the batch the parent set up before forking: its outcome and its stage times."""
     assert _FORKED is not None
     fn, batch, st = _FORKED
     st.seconds, st.progress = {}, Progress(enabled=False)
-    out = _attempt(fn, batch[k])
-    if isinstance(out, NxsatError):
-        return ("error", out.code, out.message, out.loc, out.hint), st.seconds
-    return out, st.seconds
+    return _attempt(fn, batch[k]), st.seconds
 
 
 def _structure(module: Module) -> frozenset[str]:

@@ -368,10 +368,17 @@ def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.Mo
         driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
 
 
-def test_parallel_jobs_build_the_same_program(tmp_path: Path) -> None:
+def test_parallel_jobs_build_the_same_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """--num-parallel-jobs builds a program's schedules in forked processes: the NEFF, the search and the
-    latency are those of one job at a time, at -O2 and -O3 (every schedule shares one lowering)."""
+    latency are those of one job at a time, at -O2 and -O3 (every schedule shares one lowering). Two
+    CPUs assumed, so that the jobs fork on any machine."""
     from nxsat import driver
+
+    monkeypatch.setattr(driver, "_cpus", lambda: 2)
+    forked = []
+    real = driver._run_jobs
+    monkeypatch.setattr(driver, "_run_jobs", lambda st, fn, batch, jobs: forked.append(jobs) or real(st, fn, batch,
+                                                                                                        jobs))
 
     path = str(DATA / "jax" / "convnet.hlo")
     for level in (2, 3):
@@ -381,6 +388,7 @@ def test_parallel_jobs_build_the_same_program(tmp_path: Path) -> None:
         assert one.neff == many.neff
         assert one.report["search"] == many.report["search"] and len(one.report["search"]["tried"]) >= 3
         assert one.report["latency_us"] == many.report["latency_us"]
+    assert 1 in forked and 2 in forked  # one job at a time, then two at once
 
 
 def test_parallel_jobs_run_in_other_processes_and_bring_back_errors() -> None:

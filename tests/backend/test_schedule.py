@@ -175,8 +175,8 @@ def test_a_side_computation_is_lowered_near_its_reader(monkeypatch: pytest.Monke
     (gemma3's ``select(mask, scores, -inf)``). Depth-first, the last layer's mask comes before the
     first layer's product (every layer's mask first: gemma3's 150 us start); with side computations
     visited after their reader's other operands, it comes after it, and :data:`HOIST` places earlier than
-    its reader. Same values either way (the corpus tests)."""
-    from harness import module_of
+    its reader. Same values as the interpreter."""
+    from harness import assert_device_matches, module_of
 
     from nxsat.backend import lower
 
@@ -189,3 +189,4 @@ def test_a_side_computation_is_lowered_near_its_reader(monkeypatch: pytest.Monke
     monkeypatch.setattr(lower, "HOIST", 2)  # two places ahead: before the second product, after the first
     order = [n.name for n in lower.side_computations_ahead(entry)]
     assert order.index("d0") < order.index("m1") < order.index("d1")
+    assert_device_matches(module_of(LAYERS), target="trn1")
