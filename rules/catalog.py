@@ -40,7 +40,7 @@ MAX_MACRO_DEPTH = 64
 
 # Rule options: keyword -> takes a value?
 _OPTIONS = {":name": True, ":tag": True, ":doc": True, ":when": True, ":bound": True, ":explosive": False,
-            ":reassociates": False, ":narrows": False}
+            ":reassociates": False, ":narrows": False, ":distributes": False}
 
 
 @dataclass(frozen=True)
@@ -66,10 +66,19 @@ class Rule:
     # computes in a narrower type, as --auto-cast permits (precision sets): values beyond that type's range
     # overflow there, which the permission accepts, so the checker's extremes trial leaves it out too
     narrows: bool = False
+    # moves a product across a sum (a batch norm's scale into a convolution's kernel): equal over the reals,
+    # but an infinite factor times a vanishing sum is NaN on one side and infinite on the other, so the
+    # checker draws no infinities for it and leaves out the extremes trial
+    distributes: bool = False
 
     @property
     def skips_extremes(self) -> bool:
-        return self.reassociates or self.narrows
+        return self.reassociates or self.narrows or self.distributes
+
+    @property
+    def finite_only(self) -> bool:
+        """Inputs drawn without infinities (NaN stays among the special values)."""
+        return self.narrows or self.distributes
 
     @property
     def ruleset(self) -> str:
@@ -285,7 +294,7 @@ def _compile_rule(form: SList, set_name: str, macros: dict) -> Rule:
         command = SList((sym("rule"), a, b, *tail), form.loc)
     return Rule(name, set_name, tag_x.text, doc_x.text.strip(), kind, form.loc, str(command), lhs, facts,
                 bound, ":explosive" in opts, str(form), max(1, _constructor_calls(b)), ":reassociates" in opts,
-                ":narrows" in opts)
+                ":narrows" in opts, ":distributes" in opts)
 
 
 def _constructor_calls(x: SExp) -> int:

@@ -379,7 +379,7 @@ def _check_batch(rule: Rule, eg: EGraph, instances: list[_Instance], rng: np.ran
         for lid, node in sorted(loaded.nodes.items()):
             m = None
             if node.op == "parameter":
-                v = random_array(rng, node.type, trial, infinities=not rule.narrows)  # type: ignore[arg-type]
+                v = random_array(rng, node.type, trial, infinities=not rule.finite_only)  # type: ignore[arg-type]
                 inputs[node.name] = v
                 m = _absolute(v)
             elif node.op == "constant":

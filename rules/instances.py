@@ -58,6 +58,7 @@ class _Env:
     splats: tuple[Any, ...] = SPLATS  # constants leaves take: SPLATS and the ones the rule's guards name
     var_splats: dict[str, float] = field(default_factory=dict)  # var -> the splat its guard asks for
     var_ranks: dict[str, int] = field(default_factory=dict)  # var -> the rank its guard asks for
+    channel_rank: int = 0  # the rank of this instance's per-channel values (1: [C], 2: [1, C]; 0: not drawn)
 
     @property
     def guard_odds(self) -> float:
@@ -258,6 +259,10 @@ def _plan(ctor: str, ops: list[Node | None], want: TensorType | None, env: _Env)
                     scale=SPLATS[int(rng.integers(len(SPLATS)))])
     elif ctor == "Broadcast":
         r = xt.rank
+        conv = _convolution_of(env, want) if x is None else None
+        if conv is not None and rng.random() < 0.8:
+            plan.update(_per_channel(conv, env))
+            return plan
         red = _under(x, lambda n: n.op == "reduce")
         kept = () if red is None else \
             tuple(i for i in range(red.operands[0].type.rank) if i not in red.attrs["dimensions"])
@@ -347,6 +352,26 @@ def _window(shape: Sequence[int], dims: Sequence[int], rng: np.random.Generator,
     return {"window_sizes": tuple(sizes), "strides": pick(1, 2, 0.4), "pad_lo": pick(0, 1, 0.4),
             "pad_hi": pick(0, 1, 0.4), "lhs_dilation": pick(1, 2, 0.1), "rhs_dilation": pick(1, 2, 0.1),
             "reversal": pick(0, 1, 0.1)}
+
+
+def _convolution_of(env: _Env, want: TensorType | None) -> Node | None:
+    """The convolution (of type ``want``, when known) the instance built last: what a batch norm's
+    per-channel scale and shift are broadcast onto. None when it has none."""
+    return next((n for n in reversed(env.nodes) if n.op == "convolution" and want in (None, n.type)), None)
+
+
+def _per_channel(conv: Node, env: _Env) -> Plan:
+    """A value per output channel of ``conv`` broadcast onto its result: [C] onto the feature dimension,
+    or (one image) [1, C] onto the batch and feature dimensions, as JAX writes it. One form per instance,
+    so that every per-channel value of a pattern broadcasts alike."""
+    t, dims = conv.type, conv.attrs["dims"]
+    ob, of = dims.output_batch, dims.output_feature
+    if not env.channel_rank:
+        env.channel_rank = 2 if t.shape[ob] == 1 and env.rng.random() < 0.5 else 1
+    c = t.shape[of]
+    if env.channel_rank == 2:
+        return {"types": [TensorType(t.dtype, (1, c))], "shape": t.shape, "dimensions": (ob, of)}
+    return {"types": [TensorType(t.dtype, (c,))], "shape": t.shape, "dimensions": (of,)}
 
 
 def _conv_plan(ops: list[Node | None], env: _Env) -> Plan:

@@ -48,6 +48,10 @@ PLANTED = """
   :name planted-bf16-through-f16 :tag exact :doc "forgets that f16's range is narrower (1e5 is inf in f16)")
 (rewrite (Multiply (Multiply x y) z) (Multiply x (Multiply y z))
   :name planted-multiply-associate-unmarked :tag exact :doc "reassociates without :reassociates")
+(rewrite (Multiply (Add x y) z) (Add (Multiply x z) (Multiply y z))
+  :name planted-distribute-unmarked :tag exact :doc "distributes without :distributes (inf * (1 + -1))")
+(rewrite (Multiply (Add x y) z) (Add (Multiply x z) (Multiply y z))
+  :distributes :name planted-distribute :tag exact :doc "distributes a product over a sum")
 (rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
   :name planted-bf16-round-trip :tag approximate :bound 0.01 :doc "rounding to bf16 and back is close")
 (rewrite (Convert (Convert x "bf16") "f32") x :when ((= (dtype x) "f32"))
@@ -112,6 +116,23 @@ def test_the_range_trial_finds_what_ordinary_values_do_not(planted):
     assert {r.name for r in catalog().rules if r.reassociates} == {  # the fused operators': they compute in fp32
         "add-associate", "multiply-associate", "softmax-scale", "softmax-scale-left", "layer-norm-flax",
         "layer-norm-two-pass", "layer-norm-centred", "group-norm-flax", "rms-norm-f32-sum"}
+
+
+def test_a_distributive_rule_is_checked_without_infinities(planted):
+    """x * (a + b) = x * a + x * b is true of reals, but inf * (1 + -1) is NaN where inf - inf is too
+    only by luck of signs: with infinities among the inputs the checker finds the difference; a rule
+    marked :distributes (the batch norms' shifts moved past the scale) is checked on finite values and
+    NaN. A wrong distribution is still caught."""
+    unmarked, marked = planted.find(["planted-distribute-unmarked", "planted-distribute"])
+    assert check_rule(unmarked, planted).status == "unsound"
+    r = check_rule(marked, planted)
+    assert r.status == "sound" and r.fired >= 4, r.format()
+    assert {r.name for r in catalog().rules if r.distributes} == {"batch-norm-keras", "batch-norm-flax"}
+    wrong = build_catalog(extra_files=[("w", "w.egg", """
+(rewrite (Multiply (Add x y) z) (Add (Multiply x z) y)
+  :distributes :name planted-distribute-wrong :tag exact :doc "forgets to scale the second term")
+""")])
+    assert check_rule(wrong.find(["planted-distribute-wrong"])[0], wrong).status == "unsound"
 
 
 def test_the_same_seed_gives_the_same_counterexample(planted):

@@ -13,6 +13,7 @@ import pytest
 from firing import fire_alone
 
 from nxsat import dtypes as dt
+from nxsat.attrs import ConvDims, WindowDim
 from nxsat.builder import Builder
 from nxsat.interpreter import run_module
 from nxsat.ir import Module, Node
@@ -232,7 +233,31 @@ def _layer_norm_centred() -> Module:
                                               dimensions=keep)]))
 
 
+def _batch_norm(form: str) -> Callable[[], Module]:
+    """An inference batch norm after a 3x3 convolution of a [1, 5, 5, 3] NHWC image into 4 channels, its
+    per-channel values [1, C] broadcast along (batch, feature) as JAX writes them: Keras's
+    ``(conv + bias) * s + shift`` or Flax's ``(conv - mean) * s + b``."""
+    def make() -> Module:
+        b = Builder("bn")
+        x, w = b.param(F32, (1, 5, 5, 3)), b.param(F32, (3, 3, 3, 4))
+        window = (WindowDim(3, 1, 1, 1), WindowDim(3, 1, 1, 1))
+        conv = b.op("convolution", [x, w], window=window, dims=ConvDims.from_labels("b01f_01io->b01f"),
+                    feature_group_count=1, batch_group_count=1)
+
+        def per_channel() -> Node:
+            return b.op("broadcast", [b.param(F32, (1, 4))], shape=(1, 5, 5, 4), dimensions=(0, 3))
+
+        first = b.op("add" if form == "keras" else "subtract", [conv, per_channel()])
+        return b.module(b.op("add", [b.op("multiply", [first, per_channel()]), per_channel()]))
+    return make
+
+
+# rules that rewrite a pattern in other operators rather than into a fused one
+UNFUSED = frozenset({"batch-norm-keras", "batch-norm-flax"})
+
 CASES: dict[str, Callable[[], Module]] = {
+    "batch-norm-keras": _batch_norm("keras"),
+    "batch-norm-flax": _batch_norm("flax"),
     "layer-norm-centred": _layer_norm_centred,
     "layer-norm-flax": _layer_norm_flax,
     "layer-norm-two-pass": _layer_norm_two_pass,
@@ -263,7 +288,7 @@ def test_rule_fires_and_stays_equivalent(name):
     rng = np.random.default_rng(0)
     inputs = [dt.cast(rng.standard_normal(p.type.shape) * 3, p.type.dtype) for p in module.entry.params]
     out = fire_alone(name, module, inputs)
-    assert sum(n.op in FUSED for n in out.entry.post_order()) == 1
+    assert sum(n.op in FUSED for n in out.entry.post_order()) == (0 if name in UNFUSED else 1)
     for a, b in zip(run_module(module, inputs), run_module(out, inputs), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         tol = 2 ** -7 if a.dtype == BF16.np else 1e-6
@@ -313,3 +338,19 @@ def test_the_corpus_patterns_become_fused_operators(path, model_type, fused):
     ops = [n.op for n in _extracted(path, model_type).entry.post_order()]
     assert {op: ops.count(op) for op in FUSED if op in ops} == fused
     assert not any(op in FUSED for op in (n.op for n in _extracted(path, "generic").entry.post_order()))
+
+
+def test_resnet50s_batch_norms_merge_their_shifts_under_unet_inference():
+    """Keras writes each of ResNet-50's 53 convolutions with a bias, then the batch norm's scale and shift.
+    Under unet-inference (batch-norm-keras) the extraction takes conv * s + (bias * s + shift) for every
+    one: the convolution's result is read by the scale; under generic by the bias add."""
+    path = DATA / "hlo" / "resnet50_keras_jax_f32.hlo"
+    for model_type, reader in (("unet-inference", "multiply"), ("generic", "add")):
+        order = _extracted(path, model_type).entry.post_order()
+        readers: dict[int, list[str]] = {}
+        for n in order:
+            for o in n.operands:
+                readers.setdefault(o.id, []).append(n.op)
+        convs = [n for n in order if n.op == "convolution"]
+        assert len(convs) == 53
+        assert all(readers[c.id] == [reader] for c in convs), model_type
