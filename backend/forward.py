@@ -50,11 +50,12 @@ class Forwarded:
     stores: int = 0  # stores removed with their scratch tensor
     tensors: int = 0  # scratch tensors removed
     refused: int = 0  # loads of a value still in its tile that would have kept too much SBUF live
+    split: int = 0  # of the loads, those read in pieces (from several tiles, or partition blocks of one)
     undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)  # the graph as it was
 
     def to_json(self) -> dict[str, int]:
         return {"loads": self.loads, "copies": self.copies, "bytes": self.bytes, "stores": self.stores,
-                "tensors": self.tensors, "refused_for_sbuf": self.refused}
+                "tensors": self.tensors, "refused_for_sbuf": self.refused, "split": self.split}
 
 
 def addresses(ap: AP) -> np.ndarray:
@@ -104,13 +105,13 @@ def _engine_ok(r: Ref, target: Target) -> bool:
     return engine_access_fault(p0, n, r.ap, target) is None
 
 
-def _source(load: Inst, store: Inst, pos: np.ndarray, target: Target) -> tuple[Ref, bool] | None:
-    """The view of ``store``'s source tile that ``load`` would read back, and whether an engine may copy it
+def _source(dst: Ref, store: Inst, pos: np.ndarray, target: Target) -> tuple[Ref, bool] | None:
+    """The view of ``store``'s source tile that a load into ``dst`` would read back (``pos``: where each
+    element it reads sits in the order the store wrote them), and whether an engine may copy it
     (same partitions, as the engines' access rules allow) or only a DMA may move it (SBUF to SBUF: one
     transfer instead of a store and a load); None when no view of the tile expresses it. The view is a
     slice of the tile as stored or, where the load cuts across its rows (a convolution's next tiling of
     the same image), of each partition's row taken whole."""
-    dst = load.operands[0]
     src = store.operands[1]
     free = math.prod(src.shape[1:])
     if dst.shape[0] > 1 and pos[0] // free != pos[len(pos) // dst.shape[0] - 1] // free:
@@ -135,13 +136,65 @@ def _source(load: Inst, store: Inst, pos: np.ndarray, target: Target) -> tuple[R
     return None
 
 
-def _writer(load: Inst) -> tuple[Inst, Ref] | None:
-    """The one write that overlaps what ``load`` reads, and the instruction making it (None when there
-    are more). The graph's dependences already hold the answer: a load waits for every write it overlaps
-    (a write covered by a later one is replaced by it)."""
+def _writes(load: Inst) -> list[tuple[Inst, Ref]]:
+    """The writes that overlap what ``load`` reads, with the instructions making them, in program order.
+    The graph's dependences already hold the answer: a load waits for every write it overlaps (a write
+    covered by a later one is replaced by it)."""
     root = load.operands[1].buf.root
-    ws = [(d, r) for d in load.deps for r in d.writes if r.buf.root is root]
-    return ws[0] if len(ws) == 1 else None
+    return sorted(((d, r) for d in load.deps for r in d.writes if r.buf.root is root), key=lambda dw: dw[0].index)
+
+
+MAX_PIECES = 8  # the most on-chip reads one load may become
+COPY_MIN_PARTITIONS = 32  # a piece on fewer partitions is moved by an SBUF-to-SBUF DMA, not an engine copy
+
+
+def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[tuple[Inst, Ref, Ref, bool]] | None:
+    """``load`` as on-chip reads of the tiles ``writes`` stored, one per piece of its destination: the
+    destination cut along one dimension where the writer changes (a pooling's window over the two tiles
+    of rows the convolution before it stored). Each piece is (store, destination piece, view of the
+    store's tile, engine copy?); None when some element has no single writer, some piece has several
+    or no view, or there would be more than MAX_PIECES."""
+    dst, src = load.operands
+    b = addresses(src.ap)
+    owner = np.full(len(b), -1, dtype=np.int64)
+    place = np.zeros(len(b), dtype=np.int64)
+    for j, (_, w) in enumerate(writes):
+        a = addresses(w.ap)
+        order = np.argsort(a, kind="stable")
+        at = np.clip(np.searchsorted(a, b, sorter=order), 0, len(a) - 1)
+        hit = a[order[at]] == b
+        if bool((hit & (owner >= 0)).any()):
+            return None  # written twice: the later write is not the only one
+        owner[hit] = j
+        place[hit] = order[at[hit]]
+    if bool((owner < 0).any()):
+        return None
+    flat = np.arange(len(b), dtype=np.int64).reshape(dst.shape)
+    for d in range(len(dst.shape)):
+        n = dst.shape[d]
+        if n < 2:
+            continue
+        own = owner[np.moveaxis(flat, d, 0).reshape(n, -1)[:, 0]]  # the writer of each index's first element
+        cuts = [0] + [i for i in range(1, n) if own[i] != own[i - 1]]
+        if len(cuts) == 1 or len(cuts) > MAX_PIECES:
+            continue
+        out = []
+        for lo, hi in zip(cuts, [*cuts[1:], n]):
+            key = (slice(None),) * d + (slice(lo, hi),)
+            ks = flat[key].reshape(-1)
+            j = int(owner[ks[0]])
+            if bool((owner[ks] != j).any()):
+                break
+            piece = dst[key]
+            got = _source(piece, writes[j][0], place[ks], target)
+            if got is None:
+                break
+            # an engine copy takes as long on 11 partitions as on 128: a narrow piece goes by DMA (gemma's
+            # [11, 1024] MLP products over two [11, 512] tiles: as GpSimd copies the model ran 1.7% slower)
+            out.append((writes[j][0], piece, got[0], got[1] and piece.shape[0] >= COPY_MIN_PARTITIONS))
+        else:
+            return out
+    return None
 
 
 def _places(w: Ref, r: Ref) -> np.ndarray:
@@ -216,25 +269,30 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
                 if _is_dma(i) and i.operands[0].buf.kind == "sbuf":
                     loads[id(b)].append(i)
 
+    def stored(st: Inst, ld: Inst) -> bool:
+        """``st`` stores a tile, which nothing writes again before ``ld`` reads what it stored."""
+        if not (_is_dma(st) and st.operands[1].buf.kind == "sbuf" and len(st.writes) == 1):
+            return False
+        tile = st.operands[1].buf.root
+        return st.index < ld.index and last_write[id(tile)] <= st.index and tile is not ld.operands[0].buf.root \
+            and ld.operands[0].dtype is st.operands[1].dtype
+
     # Candidates by tile, by the checks that need no element sets: the load reads elements one store
-    # wrote from this tile, after the store and before anything writes the tile again.
+    # wrote from this tile, after the store and before anything writes the tile again. A load several
+    # such stores wrote is taken in pieces, after the others (``split``).
     by_tile: dict[int, list[tuple[Inst, Ref, Inst]]] = defaultdict(list)
+    split: list[tuple[Inst, list[tuple[Inst, Ref]]]] = []
     for key, lds in loads.items():
         if key not in writers:
             continue
         for ld in lds:
-            found = _writer(ld)
-            if found is None:
+            ws = _writes(ld)
+            if not ws or not all(stored(st, ld) for st, _ in ws):
                 continue
-            st, w = found
-            if not (_is_dma(st) and st.operands[1].buf.kind == "sbuf" and len(st.writes) == 1):
-                continue
-            tile = st.operands[1].buf.root
-            if st.index > ld.index or last_write[id(tile)] > st.index or tile is ld.operands[0].buf.root \
-                    or ld.operands[0].dtype is not st.operands[1].dtype \
-                    or not g.resolved(w).covers(g.resolved(ld.operands[1])):
-                continue
-            by_tile[id(tile)].append((st, w, ld))
+            if len(ws) == 1 and g.resolved(ws[0][1]).covers(g.resolved(ld.operands[1])):
+                by_tile[id(ws[0][0].operands[1].buf.root)].append((ws[0][0], ws[0][1], ld))
+            elif len(ws) > 1:
+                split.append((ld, ws))
 
     # Tile by tile in program order, nearest load first: a tile read by a forwarded load lives on from its
     # last use as lowered to that load, and wherever it does, the tiles live in program order plus those
@@ -246,6 +304,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
         delta[last_use[key] + 1] -= tiles[key].row_bytes
     live = _Live(np.cumsum(delta))
     accepted: list[tuple[Inst, Inst, Ref, bool]] = []
+    reach_of = dict(last_use)  # tile -> the last instruction it is live to, forwarded loads included
     for key, cs in sorted(by_tile.items(), key=lambda kv: last_use[kv[0]]):
         nbytes = tiles[key].row_bytes
         reach = last_use[key]  # the tile is live up to here
@@ -254,44 +313,84 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             if ld.index > reach and live.max(reach + 1, ld.index + 1) + nbytes > limit:
                 stats.refused += len(cs) - k
                 break
-            got = _source(ld, st, _places(w, ld.operands[1]), target)
+            got = _source(ld.operands[0], st, _places(w, ld.operands[1]), target)
             if got is None:
                 continue
             if ld.index > reach:
                 live.add(reach + 1, ld.index + 1, nbytes)
                 reach = ld.index
             accepted.append((st, ld, *got))
+        reach_of[key] = reach
 
-    if not accepted:
+    # Loads in pieces, in program order: every tile they read must fit live up to the load.
+    pieced: list[tuple[Inst, list[tuple[Inst, Ref, Ref, bool]]]] = []
+    for ld, ws in sorted(split, key=lambda c: c[0].index):
+        keys = {id(st.operands[1].buf.root) for st, _ in ws}
+        longer = [k for k in keys if reach_of[k] < ld.index]
+        if longer and live.max(min(reach_of[k] for k in longer) + 1, ld.index + 1) \
+                + sum(tiles[k].row_bytes for k in longer) > limit:
+            stats.refused += 1
+            continue
+        pieces = _pieces(ld, ws, target)
+        if pieces is None:
+            continue
+        for k in longer:
+            live.add(reach_of[k] + 1, ld.index + 1, tiles[k].row_bytes)
+            reach_of[k] = ld.index
+        pieced.append((ld, pieces))
+
+    if not accepted and not pieced:
         return stats
     # A scratch tensor nobody reads once the accepted loads read the tiles loses its writers.
-    for _, ld, _, _ in accepted:
+    for ld in [ld for _, ld, _, _ in accepted] + [ld for ld, _ in pieced]:
         reads[id(ld.operands[1].buf.root)] -= 1
     dead: set[Inst] = set()
     gone: set[int] = set()
-    for key in {id(st.operands[0].buf.root) for st, _, _, _ in accepted}:
+    for key in {id(st.operands[0].buf.root) for st, _, _, _ in accepted} | \
+            {id(st.operands[0].buf.root) for _, ps in pieced for st, _, _, _ in ps}:
         ws = writers[key]
         if reads[key] == 0 and all(_is_dma(w) and len(w.writes) == 1 for w in ws):
             dead.update(ws)
             gone.add(key)
             stats.stores += len(ws)
             stats.tensors += 1
-    stats.undo = _undo(g, accepted, dead)
+    stats.undo = _undo(g, accepted + [(st, ld, view, copy) for ld, ps in pieced for st, _, view, copy in ps], dead)
 
     changed: dict[int, Buf] = {}  # buffers some instruction no longer touches
-    for st, ld, view, copy in accepted:
-        dst, src = ld.operands
+
+    def read_on_chip(ld: Inst, st: Inst, dst: Ref, view: Ref, copy: bool, waits: set[Inst]) -> None:
         if copy:
             ld.engine, ld.opcode, ld.attrs = COPY_ENGINE, "tensor_copy", {}
         ld.operands, ld.reads, ld.writes = (dst, view), [view], [dst]
-        ld.deps = (ld.deps - {st}) | st.deps
-        view.buf.users.append(ld)
-        if view.buf.root is not view.buf:
-            view.buf.root.users.append(ld)
-        changed[id(src.buf)] = src.buf
+        ld.deps = waits | st.deps
+        for b in {id(b): b for b in (view.buf, view.buf.root, dst.buf, dst.buf.root)}.values():
+            if not any(u is ld for u in b.users):
+                b.users.append(ld)
         stats.loads += 1
         stats.copies += copy
         stats.bytes += int(np.prod(dst.shape)) * dst.dtype.itemsize
+
+    for st, ld, view, copy in accepted:
+        changed[id(ld.operands[1].buf)] = ld.operands[1].buf
+        read_on_chip(ld, st, ld.operands[0], view, copy, ld.deps - {st})
+    added: dict[int, list[Inst]] = {}  # a load taken in pieces -> the instructions reading its other pieces
+    for ld, ps in pieced:
+        changed[id(ld.operands[1].buf)] = ld.operands[1].buf
+        waits = ld.deps - {st for st, _, _, _ in ps}
+        first, *rest = ps
+        more = [Inst(ld.engine, ld.opcode, ld.operands, dict(ld.attrs), ld.origin, ld.index) for _ in rest]
+        for inst, (st, dst, view, copy) in zip([ld, *more], ps):
+            read_on_chip(inst, st, dst, view, copy, waits)
+        added[id(ld)] = more
+        stats.split += 1
+    if added:
+        g.insts = [x for i in g.insts for x in (i, *added.get(id(i), ()))]
+        for k, i in enumerate(g.insts):
+            i.index = k
+        for i in g.insts:  # what waited for a load waits for each of its pieces
+            extra = [x for d in i.deps for x in added.get(id(d), ())]
+            i.deps = set(i.deps) | set(extra) if extra else set(iter(i.deps))  # re-hashed: renumbered
+        dead = set(iter(dead))
     _remove(g, dead, changed)
     g.drop(*(bufs[key] for key in gone))
     return stats
@@ -304,7 +403,7 @@ def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst
     insts, bufs, hbm = list(g.insts), list(g.bufs), g.hbm_bytes
     deps = [i.deps for i in insts]
     loads = [(ld, ld.engine, ld.opcode, ld.attrs, ld.operands, ld.reads, ld.writes) for _, ld, _, _ in accepted]
-    touched = {id(r.buf): r.buf for _, ld, view, _ in accepted for r in (view, ld.operands[1])}
+    touched = {id(r.buf): r.buf for _, ld, view, _ in accepted for r in (view, *ld.operands)}
     touched.update({id(r.buf): r.buf for i in dead for r in (*i.reads, *i.writes)})
     touched.update({id(b.root): b.root for b in list(touched.values())})
     users = [(b, list(b.users)) for b in touched.values()]

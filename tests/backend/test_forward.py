@@ -112,13 +112,19 @@ def _two_writers(split: bool) -> tuple[Graph, list, list]:
 
 def test_a_load_split_where_its_writers_stored_is_forwarded_piece_by_piece(monkeypatch) -> None:  # noqa: ANN001
     """Graph.load cuts a load at its writers' column boundaries: each piece has one writer and is read from
-    the tile still in SBUF (one DMA with two writers is not forwarded); the values are the same."""
+    the tile still in SBUF. One DMA with two writers (a pooling's window over two of a convolution's output
+    tiles) is cut by the pass itself: two engine copies, one per writer. The values are the same."""
     from nxsat.backend import graph
 
     monkeypatch.setattr(graph, "MIN_LOAD_PIECE", 16)
     want = _run(*_two_writers(False))
-    g, _, _ = _two_writers(False)
-    assert forward_stores(g, TARGET).loads == 0
+    g, ins, outs = _two_writers(False)
+    f = forward_stores(g, TARGET)
+    assert (f.loads, f.copies, f.split, f.stores, f.tensors) == (2, 2, 1, 2, 1)
+    assert [(i.engine, i.opcode) for i in g.insts].count(("pool", "tensor_copy")) == 2
+    assert [i.index for i in g.insts] == list(range(len(g.insts)))
+    assert all(d in i.deps for i in g.insts for d in i.deps)  # renumbered and re-hashed
+    np.testing.assert_array_equal(_run(g, ins, outs), want)
     g, ins, outs = _two_writers(True)
     f = forward_stores(g, TARGET)
     assert (f.loads, f.copies, f.stores, f.tensors) == (2, 2, 2, 1)
