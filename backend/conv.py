@@ -165,16 +165,19 @@ def convolution(lw: Lowering, node: Node) -> None:
     fgc = int(node.attrs.get("feature_group_count", 1) or 1)
     bgc = int(node.attrs.get("batch_group_count", 1) or 1)
     if plane_weight_gradient(node):
+        _cast_weights(lw, lhs)
         _cast_weights(lw, rhs)
         _plane_weight_gradient(lw, node)
         return
-    X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
+    # a cast the lowering absorbed (lower.py): the tiles are converted on chip as they are loaded
+    X = lw.ref(lhs.operands[0] if lhs.id in lw.absorbed else lhs).permute(d.input_batch, d.input_feature,
+                                                                           *d.input_spatial)
     # a cast of the weights the lowering absorbed (lower.py): the weight tiles are converted on chip
     wsrc = rhs.operands[0] if rhs.id in lw.absorbed else rhs
     kernel = (d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial)
     W = lw.ref(wsrc).permute(*kernel)
     Y = lw.result(node).permute(d.output_batch, d.output_feature, *d.output_spatial)
-    mt = operand_type(onchip_dtype(X.dtype), onchip_dtype(device_dtype(rhs.dtype)), lw)
+    mt = operand_type(onchip_dtype(device_dtype(lhs.dtype)), onchip_dtype(device_dtype(rhs.dtype)), lw)
     out_t = onchip_dtype(device_dtype(node.dtype))
     N, C = X.shape[0], X.shape[1]
     O = W.shape[0]
@@ -190,6 +193,8 @@ def convolution(lw: Lowering, node: Node) -> None:
     if dw is not None and dw.pays:
         if _cast_weights(lw, rhs):  # the vector engines multiply in the weights' type: cast them first
             W = lw.ref(rhs).permute(*kernel)
+        if _cast_weights(lw, lhs):  # and in the input's
+            X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
         _depthwise(lw, X, W, Y, window, dw, out_t)
         return
     matmuls = plan.matmuls(geo)
@@ -213,13 +218,14 @@ def convolution(lw: Lowering, node: Node) -> None:
         _job(cv, job)
 
 
-def _cast_weights(lw: Lowering, rhs: Node) -> bool:
-    """Compute a weight cast the lowering absorbed (lower.py: the implicit GEMM converts the weight tiles
-    it loads) as a pass of its own, for a path that reads the weights in their cast type; True if so."""
-    if rhs.id not in lw.absorbed:
+def _cast_weights(lw: Lowering, cast: Node) -> bool:
+    """Compute a cast of the weights or the input the lowering absorbed (lower.py: the implicit GEMM
+    converts the tiles it loads) as a pass of its own, for a path that reads them in their cast type;
+    True if so."""
+    if cast.id not in lw.absorbed:
         return False
-    lw.absorbed.discard(rhs.id)
-    lower_cluster(lw, Cluster(rhs.shape, [rhs]), lw.consumers)
+    lw.absorbed.discard(cast.id)
+    lower_cluster(lw, Cluster(cast.shape, [cast]), lw.consumers)
     return True
 
 

@@ -1,7 +1,7 @@
-"""A cast of a convolution's weights into its input's TensorE type (what --auto-cast matmult inserts) is
-absorbed: the implicit GEMM loads the fp32 weights and converts the tiles on chip, so no cast is written
-to HBM; the depthwise path, which multiplies in the weights' type on the vector engines, computes the
-cast first. Both match the reference interpreter (the same rounding)."""
+"""A cast of a convolution's weights, or of a model input it convolves (an image), into the TensorE type
+(what --auto-cast matmult inserts) is absorbed: the implicit GEMM loads the fp32 values and converts the
+tiles on chip, so no cast is written to HBM; the depthwise path, which multiplies in the weights' type on
+the vector engines, computes the casts first. Both match the reference interpreter (the same rounding)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,18 @@ ENTRY main {
     dim_labels=fb01_io01->01bf, batch_group_count=40
 }
 """
-CASES = {"gemm": (GEMM, ["xb"]), "grouped": (GROUPED, ["xb"]), "plane_gradient": (PLANE, ["wb", "xb"])}
+# a stem: a 3-channel image, its 7 taps of a row stacked on the partitions (the fold's loads convert)
+STEM = """HloModule s
+
+ENTRY main {
+  x = f32[1,32,32,3] parameter(0)
+  w = f32[7,7,3,16] parameter(1)
+  xb = bf16[1,32,32,3] convert(x)
+  wb = bf16[7,7,3,16] convert(w)
+  ROOT c = f32[1,16,16,16] convolution(xb, wb), window={size=7x7 stride=2x2 pad=2_3x2_3}, dim_labels=b01f_01io->b01f
+}
+"""
+CASES = {"stem": (STEM, []), "gemm": (GEMM, []), "grouped": (GROUPED, []), "plane_gradient": (PLANE, ["wb", "xb"])}
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
