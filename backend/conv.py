@@ -605,6 +605,9 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
     cin = job.c0 + c_off
     nin = job.n0 + n0
     channels_last = plan.transpose_in != "dma"
+    # what TensorE transposes fill holds the multiply type: the loaded positions are converted first
+    # (ResNet-50's fp32 image, transposed as fp32: 38 us more of TensorE)
+    in_t = cv.mt if plan.transpose_in == "pe" else onchip_dtype(cv.X.dtype)
     if not folding or not channels_last:
         # direct: each fold block straight from HBM
         ext = [len_of(b) for b in boxes]
@@ -619,7 +622,7 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
             _fill_direct(cv, raw, [(0, [*boxes[:-1], dense])], cin, ck, nin, nb)
             view = raw[(*[slice(None)] * (cv.nsp + 1), slice(0, dense.extent, last.step))]
             return _converted(cv, view), boxes
-        raw = cv.g.tile((nblk * ck, nb, *ext), raw_t, "sbuf", "cvin").ref()
+        raw = cv.g.tile((nblk * ck, nb, *ext), in_t if channels_last else raw_t, "sbuf", "cvin").ref()
         if channels_last:
             _fill_transposed(cv, raw, union, cin, ck, nin, nb)
         else:
@@ -629,20 +632,19 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
                 regions.append((b * ck, bx))
             _fill_direct(cv, raw, regions, cin, ck, nin, nb)
         return _converted(cv, raw), boxes
-    raw_t = onchip_dtype(cv.X.dtype)
     u = union[fd]
     fext = [len_of(b) for b in boxes]
     if (cv.nsp >= 2 and fd == cv.nsp - 2 and cv.X.dtype.itemsize in (2, 4)
             and all(bx.lo - u.lo == b * u.step for b, bx in enumerate(boxes[fd]))):
         # the fold's blocks are consecutive rows: TensorE transposes sliding windows of rows (exact on v3)
-        tile = cv.g.tile((nblk * ck, nb, *fext), raw_t, "sbuf", "cvin").ref()
+        tile = cv.g.tile((nblk * ck, nb, *fext), cv.mt, "sbuf", "cvin").ref()
         _fill_transposed_fold(cv, tile, union, boxes[fd][0].step // u.step, nblk, cin, ck, nin, nb)
         return _converted(cv, tile), boxes
     # channels-last with folding: transpose the union box once, then copy each block's shifted rows
     ext = [u.extent for u in union]
-    base = cv.g.tile((ck, nb, *ext), raw_t, "sbuf", "cvbase").ref()
+    base = cv.g.tile((ck, nb, *ext), in_t, "sbuf", "cvbase").ref()
     _fill_transposed(cv, base, union, cin, ck, nin, nb)
-    tile = cv.g.tile((nblk * ck, nb, *fext), raw_t, "sbuf", "cvin").ref()
+    tile = cv.g.tile((nblk * ck, nb, *fext), in_t, "sbuf", "cvin").ref()
     for b, bx in enumerate(boxes[fd]):
         key = [slice(None)] * (cv.nsp + 1)
         start = (bx.lo - u.lo) // u.step
@@ -777,6 +779,7 @@ def _fill_transposed(cv: Conv, tile: Ref, bxs: list[Box], cin: int, ck: int, nin
         # [w, rows, ck]: partition = position along the innermost dimension
         tmp = g.tile((wn, rn, ck), src.dtype, "sbuf", "cvtin").ref()
         g.add("dma", "dma", tmp, src.reshape(ck, rn, wn).permute(2, 1, 0))
+        tmp = _converted(cv, tmp)
         ps = g.tile((ck, rn, wn), dt.F32, "psum", "cvtps").ref()
         for k in range(rn):
             g.add("pe", "transpose", ps[:, k], tmp[:, k])
@@ -829,6 +832,7 @@ def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nbl
                         a = bw.lo + sw0 * bw.step
                         key.append(slice(a, a + (seg - 1) * bw.step + 1, bw.step))
                         _load_positions(cv, tmp[:, vlo:vhi], cv.X[tuple(key)])
+                    tmp = _converted(cv, tmp)
                     ps = g.tile((kk, rn, seg), dt.F32, "psum", "cvtps").ref()
                     for k in range(rn):
                         a = k * rstep
@@ -862,6 +866,7 @@ def _load_positions(cv: Conv, dst: Ref, src: Ref) -> None:
         return
     nat = g.tile((rn, wn, ck), src.dtype, "sbuf", "cvrows").ref()
     g.add("dma", "dma", nat, rows)
+    nat = _converted(cv, nat)  # transposed in the multiply type (an fp32 transpose takes more TensorE passes)
     ps = g.tile((wn, ck, rn), dt.F32, "psum", "cvrowsps").ref()
     for c in range(ck):
         g.add("pe", "transpose", ps[:, c, :], nat[:, :, c])
