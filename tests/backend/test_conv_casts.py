@@ -12,7 +12,7 @@ from nxsat import sim
 from nxsat.backend import compile_graph
 
 
-def _conv(x: str, w: str, y: str, extra: str = "") -> str:
+def _conv(x: str, w: str, y: str, extra: str = "", window: str = "size=3x3 pad=1_1x1_1") -> str:
     return f"""HloModule c
 
 ENTRY main {{
@@ -20,7 +20,7 @@ ENTRY main {{
   w = f32{w} parameter(1)
   xb = bf16{x} convert(x)
   wb = bf16{w} convert(w)
-  ROOT c = f32{y} convolution(xb, wb), window={{size=3x3 pad=1_1x1_1}}, dim_labels=b01f_01io->b01f{extra}
+  ROOT c = f32{y} convolution(xb, wb), window={{{window}}}, dim_labels=b01f_01io->b01f{extra}
 }}
 """
 
@@ -42,16 +42,7 @@ ENTRY main {
 }
 """
 # a stem: a 3-channel image, its 7 taps of a row stacked on the partitions (the fold's loads convert)
-STEM = """HloModule s
-
-ENTRY main {
-  x = f32[1,32,32,3] parameter(0)
-  w = f32[7,7,3,16] parameter(1)
-  xb = bf16[1,32,32,3] convert(x)
-  wb = bf16[7,7,3,16] convert(w)
-  ROOT c = f32[1,16,16,16] convolution(xb, wb), window={size=7x7 stride=2x2 pad=2_3x2_3}, dim_labels=b01f_01io->b01f
-}
-"""
+STEM = _conv("[1,32,32,3]", "[7,7,3,16]", "[1,16,16,16]", window="size=7x7 stride=2x2 pad=2_3x2_3")
 CASES = {"stem": (STEM, []), "gemm": (GEMM, []), "grouped": (GROUPED, []), "plane_gradient": (PLANE, ["wb", "xb"])}
 
 

@@ -89,19 +89,19 @@ def test_a_load_onto_other_partitions_becomes_one_sbuf_to_sbuf_dma() -> None:
     np.testing.assert_array_equal(_run(g, ins, outs), want)
 
 
-def _two_writers(split: bool) -> tuple[Graph, list, list]:
+def _two_writers(split: bool, rows: int = 32) -> tuple[Graph, list, list]:
     """x -> tiles of 40 and 24 columns -> exp -> scratch (two stores) -> one tile of 64 columns -> y: a load
-    with two writers, as Graph.load splits it (``split``) or as one DMA."""
+    with two writers, as Graph.load splits it (``split``) or as one DMA; ``rows`` partitions."""
     g = Graph()
     x = g.buf("x", "input", dt.F32, (32, 64))
-    y = g.buf("y", "output", dt.F32, (32, 64))
-    mid = g.buf("mid", "scratch", dt.F32, (32, 64))
+    y = g.buf("y", "output", dt.F32, (rows, 64))
+    mid = g.buf("mid", "scratch", dt.F32, (rows, 64))
     for c0, c1 in ((0, 40), (40, 64)):
-        t = g.tile((32, c1 - c0), dt.F32, "sbuf", "t")
-        g.add("dma", "dma", t.ref(), x[:, c0:c1])
+        t = g.tile((rows, c1 - c0), dt.F32, "sbuf", "t")
+        g.add("dma", "dma", t.ref(), x[0:rows, c0:c1])
         g.add("act", "activation", t.ref(), t.ref(), func="exp")
         g.add("dma", "dma", mid[:, c0:c1], t.ref())
-    u = g.tile((32, 64), dt.F32, "sbuf", "u")
+    u = g.tile((rows, 64), dt.F32, "sbuf", "u")
     if split:
         g.load(u.ref(), mid.ref())
     else:
@@ -132,6 +132,26 @@ def test_a_load_split_where_its_writers_stored_is_forwarded_piece_by_piece(monke
     monkeypatch.setattr(graph, "MIN_LOAD_PIECE", 32)  # a piece narrower than the minimum: one DMA
     g, _, _ = _two_writers(True)
     assert sum(i.engine == "dma" for i in g.insts) == 6
+
+
+def test_a_load_in_pieces_on_few_partitions_moves_by_dma_and_undoes() -> None:
+    """On 16 partitions each piece is an SBUF-to-SBUF DMA (an engine copy takes as long on 16 partitions as
+    on 128); the pass's undo puts the graph back as lowered, the pieces gone. The values are the same."""
+    want = _run(*_two_writers(False, rows=16))
+    g, ins, outs = _two_writers(False, rows=16)
+    lowered = [(i.engine, i.opcode) for i in g.insts]
+    f = forward_stores(g, TARGET)
+    assert (f.loads, f.copies, f.split) == (2, 0, 1)
+    assert all(r.buf.onchip for i in g.insts if i.opcode == "dma" and i.operands[0].buf.name == "u" for r in i.operands)
+    np.testing.assert_array_equal(_run(g, ins, outs), want)
+    g, ins, outs = _two_writers(False, rows=16)
+    f = forward_stores(g, TARGET)
+    assert f.undo is not None
+    f.undo()
+    assert [(i.engine, i.opcode) for i in g.insts] == lowered
+    assert [i.index for i in g.insts] == list(range(len(lowered)))
+    assert any(b.name == "mid" for b in g.bufs)
+    np.testing.assert_array_equal(_run(g, ins, outs), want)
 
 
 def test_a_tile_written_again_after_its_store_is_not_read_in_its_place() -> None:
