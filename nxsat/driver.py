@@ -350,12 +350,14 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if search and again:
         for name, ch, by in candidates[1:]:
             measure(name, ch, by, search_plan)
-    elif streaming and again and opts.extractor is None and best.summary["instructions"] <= LEVEL1_CHECK_INSTRUCTIONS:
+    if measured and again and opts.extractor is None and best.summary["instructions"] <= LEVEL1_CHECK_INSTRUCTIONS:
         # -O1's program too (its budget, its extractor, the policy's precision) where it differs, as -O1
         # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
-        # -O2's own 327.841)
+        # -O2's own 327.841), and -O3, which weighs every program -O2 does, never slower than -O2
+        # (unet_diffusers: -O2 kept -O1's program, 324.6 us, where -O3's own were 324.7)
         low, by1 = level(1)
-        if _structure(precise_of(low, by1)[0]) != _structure(precise_of(chosen, by_cost)[0]):
+        mine = {_structure(precise_of(ch, by)[0]) for _, ch, by in candidates}
+        if _structure(precise_of(low, by1)[0]) not in mine:
             measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
