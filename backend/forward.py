@@ -50,7 +50,7 @@ class Forwarded:
     stores: int = 0  # stores removed with their scratch tensor
     tensors: int = 0  # scratch tensors removed
     refused: int = 0  # loads of a value still in its tile that would have kept too much SBUF live
-    split: int = 0  # of the loads, those read in pieces (from several tiles, or partition blocks of one)
+    split: int = 0  # loads read in pieces, one per tile that stored part of what they read
     undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)  # the graph as it was
 
     def to_json(self) -> dict[str, int]:
