@@ -154,6 +154,8 @@ def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[
     of rows the convolution before it stored). Each piece is (store, destination piece, view of the
     store's tile, engine copy?); None when some element has no single writer, some piece has several
     or no view, or there would be more than MAX_PIECES."""
+    if len(writes) > MAX_PIECES:
+        return None  # a piece per writer at least
     dst, src = load.operands
     b = addresses(src.ap)
     owner = np.full(len(b), -1, dtype=np.int64)
