@@ -158,17 +158,33 @@ def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[
         return None  # a piece per writer at least
     dst, src = load.operands
     b = addresses(src.ap)
-    owner = np.full(len(b), -1, dtype=np.int64)
-    place = np.zeros(len(b), dtype=np.int64)
-    for j, (_, w) in enumerate(writes):
-        a = addresses(w.ap)
-        order = np.argsort(a, kind="stable")
-        at = np.clip(np.searchsorted(a, b, sorter=order), 0, len(a) - 1)
-        hit = a[order[at]] == b
-        if bool((hit & (owner >= 0)).any()):
+    written = [addresses(w.ap) for _, w in writes]
+    lo = min(int(a.min()) for a in written)
+    hi = max(int(a.max()) for a in written) + 1
+    if int(b.min()) < lo or int(b.max()) >= hi:
+        return None  # reads an element no writer wrote
+    if hi - lo <= 8 * sum(len(a) for a in written):  # by tables over the writers' span (as _places)
+        who = np.full(hi - lo, -1, dtype=np.int64)
+        at = np.zeros(hi - lo, dtype=np.int64)
+        times = np.zeros(hi - lo, dtype=np.int64)
+        for j, a in enumerate(written):
+            who[a - lo] = j
+            at[a - lo] = np.arange(len(a), dtype=np.int64)
+            times[a - lo] += 1
+        if bool((times[b - lo] > 1).any()):
             return None  # written twice: the later write is not the only one
-        owner[hit] = j
-        place[hit] = order[at[hit]]
+        owner, place = who[b - lo], at[b - lo]
+    else:
+        owner = np.full(len(b), -1, dtype=np.int64)
+        place = np.zeros(len(b), dtype=np.int64)
+        for j, a in enumerate(written):
+            order = np.argsort(a, kind="stable")
+            k = np.clip(np.searchsorted(a[order], b), 0, len(a) - 1)
+            hit = a[order[k]] == b
+            if bool((hit & (owner >= 0)).any()):
+                return None
+            owner[hit] = j
+            place[hit] = order[k[hit]]
     if bool((owner < 0).any()):
         return None
     flat = np.arange(len(b), dtype=np.int64).reshape(dst.shape)
