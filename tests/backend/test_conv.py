@@ -336,6 +336,23 @@ def test_reduce_window_paths(name: str, target: str) -> None:
     assert_device_matches(m, small_ints(m, lo=-50, hi=50), target)
 
 
+def test_a_max_pooling_window_runs_in_two_chains() -> None:
+    """A 3x3 max pooling's nine taps reduce in two chains, on VectorE and on GpSimd (idle in a pooling),
+    joined by one step (the same maximum in any order), with no step for XLA's -inf init; a NaN anywhere
+    in a window still gives NaN."""
+    from nxsat.backend import compile_graph
+
+    m = module_of(WINDOWS["maxpool_nhwc"])
+    prog = compile_graph(m, sim.load_target("trn1")).program
+    steps = Counter(i.stream for i in prog.instrs if i.opcode == "tensor_tensor")
+    assert steps["pool"] > 0 and steps["dve"] > steps["pool"]
+    assert not any(i.opcode == "tensor_scalar" for i in prog.instrs)
+    inputs = small_ints(m, lo=-50, hi=50)
+    x = next(iter(inputs.values()))
+    x.reshape(-1)[::97] = np.nan
+    assert_device_matches(m, inputs, "trn1")
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 512)
