@@ -165,8 +165,8 @@ def convolution(lw: Lowering, node: Node) -> None:
     fgc = int(node.attrs.get("feature_group_count", 1) or 1)
     bgc = int(node.attrs.get("batch_group_count", 1) or 1)
     if plane_weight_gradient(node):
-        _cast_weights(lw, lhs)
-        _cast_weights(lw, rhs)
+        _cast_first(lw, lhs)
+        _cast_first(lw, rhs)
         _plane_weight_gradient(lw, node)
         return
     # a cast the lowering absorbed (lower.py): the tiles are converted on chip as they are loaded
@@ -191,9 +191,9 @@ def convolution(lw: Lowering, node: Node) -> None:
     plan = conv_plan(geo, lw.target)
     dw = depthwise_plan(geo, plan, lw.target)
     if dw is not None and dw.pays:
-        if _cast_weights(lw, rhs):  # the vector engines multiply in the weights' type: cast them first
+        if _cast_first(lw, rhs):  # the vector engines multiply in the weights' type: cast them first
             W = lw.ref(rhs).permute(*kernel)
-        if _cast_weights(lw, lhs):  # and in the input's
+        if _cast_first(lw, lhs):  # and in the input's
             X = lw.ref(lhs).permute(d.input_batch, d.input_feature, *d.input_spatial)
         _depthwise(lw, X, W, Y, window, dw, out_t)
         return
@@ -218,7 +218,7 @@ def convolution(lw: Lowering, node: Node) -> None:
         _job(cv, job)
 
 
-def _cast_weights(lw: Lowering, cast: Node) -> bool:
+def _cast_first(lw: Lowering, cast: Node) -> bool:
     """Compute a cast of the weights or the input the lowering absorbed (lower.py: the implicit GEMM
     converts the tiles it loads) as a pass of its own, for a path that reads them in their cast type;
     True if so."""

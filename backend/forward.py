@@ -8,8 +8,8 @@ sits on the critical path of every layer; on a small network that is most of the
 runs on the instruction graph after lowering: a load whose every element one store wrote, from a
 tile nothing writes again, reads that tile instead: a GpSimd ``tensor_copy`` where the engines' access
 rules allow it (the same bits: both are exact copies), else one SBUF-to-SBUF DMA (a convolution that
-stacks taps on other partitions); a scratch tensor nobody loads any more loses its stores and its HBM
-buffer.
+stacks taps on other partitions). A load several such stores wrote is read in pieces, one per writer
+(``_pieces``). A scratch tensor nobody loads any more loses its stores and its HBM buffer.
 
 What it may not do is run SBUF out: a forwarded tile stays live until its last read, so wherever it
 does, the tiles live in program order plus the ones kept must stay within ``BUDGET`` of a partition's

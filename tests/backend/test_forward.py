@@ -142,7 +142,7 @@ def test_a_load_in_pieces_on_few_partitions_moves_by_dma_and_undoes() -> None:
     lowered = [(i.engine, i.opcode) for i in g.insts]
     f = forward_stores(g, TARGET)
     assert (f.loads, f.copies, f.split) == (2, 0, 1)
-    assert all(r.buf.onchip for i in g.insts if i.opcode == "dma" and i.operands[0].buf.name == "u" for r in i.operands)
+    assert sum(i.opcode == "dma" and i.operands[0].buf.name == "u" and i.operands[1].buf.onchip for i in g.insts) == 2
     np.testing.assert_array_equal(_run(g, ins, outs), want)
     g, ins, outs = _two_writers(False, rows=16)
     f = forward_stores(g, TARGET)
