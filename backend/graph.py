@@ -51,6 +51,7 @@ class Buf:
     partition: int = 0
     offset: int | None = None
     shard: int | None = None  # input/output: the dimension split across the SPMD ranks
+    alias: str | None = None  # output: the input whose buffer it is (the module's input_output_alias)
     users: list[Inst] = field(default_factory=list, repr=False)
     base: Buf | None = field(default=None, repr=False)
     _decl: tuple[Any, Tensor] | None = field(default=None, repr=False)  # (place, tensor) last declared

@@ -382,10 +382,17 @@ class Lowering:
             self._lower_deferred([node])
         self.graph.origin = None
         # Outputs a node did not write itself (a parameter, a constant, a view, a value returned twice).
+        # One that returns a donated parameter unchanged is that parameter's buffer: nothing moves.
+        aliases = self.module.attrs.get("output_aliases", {})
         for k, (leaf, elem) in enumerate(leaves):
             v = self.ref(leaf) if elem is None else self.values[leaf.id][elem]
             out = self.outputs[k]
             if v.buf is out and not v.ops:
+                continue
+            same = (v.buf.dtype, v.buf.shape, v.buf.shard) == (out.dtype, out.shape, out.shard)
+            if leaf.op == "parameter" and elem is None and aliases.get(k) == leaf.attrs["index"] and not v.ops \
+                    and v.buf.kind == "input" and same:
+                out.alias = v.buf.name
                 continue
             self.graph.origin = _origin(leaf)
             self.graph.add("dma", "dma", out.ref(), v)

@@ -453,7 +453,7 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
                   + sorted((b for b in hbm if b.kind in ("const", "scratch")),
                            key=lambda b: (order_kinds[b.kind], b.name)))
     for b in hbm_sorted:
-        prog.tensors[b.name] = Tensor(b.name, b.kind, b.dtype, b.shape, shard=b.shard)
+        prog.tensors[b.name] = Tensor(b.name, b.kind, b.dtype, b.shape, shard=b.shard, alias=b.alias)
         if b.kind == "const":
             consts[b.name] = b.value
     slot: dict[int, str] = {}

@@ -994,7 +994,10 @@ class _ModuleBuilder:
         # Computations nobody calls still get parsed and checked (a typo there is still an error).
         for c in raw.computations:
             self.computation(c.name, c.loc)
-        header_attrs = {a.name: a.value for a in raw.attrs}
+        header_attrs: dict[str, Any] = {a.name: a.value for a in raw.attrs}
+        alias = next((a for a in raw.attrs if a.name == "input_output_alias"), None)
+        if alias is not None:
+            header_attrs["output_aliases"] = _output_aliases(alias, entry)
         mod = Module(raw.name, entry, attrs=header_attrs, source=self.filename, framework="XLA")
         self._check_entry_layout(raw, entry)
         mod.warnings.extend(self.warnings)
@@ -1022,6 +1025,53 @@ class _ModuleBuilder:
         if result != entry.result_type:
             raise error("NCC_EVRF064", f"entry_computation_layout returns {result}, the ENTRY root is "
                         f"{entry.result_type}", layout.loc)
+
+
+_ALIAS_ENTRY = re.compile(r"\s*\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}\s*(?:,\s*([\w-]+)\s*)?\)\s*(,|$)")
+
+
+def _leaf_paths(t: Type, prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """The tuple index of each output, in the order the outputs are numbered (depth first)."""
+    if isinstance(t, TupleType):
+        return [p for i, e in enumerate(t.elements) for p in _leaf_paths(e, prefix + (i,))]
+    return [prefix]
+
+
+def _output_aliases(attr: RawAttr, entry: Computation) -> dict[int, int]:
+    """``input_output_alias={ {1}: (0, {}, may-alias), ... }`` as output number -> parameter number: the
+    buffers a caller donates, so an output that returns its parameter unchanged needs no copy."""
+    body = attr.value.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise error("NCC_EPRS003", "input_output_alias is not of the form { {out}: (param, {}, kind), ... }",
+                    attr.loc)
+    body, pos, out = body[1:-1].strip(), 0, {}
+    paths = {p: k for k, p in enumerate(_leaf_paths(entry.result_type))}
+    while pos < len(body):
+        m = _ALIAS_ENTRY.match(body, pos)
+        if m is None or m.end() == pos:
+            raise error("NCC_EPRS003", f"input_output_alias: cannot read {body[pos:pos + 40]!r}", attr.loc,
+                        "entries are {output index}: (parameter, {parameter index}, may-alias|must-alias)")
+        pos = m.end()
+        path = tuple(int(w) for w in m.group(1).replace(",", " ").split())
+        param, kind = int(m.group(2)), m.group(4) or "may-alias"
+        if kind not in ("may-alias", "must-alias"):
+            raise error("NCC_EPRS003", f"input_output_alias: unknown kind {kind!r}", attr.loc,
+                        "may-alias or must-alias")
+        if path not in paths:
+            raise error("NCC_EVRF064", f"input_output_alias names output {{{','.join(map(str, path))}}}, which the "
+                        f"ENTRY result {entry.result_type} does not have", attr.loc)
+        if param >= len(entry.params) or m.group(3).strip():
+            raise error("NCC_EVRF064", f"input_output_alias names parameter {param} "
+                        f"{{{m.group(3).strip()}}}, which the ENTRY does not have (its parameters are tensors)",
+                        attr.loc)
+        k = paths[path]
+        if entry.params[param].type != entry.result_type.leaves()[k]:
+            raise error("NCC_EVRF064", f"input_output_alias: output {k} is {entry.result_type.leaves()[k]}, "
+                        f"parameter {param} is {entry.params[param].type}", attr.loc)
+        if k in out:
+            raise error("NCC_EVRF064", f"input_output_alias names output {k} twice", attr.loc)
+        out[k] = param
+    return out
 
 
 def _words(attr: RawAttr | None) -> list[str]:

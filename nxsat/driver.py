@@ -448,8 +448,11 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
                 if e.code != "NCC_EOOM001" or not forwarded.loads:
                     raise
         program, constants = compiled.program, compiled.constants
-        io = [(int(b.nbytes * gathered.get(i, 1.0)), b.shard) for i, b in enumerate(compiled.inputs)] \
-            + [(b.nbytes, b.shard) for b in compiled.outputs]
+        # Compulsory traffic: what the program must read of each input it reads (none of one it only
+        # returns through input_output_alias) and every output it writes (an alias is written by nobody).
+        io = [(int(b.nbytes * gathered.get(i, 1.0)) if b.users else 0, b.shard)
+              for i, b in enumerate(compiled.inputs)] \
+            + [(0 if b.alias else b.nbytes, b.shard) for b in compiled.outputs]
         forwarding = forwarded.to_json() if opts.forward else None
         compiled = None
         if single:  # freed now, not after the NEFF and the simulation (mobilenet_v2's graph is gigabytes)

@@ -428,21 +428,25 @@ def _declaration(ln: _Line, kind: str, prog: Program) -> None:
     if problem:
         raise error("NCC_ESHP001", f"{name}: {problem}", shape_at, SHAPE_LIMITS_HINT)
     opts: dict[str, int] = {}
-    while not ln.done():
-        key = ln.name("an option")
-        ln.expect("=")
-        if key in opts:
-            raise ln.fail(f"duplicate option {key}")
-        opts[key] = ln.int(f"an integer for {key}")
+    alias: str | None = None
     allowed = {"sbuf": {"partition", "offset"}, "psum": {"partition", "offset", "bank"},
-               "input": {"shard"}, "output": {"shard"}}.get(kind, set())
-    for k in opts:
-        if k not in allowed:
-            raise error("NCC_EASM004", f"{kind} tensors take no option {k!r}", col,
+               "input": {"shard"}, "output": {"shard", "alias"}}.get(kind, set())
+    while not ln.done():
+        at = ln.loc()
+        key = ln.name("an option")
+        if key not in allowed:
+            raise error("NCC_EASM004", f"{kind} tensors take no option {key!r}", at,
                         ("options: " + ", ".join(sorted(allowed))) if allowed else None)
+        ln.expect("=")
+        if key in opts or (key == "alias" and alias is not None):
+            raise ln.fail(f"duplicate option {key}")
+        if key == "alias":
+            alias = ln.name("an input's name for alias")
+        else:
+            opts[key] = ln.int(f"an integer for {key}")
     prog.tensors[name] = Tensor(name, kind, dtype, tuple(shape), partition=opts.get("partition", 0),
                                 offset=opts.get("offset"), bank=opts.get("bank"), shard=opts.get("shard"),
-                                line=ln.line)
+                                alias=alias, line=ln.line)
 
 
 def _dim(ln: _Line) -> int:
@@ -787,6 +791,8 @@ def format_program(prog: Program, bank_bytes: int = 2048) -> str:
                 opts.append(f"offset={off}")
         if t.shard is not None:
             opts.append(f"shard={t.shard}")
+        if t.alias is not None:
+            opts.append(f"alias={t.alias}")
         out.append(line + ("  " + " ".join(opts) if opts else ""))
     for s in prog.semaphores:
         out.append(f"sem     {s}")

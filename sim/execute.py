@@ -455,7 +455,8 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     private = private_tensors(lk) if ranks > 1 else set()
     copies = {name: ranks if name in private else 1 for name in prog.tensors}
     scratch = scratch_peak(lk, lambda t: copies[t.name])
-    hbm_bytes = sum(t.nbytes * copies[t.name] for t in prog.tensors.values() if not t.onchip and t.kind != "scratch")
+    hbm_bytes = sum(t.nbytes * copies[t.name] for t in prog.tensors.values()
+                    if not t.onchip and t.kind != "scratch" and t.alias is None)
     onchip = target.partitions * (target.sbuf_bytes + target.psum_bytes)
     need = hbm_bytes + scratch + ranks * onchip
     if need > max_host_bytes():
@@ -467,7 +468,7 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
     for r in range(ranks):
         hbm: dict[str, np.ndarray] = {}
         for t in prog.tensors.values():
-            if t.onchip or t.kind == "scratch":
+            if t.onchip or t.kind == "scratch" or t.alias is not None:
                 continue
             if r and t.name in shared:
                 hbm[t.name] = ctxs[0].state.hbm[t.name]
@@ -494,7 +495,7 @@ def execute(lk: Linked, inputs: Mapping[str, np.ndarray], consts: Mapping[str, n
             warnings.warn("NCC_WRUN001", message)
     outs: list[np.ndarray] = []
     for t in prog.outputs():
-        parts = [x.state.hbm[t.name] for x in ctxs]
+        parts = [x.state.hbm[t.alias or t.name] for x in ctxs]
         if t.shard is not None and prog.ranks > 1:
             outs.append(np.concatenate(parts, axis=t.shard))
         else:

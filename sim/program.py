@@ -56,6 +56,7 @@ class Tensor:
     offset: int | None = None  # bytes within each partition; None until placed
     bank: int | None = None  # psum, as written: offset counts from this bank (resolved when placed)
     shard: int | None = None  # input/output: dimension split across ranks
+    alias: str | None = None  # output: the input whose buffer it is (input_output_alias); no storage of its own
     line: int = 0
 
     @property

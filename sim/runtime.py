@@ -48,6 +48,7 @@ def resolve_target(prog: Program, target: str | None, lnc: int | None) -> Target
 
 def _signature(prog: Program, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{"name": t.name, "dtype": t.dtype.name, "shape": list(prog.global_shape(t)), "shard": t.shard}
+            | ({"alias": t.alias} if t.alias is not None else {})
             for t in prog.tensors.values() if t.kind in kinds]
 
 

@@ -182,6 +182,13 @@ def _place(prog: Program, target: Target) -> dict[str, Tensor]:
             if t.kind not in ("input", "output") or not 0 <= t.shard < len(t.shape):
                 raise error("NCC_EASM004", f"{t.name}: shard={t.shard} does not fit a {t.kind} of rank "
                             f"{len(t.shape)}", loc)
+        if t.alias is not None:
+            src = prog.tensors.get(t.alias)
+            if src is None or src.kind != "input" or (src.dtype, src.shape, src.shard) != (t.dtype, t.shape, t.shard):
+                raise error("NCC_EASM004", f"{t.name}: alias={t.alias} must name an input of the same type, "
+                            f"shape and shard ({t.dtype.name}{list(t.shape)})", loc)
+            out[t.name] = t
+            continue
         if not t.onchip:
             hbm_total += t.nbytes * prog.ranks
             if hbm_total > target.hbm_bytes:
@@ -373,6 +380,10 @@ class _Linker:
                 raise error("NCC_EASM004", f"{ins.opcode} writes {w.name} through a broadcast view", loc)
             if w.tensor.kind in ("input", "const"):
                 raise error("NCC_EASM004", f"{ins.opcode} writes {w.name}, a read-only {w.tensor.kind}", loc)
+        for a in (*c.reads, *c.writes):
+            if a.tensor.alias is not None:
+                raise error("NCC_EASM004", f"{ins.opcode} accesses {a.name}, an alias of input {a.tensor.alias} "
+                            "(it has no storage of its own)", loc)
         return c
 
 
@@ -929,7 +940,7 @@ def _accumulation(lk: Linked) -> None:
 def _coverage(lk: Linked) -> None:
     """Every element of every output must be written (the host reads them all)."""
     prog = lk.program
-    outputs = {t.name: t for t in prog.outputs() if t.size <= MAX_COVERAGE_ELEMS}
+    outputs = {t.name: t for t in prog.outputs() if t.size <= MAX_COVERAGE_ELEMS and t.alias is None}
     if not outputs:
         return
     writes: dict[str, dict[tuple, RAccess]] = {name: {} for name in outputs}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -346,6 +348,16 @@ ENTRY e {
      "NCC_EVRF064", "4:8"),
     ("HloModule m\nENTRY e {\n  x = f32[4,4] parameter(0)\n  i = s32[] parameter(1)\n  j = s64[] parameter(2)\n"
      "  ROOT d = f32[2,2] dynamic-slice(x, i, j), dynamic_slice_sizes={2,2}\n}\n", "NCC_EVRF064", "6:8"),
+    ("HloModule m, input_output_alias={ {0}: (0, {}, may-alias) }\nENTRY e {\n  x = f32[2] parameter(0)\n"
+     "  ROOT y = f32[3] parameter(1)\n}\n", "NCC_EVRF064", "1:14"),
+    ("HloModule m, input_output_alias={ {1}: (0, {}, may-alias) }\nENTRY e {\n  ROOT x = f32[2] parameter(0)\n}\n",
+     "NCC_EVRF064", "1:14"),
+    ("HloModule m, input_output_alias={ {}: (3, {}, may-alias) }\nENTRY e {\n  ROOT x = f32[2] parameter(0)\n}\n",
+     "NCC_EVRF064", "1:14"),
+    ("HloModule m, input_output_alias={ {}: (0, {}, maybe) }\nENTRY e {\n  ROOT x = f32[2] parameter(0)\n}\n",
+     "NCC_EPRS003", "1:14"),
+    ("HloModule m, input_output_alias={ {}: 0 }\nENTRY e {\n  ROOT x = f32[2] parameter(0)\n}\n",
+     "NCC_EPRS003", "1:14"),
 ])
 def test_bad_input_gives_one_coded_line_with_location(text, code, where):
     e = err(text)
@@ -402,3 +414,15 @@ def test_framework_detection():
     with pytest.raises(NxsatError) as exc:
         loads("hello world", "model.bin")
     assert exc.value.code == "NCC_EFIL001"
+
+
+def test_input_output_alias_says_which_parameter_each_output_returns():
+    """resnet50's header donates its 320 state tensors: output k+1 is parameter k's buffer."""
+    path = Path(__file__).parent / "data" / "hlo" / "resnet50_keras_jax_f32.hlo"
+    m = parse_hlo(path.read_text(), str(path))
+    aliases = m.attrs["output_aliases"]
+    assert len(aliases) == 320 and all(aliases[k + 1] == k for k in range(320))
+    nested = parse_hlo("HloModule m, input_output_alias={ {1, 0}: (1, {}), {0}: (0, {}, must-alias) }\n"
+                       "ENTRY e {\n  a = f32[2] parameter(0)\n  b = s32[3] parameter(1)\n  t = (s32[3]) tuple(b)\n"
+                       "  ROOT r = (f32[2], (s32[3])) tuple(a, t)\n}\n", "m.hlo")
+    assert nested.attrs["output_aliases"] == {0: 0, 1: 1}

@@ -422,3 +422,39 @@ def test_parallel_jobs_run_in_other_processes_and_bring_back_errors() -> None:
     assert isinstance(outs[2], NxsatError) and outs[2].code == "NCC_EOOM001"
     assert "schedule" in st.seconds
     assert driver._run_jobs(st, job, [0, 1], 1) == [(0, os.getpid()), (1, os.getpid())]
+
+
+DONATED = """HloModule donated, input_output_alias={ {0}: (0, {}, may-alias), {1}: (1, {}, may-alias) }
+
+ENTRY main {
+  w = f32[64,64] parameter(0)
+  x = f32[64,64] parameter(1)
+  y = f32[64,64] dot(w, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT t = (f32[64,64], f32[64,64], f32[64,64]) tuple(w, y, w)
+}
+"""
+
+
+def test_an_output_that_returns_its_donated_parameter_moves_nothing(tmp_path: Path) -> None:
+    """input_output_alias: output 0 returns parameter 0, whose buffer the caller donated to it, so the NEFF
+    declares it as that input (no copy, no compulsory bytes); output 1 aliases parameter 1 but is a new
+    value (a separate buffer: may-alias allows it), and output 2 returns w without an alias (copied)."""
+    from nxsat.driver import CompileOptions, compile_model
+
+    src = tmp_path / "donated.hlo"
+    src.write_text(DONATED)
+    res = compile_model(str(src), CompileOptions())
+    r, m = res.report, sim.load(res.neff, verify=True)
+    outs = m.program.outputs()
+    assert [t.alias for t in outs] == ["w", None, None]
+    copies = [i for i in m.program.instrs if i.opcode == "dma" and i.operands[0].tensor == outs[2].name]
+    assert len(copies) == 1 and not any(a.tensor == outs[0].name for i in m.program.instrs for a in i.operands)
+    assert m.manifest["outputs"][0]["alias"] == "w" and "alias" not in m.manifest["outputs"][1]
+    # compulsory: w and x read, outputs 1 and 2 written; output 0 is w's own buffer
+    assert r["roofline"]["compulsory_hbm_bytes"] == 4 * 64 * 64 * 4
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((64, 64), np.float32), rng.standard_normal((64, 64), np.float32)
+    got = m.run({"w": w, "x": x})
+    np.testing.assert_array_equal(got[0], w)
+    np.testing.assert_array_equal(got[2], w)
+    np.testing.assert_allclose(got[1], w @ x, rtol=1e-5, atol=1e-4)

@@ -91,7 +91,20 @@ BAD = [
     ("sbuf t: f32[128, 4]\npe memset t\n", "NCC_EASM004", 4),
     ("input x: f32[4]\nsbuf t: f32[1, 4]\nq0 dma x, t\n", "NCC_EASM004", 5),
     ("sbuf t: f32[128, 4]\nq20 dma t, t\n", "NCC_EASM002", 4),
+    # an output that is an input's buffer: of an input of its type and shape, and no instruction touches it
+    ("input x: f32[4]\noutput y: f32[4] alias=z\n", "NCC_EASM004", 4),
+    ("input x: f32[4]\noutput y: f32[5] alias=x\n", "NCC_EASM004", 4),
+    ("input x: f32[4]\nsbuf t: f32[1, 4]\noutput y: f32[4] alias=x\nq0 dma y, t\n", "NCC_EASM004", 6),
+    ("sbuf x: f32[1, 4] alias=x\n", "NCC_EASM004", 3),
+    ("input x: f32[4]\noutput y: f32[4] alias=3\n", "NCC_EASM001", 4),
 ]
+
+
+def test_an_aliased_output_round_trips_and_returns_its_input() -> None:
+    text = HEAD + "input x: f32[4]\noutput y: f32[4] alias=x\n"
+    assert "output  y: f32[4]  alias=x" in _canon(text)
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(build(text).run({"x": x})[0], x)
 
 
 @pytest.mark.parametrize(("body", "code", "line"), BAD)
