@@ -3,7 +3,9 @@
 **Layout.** The operand's dimensions are grouped into the runs one access-pattern dimension covers
 (kept and reduced ones apart, merged where memory allows). One group goes to the partitions, split as
 ``[A <= 128, B]`` (partition ``a`` holds the group's elements ``a*B .. a*B+B-1``, so each partition
-reads long runs; a remainder of fewer than ``A`` elements is a second, shorter piece); every other group
+reads long runs; or, interleaved, ``a, a + A, ...``, the partitions of a producer that stored it from SBUF
+a row per partition, which the forwarding pass then reads in place; a remainder of fewer than ``A``
+elements is a second, shorter piece); every other group
 (and ``B``) is a free dimension of the tile, in memory order so that DMAs move contiguous runs.
 :func:`choose_layout` prices the candidates (DMA bytes and descriptors against per-partition compute):
 a kept group on the partitions needs nothing more; a reduced one (a full reduction, or sums over an
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.backend.elementwise import EMITTERS, Kernel, emit, lower_cluster
+from nxsat.backend.elementwise import EMITTERS, Kernel, _stored_stride, emit, lower_cluster
 from nxsat.backend.epilogue import Epilogue, prologue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import HOSTS, Lowering, device_dtype, lowers, onchip_dtype, plans
@@ -56,6 +58,7 @@ BODY_CHUNK = 512  # elements per partition of one tile when a body is evaluated 
 PSUM_COLS = 512  # fp32 columns of one PSUM bank: the kept elements one matmul combine produces
 MAX_OUT_TILE = 2048  # kept elements per partition held in one output tile (stored with one DMA)
 FMAX = float(np.finfo(np.float32).max)
+INTERLEAVE_MARGIN = 0.85  # an interleaved layout's price over a blocked one's that chooses it (choose_layout)
 ACT_SPLIT = 8  # kept elements per tile up to which a float sum may run on ScalarE (one activation each)
 
 # Body operator -> tensor_reduce / ALU operation, for floats and integers.
@@ -262,6 +265,7 @@ class Layout:
     B: int
     free: list[int]
     cross: str = ""  # "" (pg kept), "matmul", "transpose", "transpose_fix", "regroup"
+    interleave: bool = False  # partition a holds the group's elements a, a + A, a + 2A, ... (not a*B ..)
 
     @property
     def part(self) -> Group:
@@ -313,34 +317,46 @@ def _group(dims: list[int], shape: tuple[int, ...], strides: list[list[int]], ke
     return Group(tuple(dims), math.prod(shape[d] for d in dims), strides[0][-1] if strides else 1, kept)
 
 
-def choose_layout(groups: list[Group], red: Reducer, itemsize: int, target_exact_transpose: bool) -> Layout:
+def choose_layout(groups: list[Group], red: Reducer, itemsize: int, target_exact_transpose: bool,
+                  follow: Sequence[tuple[list[int], int]] = (), loads: int = 1) -> Layout:
     """The cheapest layout (see the module docstring): estimated DMA time (bytes and descriptors) against
-    per-partition compute, plus the cross-partition combine."""
+    per-partition compute, plus the cross-partition combine. ``follow``: of the ``loads`` operands loaded
+    per tile, those a producer stored from SBUF, as (the stride of each group's innermost dimension in
+    it, the stride between the producer's partitions): a layout whose partitions are the producer's
+    reads that operand where it still lies (backend/forward.py copies it on chip), no DMA."""
     total = math.prod(g.size for g in groups)
-    best: tuple[float, int, Layout] | None = None
+    kept = math.prod(g.size for g in groups if g.kept)
+    best: tuple[tuple[float, float], int, Layout] | None = None
     for i, gr in enumerate(groups):
         A = min(128, gr.size)
         B = gr.size // A
         others = [j for j in range(len(groups)) if j != i]
-        free = sorted([*others, -1], key=lambda j: -(gr.stride if j == -1 else groups[j].stride))
         cross = "" if gr.kept else cross_method(red, target_exact_transpose)
-        lay = Layout(groups, i, A, B, free, cross)
-        run = 1
-        for j in reversed(free):  # contiguous elements of the innermost free dims
-            size, stride = (B, gr.stride) if j == -1 else (groups[j].size, groups[j].stride)
-            if size == 1:
-                continue
-            if stride != run:
-                break
-            run *= size
-        run = max(1, min(run, CHUNK_BYTES // itemsize))
-        engines = min(16, max(1, -(-A // 8)))
-        dma = total * itemsize / 272 + total / run * 12 / engines
-        compute = total / A * (8 if red.body is not None else 1)
-        extra = {"": 0, "matmul": 500, "transpose": 500, "transpose_fix": 1500, "regroup": 3000}[cross]
-        cost = max(dma, compute) + extra
-        if best is None or cost < best[0] - 1e-9:
-            best = (cost, i, lay)
+        for inter in (False, True) if gr.kept and B > 1 else (False,):
+            bstride = gr.stride * (A if inter else 1)
+            free = sorted([*others, -1], key=lambda j: -(bstride if j == -1 else groups[j].stride))
+            lay = Layout(groups, i, A, B, free, cross, inter)
+            run = 1
+            for j in reversed(free):  # contiguous elements of the innermost free dims
+                size, stride = (B, bstride) if j == -1 else (groups[j].size, groups[j].stride)
+                if size == 1:
+                    continue
+                if stride != run:
+                    break
+                run *= size
+            run = max(1, min(run, CHUNK_BYTES // itemsize))
+            engines = min(16, max(1, -(-A // 8)))
+            kept_in_place = sum(st == inner[i] * (1 if inter else B) for inner, st in follow)
+            dma = (total * itemsize / 272 + total / run * 12 / engines) * (1 - kept_in_place / max(1, loads))
+            if inter:  # a partition's B results lie apart: a descriptor each, where blocked they are a run
+                dma += kept * (1 - 1 / B) * 12 / engines
+            compute = total / A * (8 if red.body is not None else 1)
+            extra = {"": 0, "matmul": 500, "transpose": 500, "transpose_fix": 1500, "regroup": 3000}[cross]
+            # interleaved only where it clearly pays: the forwarding pass's copies and the layout the
+            # readers then get are not priced (ResNet-50's average pool, 49 elements a row: 6 us slower)
+            cost = (round((max(dma, compute) + extra) / (INTERLEAVE_MARGIN if inter else 1), 6), round(dma, 6))
+            if best is None or cost < best[0]:
+                best = (cost, i, lay)
     assert best is not None
     return best[2]
 
@@ -559,7 +575,16 @@ def reduce(lw: Lowering, node: Node) -> None:
     views: list[Ref | None] = [s.permute(*perm) if isinstance(s, Ref) else None for s in sources]
     groups = merge_groups(views, kept, dims, shape, merge=not any(isinstance(s, Iota) for s in sources))
     itemsize = max(t.itemsize for t in src_types)
-    lay = choose_layout(groups, red, itemsize, bool(lw.target.spec["transpose"]["exact"]))
+    loaded = [r for r in (pro[0].inputs.values() if pro is not None else sources) if isinstance(r, Ref)]
+    full = [r for r in loaded if all(n == 1 or st for n, st in r.ap.dims)]  # not a value repeated along a row
+    follow = []
+    for r in full:
+        st = _stored_stride(r)
+        if st is not None:
+            dims = r.permute(*perm).ap.dims
+            at = {d: k for k, d in enumerate(perm)}
+            follow.append(([dims[at[gr.dims[-1]]][1] if gr.dims else 0 for gr in groups], st))
+    lay = choose_layout(groups, red, itemsize, bool(lw.target.spec["transpose"]["exact"]), follow, len(full))
     Reduction(lw, node, red, lay, sources, src_types, inits, outs, out_types, shape, perm, pro).run()
     if pro is not None and pro[1].id not in pro[0].stores:
         lw.drop(pro[1])
@@ -608,13 +633,19 @@ class Reduction:
         size = lay.part.size
         rest = [lay.groups[j].size for j in self.others]
         if piece == 0:
-            w = v[0:lay.A * lay.B].reshape(lay.A, lay.B, *rest) if lay.B > 1 or size != lay.A else \
-                v.reshape(lay.A, 1, *rest)
+            w = self.split(v[0:lay.A * lay.B], rest) if lay.B > 1 or size != lay.A else v.reshape(lay.A, 1, *rest)
         else:
             w = v[lay.A * lay.B:size].reshape(lay.rem, 1, *rest)
         pos = lay.free.index(-1)
         order = [0, *[2 + k for k in range(pos)], 1, *[2 + k for k in range(pos, len(rest))]]
         return w.permute(*order)
+
+    def split(self, v: Ref, rest: list[int]) -> Ref:
+        """The partition group's first ``A * B`` elements of ``v`` as ``[A, B, *rest]``."""
+        lay = self.lay
+        if not lay.interleave:
+            return v.reshape(lay.A, lay.B, *rest)
+        return v.reshape(lay.B, lay.A, *rest).permute(1, 0, *range(2, 2 + len(rest)))
 
     def out_view(self, o: Ref, piece: int) -> Ref:
         """The output ``o`` ([pg if kept, kept others in free order]) as [partitions?, kept free dims in tile
@@ -625,7 +656,7 @@ class Reduction:
         rest = [lay.groups[j].size for j in self.others if lay.groups[j].kept]
         size = lay.part.size
         if piece == 0:
-            w = o[0:lay.A * lay.B].reshape(lay.A, lay.B, *rest)
+            w = self.split(o[0:lay.A * lay.B], rest)
         else:
             w = o[lay.A * lay.B:size].reshape(lay.rem, 1, *rest)
         kept_free = [j for j in lay.free if lay.kept_free(j)]
@@ -751,11 +782,12 @@ class Reduction:
         if gi is not None:
             for k, j in enumerate(lay.free):
                 if j == gi or (j == -1 and gi == lay.pg):
-                    steps[k] = 1
-                    base += key[k].start
+                    step = lay.A if j == -1 and lay.interleave and piece == 0 else 1
+                    steps[k] = step
+                    base += key[k].start * step
             if gi == lay.pg:
                 if piece == 0:
-                    cm = lay.B
+                    cm = 1 if lay.interleave else lay.B
                 else:
                     cm, base = 1, base + lay.A * lay.B
         self.g.add("pool", "iota", tile, base=base, channel_multiplier=cm, steps=tuple(steps))

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from harness import DATA, assert_device_matches, module_of, reference_run
 
+from nxsat import dtypes as dt
 from nxsat import sim
 from nxsat.backend import Options, compile_graph, lower_graph
 from nxsat.diagnostics import NxsatError
@@ -268,6 +269,82 @@ def test_argmax_evaluates_its_comparator_on_tiles(rows: int, k: int, target: str
     c = counts(text, target)
     assert c["iota"] >= 1 and "broadcast" not in c
     assert_device_matches(module_of(text), {"in0": x}, target)
+
+
+HEADS = """HloModule heads
+mx {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+ENTRY main {
+  q = f32[12,128,64] parameter(0)
+  k = f32[12,128,64] parameter(1)
+  s = f32[12,128,128] dot(q, k), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2},
+    rhs_contracting_dims={2}
+  ninf = f32[] constant(-inf)
+  ROOT m = f32[12,128] reduce(s, ninf), dimensions={2}, to_apply=mx
+}
+"""
+
+
+ROWS = """HloModule rows
+both {
+  a = f32[] parameter(0)
+  ai = s32[] parameter(1)
+  b = f32[] parameter(2)
+  bi = s32[] parameter(3)
+  m = f32[] maximum(a, b)
+  mi = s32[] maximum(ai, bi)
+  ROOT r = (f32[], s32[]) tuple(m, mi)
+}
+ENTRY main {
+  x = f32[1536,64] parameter(0)
+  w = f32[64,128] parameter(1)
+  s = f32[1536,128] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  io = s32[1536] iota(), iota_dimension=0
+  idx = s32[1536,128] broadcast(io), dimensions={0}
+  ninf = f32[] constant(-inf)
+  zero = s32[] constant(0)
+  ROOT red = (f32[1536], s32[1536]) reduce(s, idx, ninf, zero), dimensions={1}, to_apply=both
+}
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("model", ["heads", "rows"])
+def test_rows_a_producer_left_on_the_partitions_are_reduced_there(monkeypatch: pytest.MonkeyPatch, target: str,
+                                                                  model: str) -> None:
+    """Rows a dot stored 128 at a time with a row per partition (attention's scores, head by head) are
+    reduced with the rows interleaved over the partitions as the dot left them (partition a: rows a,
+    a + 128, ...), not in blocks of 12 consecutive rows, so that the forwarding pass reads them in SBUF
+    (BERT-base: 2,001 -> 1,777 us); an on-chip iota along those rows counts them the same way."""
+    from nxsat.backend import reduce as rd
+
+    chosen = []
+    real = rd.choose_layout
+    monkeypatch.setattr(rd, "choose_layout", lambda *a, **k: chosen.append(real(*a, **k)) or chosen[-1])
+    if model == "heads":
+        text, inputs = HEADS, {"in0": normal((12, 128, 64), 1), "in1": normal((12, 128, 64), 2)}
+    else:  # a comparator body is compute-bound: priced alike, interleaved only when told to prefer it
+        monkeypatch.setattr(rd, "INTERLEAVE_MARGIN", 100.0)
+        text, inputs = ROWS, {"in0": normal((1536, 64), 1), "in1": normal((64, 128), 2)}
+    assert_device_matches(module_of(text), inputs, target)
+    assert chosen and all(lay.interleave and lay.A == 128 and lay.B == 12 for lay in chosen), chosen
+
+
+def test_without_a_producer_in_sbuf_rows_go_in_blocks() -> None:
+    """A model's input has no partitions to keep: each partition reads 12 consecutive rows (long runs); short
+    rows stay in blocks too (the interleaved results, a descriptor each, cost what the load saved)."""
+    from nxsat.backend import reduce as rd
+
+    groups = [rd.Group((0, 1), 1536, 128, True), rd.Group((2,), 128, 1, False)]
+    red = type("R", (), {"body": None, "alu": "max", "acc": [dt.F32]})()
+    assert not rd.choose_layout(groups, red, 4, True).interleave
+    assert rd.choose_layout(groups, red, 4, True, [([128, 1], 128)], 1).interleave
+    short = [rd.Group((0,), 2048, 49, True), rd.Group((1,), 49, 1, False)]  # ResNet-50's average pool
+    assert not rd.choose_layout(short, red, 4, True, [([49, 1], 49)], 1).interleave
+    assert not rd.choose_layout(groups, red, 4, True, [([128, 1], 1536)], 1).interleave
 
 
 def test_a_body_without_a_tile_form_is_refused() -> None:
