@@ -9,7 +9,8 @@ runs on the instruction graph after lowering: a load whose every element one sto
 tile nothing writes again, reads that tile instead: a GpSimd ``tensor_copy`` where the engines' access
 rules allow it (the same bits: both are exact copies), else one SBUF-to-SBUF DMA (a convolution that
 stacks taps on other partitions). A load several such stores wrote is read in pieces, one per writer
-(``_pieces``). A scratch tensor nobody loads any more loses its stores and its HBM buffer.
+(``_pieces``: cut along one dimension, and each part along another where it still has several). A
+scratch tensor nobody loads any more loses its stores and its HBM buffer.
 
 What it may not do is run SBUF out: a forwarded tile stays live until its last read, so wherever it
 does, the tiles live in program order plus the ones kept must stay within ``BUDGET`` of a partition's
@@ -188,28 +189,56 @@ def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[
     if bool((owner < 0).any()):
         return None
     flat = np.arange(len(b), dtype=np.int64).reshape(dst.shape)
-    for d in range(len(dst.shape)):
-        n = dst.shape[d]
+    # cut along one dimension, or two (a projection's [128, 2, 128] load of four heads' [64, 128] tiles)
+    out = _cut(_Cut(dst, writes, flat, owner, place, target), [(0, n) for n in dst.shape], 2)
+    return out if out is not None and len(out) > 1 else None
+
+
+@dataclass
+class _Cut:
+    """What :func:`_cut` reads: the load's destination, its writers, each element's index in the
+    destination, its writer and its place in that writer's order (a function of its own, not a closure
+    calling itself: that cycle kept every load's arrays alive while the cycle collector is off, and
+    mobilenet_v2's compile went past 14 GB)."""
+
+    dst: Ref
+    writes: list[tuple[Inst, Ref]]
+    flat: np.ndarray
+    owner: np.ndarray
+    place: np.ndarray
+    target: Target
+
+
+def _cut(c: _Cut, box: list[tuple[int, int]], cuts_left: int) -> list[tuple[Inst, Ref, Ref, bool]] | None:
+    """The box of the destination as pieces: itself when one writer wrote it all, else cut along one
+    dimension where the writer changes, each part again (up to ``cuts_left`` times deep)."""
+    key = tuple(slice(lo, hi) for lo, hi in box)
+    sub = c.flat[key]
+    ks = sub.reshape(-1)
+    j = int(c.owner[ks[0]])
+    if not bool((c.owner[ks] != j).any()):
+        piece = c.dst[key]
+        got = _source(piece, c.writes[j][0], c.place[ks], c.target)
+        if got is None:
+            return None
+        # an engine copy takes as long on 11 partitions as on 128: a narrow piece goes by DMA (gemma's
+        # [11, 1024] MLP products over two [11, 512] tiles: as GpSimd copies the model ran 1.7% slower)
+        return [(c.writes[j][0], piece, got[0], got[1] and piece.shape[0] >= COPY_MIN_PARTITIONS)]
+    if not cuts_left:
+        return None
+    for d, n in enumerate(sub.shape):
         if n < 2:
             continue
-        own = owner[np.moveaxis(flat, d, 0).reshape(n, -1)[:, 0]]  # the writer of each index's first element
+        own = c.owner[np.moveaxis(sub, d, 0).reshape(n, -1)[:, 0]]  # the writer of each index's first element
         cuts = [0] + [i for i in range(1, n) if own[i] != own[i - 1]]
         if len(cuts) == 1 or len(cuts) > MAX_PIECES:
             continue
-        out = []
+        out: list[tuple[Inst, Ref, Ref, bool]] = []
         for lo, hi in zip(cuts, [*cuts[1:], n]):
-            key = (slice(None),) * d + (slice(lo, hi),)
-            ks = flat[key].reshape(-1)
-            j = int(owner[ks[0]])
-            if bool((owner[ks] != j).any()):
+            part = _cut(c, [*box[:d], (box[d][0] + lo, box[d][0] + hi), *box[d + 1:]], cuts_left - 1)
+            if part is None or len(out) + len(part) > MAX_PIECES:
                 break
-            piece = dst[key]
-            got = _source(piece, writes[j][0], place[ks], target)
-            if got is None:
-                break
-            # an engine copy takes as long on 11 partitions as on 128: a narrow piece goes by DMA (gemma's
-            # [11, 1024] MLP products over two [11, 512] tiles: as GpSimd copies the model ran 1.7% slower)
-            out.append((writes[j][0], piece, got[0], got[1] and piece.shape[0] >= COPY_MIN_PARTITIONS))
+            out.extend(part)
         else:
             return out
     return None

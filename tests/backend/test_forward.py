@@ -6,6 +6,8 @@ budget, then not at all. Compiled models give bit-identical outputs with and wit
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from harness import DATA
@@ -152,6 +154,45 @@ def test_a_load_in_pieces_on_few_partitions_moves_by_dma_and_undoes() -> None:
     assert [i.index for i in g.insts] == list(range(len(lowered)))
     assert any(b.name == "mid" for b in g.bufs)
     np.testing.assert_array_equal(_run(g, ins, outs), want)
+
+
+def test_a_load_of_four_writers_is_cut_along_two_dimensions() -> None:
+    """Four heads' [64, 128] tiles (attention's context, head by head) loaded as the next projection's
+    [128, 2, 128] operand (two heads a block of 128 partitions): cut along the partitions, then each half
+    along the blocks, four pieces read in SBUF (BERT-base under transformer: 1,408 -> 1,359 us)."""
+    def build() -> tuple[Graph, list, list]:
+        g = Graph()
+        x = g.buf("x", "input", dt.F32, (4, 64, 128))
+        y = g.buf("y", "output", dt.F32, (128, 2, 128))
+        mid = g.buf("mid", "scratch", dt.F32, (4, 64, 128))
+        for h in range(4):
+            t = g.tile((64, 128), dt.F32, "sbuf", "t")
+            g.add("dma", "dma", t.ref(), x[h])
+            g.add("act", "activation", t.ref(), t.ref(), func="exp")
+            g.add("dma", "dma", mid[h], t.ref())
+        u = g.tile((128, 2, 128), dt.F32, "sbuf", "u")
+        g.add("dma", "dma", u.ref(), mid.ref().reshape(2, 128, 128).permute(1, 0, 2))
+        g.add("dma", "dma", y.ref(), u.ref())
+        return g, [x], [y]
+
+    def run(g: Graph, inputs: list, outputs: list) -> np.ndarray:
+        sch = schedule(g, TARGET, inputs, outputs)
+        xs = np.linspace(-2, 2, 4 * 64 * 128, dtype=np.float32).reshape(4, 64, 128)
+        return sim.load(sim.build_neff(sch.program, TARGET, sch.constants), verify=True).run({"x": xs})[0]
+
+    want = run(*build())
+    g, ins, outs = build()
+    gc.collect()
+    gc.disable()  # as compiles run: the pass must leave no cycle behind (one kept each load's arrays alive)
+    try:
+        f = forward_stores(g, TARGET)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+    assert (f.loads, f.split, f.tensors) == (4, 1, 1)
+    assert not any(i.opcode == "dma" and i.operands[0].buf.name == "u" and not i.operands[1].buf.onchip
+                   for i in g.insts)
+    np.testing.assert_array_equal(run(g, ins, outs), want)
 
 
 def test_a_tile_written_again_after_its_store_is_not_read_in_its_place() -> None:
