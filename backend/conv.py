@@ -38,7 +38,7 @@ are skipped). The tiling is :func:`nxsat.extract.plan.conv_plan`:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import product
 
@@ -70,6 +70,7 @@ from nxsat.extract.plan import (
     depthwise_plan,
     gradient_stacking_pays,
     out_block,
+    rows_fit,
     valid_range,
     window_classes,
     window_plan,
@@ -134,6 +135,7 @@ class Conv:
     evac: int = 0
     weights: dict = field(default_factory=dict)
     masks: dict = field(default_factory=dict)
+    later: list[Callable[[], None]] = field(default_factory=list)  # a bank's preparation's second stage
 
     @property
     def g(self) -> Graph:
@@ -421,14 +423,27 @@ def _job(cv: Conv, job: Job) -> None:
                         yield _work(cv, job, combo, chunk, c_tiles, ot, {}, first or not plan.cache_weights)
                         first = False
 
-    pending: Work | None = None
+    # Two stages deep where a bank's inputs are made in two (a stem's rows transposed, then its windows of
+    # rows): this bank's first stage, the last bank's second, the one before's matmuls, so that TensorE
+    # has the next transposes to do while ScalarE copies the last ones out of PSUM.
+    staged: list[tuple[Work, list[Callable[[], None]]]] = []
     for w in works():
+        cv.later = []
         _prepare(cv, w)
-        if pending is not None:
-            _compute(cv, pending)
-        pending = w
-    if pending is not None:
-        _compute(cv, pending)
+        staged.append((w, cv.later))
+        if len(staged) >= 2:
+            for step in staged[-2][1]:
+                step()
+            staged[-2][1].clear()
+        if len(staged) >= 3:
+            _compute(cv, staged.pop(0)[0])
+    for _, steps in staged:
+        for step in steps:
+            step()
+        steps.clear()  # the steps hold the Conv: no cycle left for a collector that is off
+    cv.later = []
+    for w, _ in staged:
+        _compute(cv, w)
 
 
 def _chunks(cv: Conv, combo: tuple[WindowClass, ...]) -> Iterator[tuple[tuple[int, int], ...]]:
@@ -822,9 +837,7 @@ def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nbl
                     r0 = j0 * rstep  # union rows r0 .. r0 + R - 1
                     R = (rn - 1) * rstep + nblk
                     vlo, vhi = _valid(Box(u.lo + r0 * u.step, u.step, R), n_in[rd])
-                    tmp = g.tile((seg, R, ck), cv.X.dtype, "sbuf", "cvtin").ref()
-                    if vlo > 0 or vhi < R:
-                        _memset(cv, tmp)
+                    src = None
                     if vlo < vhi:
                         key: list = [nin + n, slice(cin, cin + ck)]
                         key += [union[d].lo + e * union[d].step for d, e in enumerate(hidx)]
@@ -833,16 +846,36 @@ def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nbl
                         bw = union[-1]
                         a = bw.lo + sw0 * bw.step
                         key.append(slice(a, a + (seg - 1) * bw.step + 1, bw.step))
-                        _load_positions(cv, tmp[:, vlo:vhi], cv.X[tuple(key)])
+                        src = cv.X[tuple(key)]
+                    # rows transposed on TensorE are written out of PSUM in the multiply type already
+                    by_rows = src is None or _rows_fit(cv, src)
+                    tmp = g.tile((seg, R, ck), cv.mt if by_rows else cv.X.dtype, "sbuf", "cvtin").ref()
+                    if vlo > 0 or vhi < R:
+                        _memset(cv, tmp)
+                    if src is not None:
+                        _load_positions(cv, tmp[:, vlo:vhi], src)
                     tmp = _converted(cv, tmp)
-                    ps = g.tile((kk, rn, seg), dt.F32, "psum", "cvtps").ref()
-                    for k in range(rn):
-                        a = k * rstep
-                        g.add("pe", "transpose", ps[:, k], tmp[:, a:a + nblk].reshape(seg, kk))
-                    _evacuate(cv, tile[(slice(None), n, *hidx, slice(j0, j0 + rn), slice(sw0, sw1))], ps)
+
+                    def windows(tmp: Ref = tmp, rn: int = rn, seg: int = seg,
+                                at: tuple = (slice(None), n, *hidx, slice(j0, j0 + rn), slice(sw0, sw1))) -> None:
+                        ps = g.tile((kk, rn, seg), dt.F32, "psum", "cvtps").ref()
+                        for k in range(rn):
+                            a = k * rstep
+                            g.add("pe", "transpose", ps[:, k], tmp[:, a:a + nblk].reshape(seg, kk))
+                        _evacuate(cv, tile[at], ps)
+
+                    cv.later.append(windows)
 
 
-ROW_LOAD_BYTES = 32  # a channel vector this short loads as image rows, transposed on TensorE (below)
+def _rows_fit(cv: Conv, src: Ref) -> bool:
+    """Does :func:`_load_positions` load ``src [ck, rows, w]`` as whole rows transposed on TensorE (short
+    channel vectors, rows that fit the array and one PSUM bank)?"""
+    ck, rn, wn = src.shape
+    try:
+        src.permute(1, 2, 0).reshape(rn, wn * ck).ap  # noqa: B018 - whole rows: each is one run
+    except AccessError:
+        return False
+    return rows_fit(ck, rn, wn, src.dtype.itemsize, cv.lw.target, src.dtype.is_float)
 
 
 def _load_positions(cv: Conv, dst: Ref, src: Ref) -> None:
@@ -855,15 +888,7 @@ def _load_positions(cv: Conv, dst: Ref, src: Ref) -> None:
     g = cv.g
     ck, rn, wn = src.shape
     rows = src.permute(1, 2, 0)  # [rows, w, ck]
-    try:
-        flat = rows.reshape(rn, wn * ck)
-        flat.ap  # noqa: B018 - whole rows: each is one run
-        fits = ck * src.dtype.itemsize < ROW_LOAD_BYTES and rn <= cv.lw.target.matmul["rows"] \
-            and wn <= cv.lw.target.matmul["cols"] and src.dtype.is_float and src.dtype.itemsize in (2, 4) \
-            and ck * rn * 4 <= cv.lw.target.psum_bank_bytes
-    except AccessError:
-        fits = False
-    if not fits:
+    if not _rows_fit(cv, src):
         g.add("dma", "dma", dst, src.permute(2, 1, 0))
         return
     nat = g.tile((rn, wn, ck), src.dtype, "sbuf", "cvrows").ref()

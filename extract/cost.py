@@ -53,6 +53,7 @@ from nxsat.extract.plan import (
     op_ns,
     out_block,
     pe_transpose_pays,
+    rows_fit,
     softmax_rows,
 )
 from nxsat.ops import registry
@@ -937,7 +938,10 @@ class CostModel:
         valid = [_box_valid(bx, n) for bx, n in zip(boxes, geo.in_spatial)]
         w0, w1 = valid[-1]
         head = math.prod(b - a for a, b in valid[:fd]) if fd else 1
-        pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
+        if w0 > 0 or w1 < ext[-1] or any(a > 0 or b < bx[2] for (a, b), bx in zip(valid[:fd], boxes)):
+            # the fold tile zeroed where the window meets padding: a block's rows of the union's width
+            fext = [blocks[fd][0][2] if dd == fd else e for dd, e in enumerate(ext)]
+            pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(fext)})
         rstep = max(1, blocks[fd][0][1] // u[1])
         for a in range(w0, w1, PE_BLOCK):
             seg = min(w1, a + PE_BLOCK) - a
@@ -945,10 +949,23 @@ class CostModel:
             for j0 in range(0, cnt_fd, m):
                 rn = min(m, cnt_fd - j0)
                 R = (rn - 1) * rstep + nblk
-                r_, l_ = self._xfer(seg * R * ck * isz, ck * isz, seg)
+                if rows_fit(ck, R, seg, isz, t):
+                    # backend/conv.py's _load_positions: whole rows, converted once, a transpose per channel,
+                    # copied out of PSUM in the multiply type (the windows' transposes then read that type)
+                    r_, l_ = self._xfer(seg * R * ck * isz, seg * ck * isz, R)
+                    if isz != _itemsize(self.matmul_dtype):
+                        pool += nb * head * op_ns(t, "tensor_copy", "pool", **{**_FORMULA_DEFAULTS, "N": seg * ck,
+                                                                              "P": R})
+                    pe += nb * head * ck * op_ns(t, "transpose", "pe", P=R, N=seg, fp32=0)
+                    for _ in range(nb * head):
+                        evacuate(ck * R, seg)
+                    fp32_win = 0
+                else:
+                    r_, l_ = self._xfer(seg * R * ck * isz, ck * isz, seg)
+                    fp32_win = fp32
                 dma += nb * head * r_
                 lat = max(lat, l_)
-                pe += nb * head * rn * op_ns(t, "transpose", "pe", P=seg, N=kk, fp32=fp32)
+                pe += nb * head * rn * op_ns(t, "transpose", "pe", P=seg, N=kk, fp32=fp32_win)
                 for _ in range(nb * head):
                     evacuate(rn * seg, kk)
         return (dma, pe, pool), lat

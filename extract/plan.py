@@ -609,6 +609,16 @@ def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
 
 
 PE_BLOCK = 128  # positions per TensorE transpose of a channels-last input or result
+ROW_LOAD_BYTES = 32  # a channel vector this short loads as image rows, transposed on TensorE (rows_fit)
+
+
+def rows_fit(ck: int, rows: int, width: int, itemsize: int, target: Target, is_float: bool = True) -> bool:
+    """Are ``rows`` image rows of ``width`` positions of ``ck`` channels loaded whole and transposed on
+    TensorE, a channel at a time, into positions on the partitions (backend/conv.py ``_load_positions``)
+    rather than one DMA descriptor per channel vector (6 bytes of a 3-channel bf16 image)? When the
+    vectors are short, the rows fit the array and their transposes one PSUM bank."""
+    return ck * itemsize < ROW_LOAD_BYTES and rows <= target.matmul["rows"] and width <= target.matmul["cols"] \
+        and is_float and itemsize in (2, 4) and ck * rows * 4 <= target.psum_bank_bytes
 DMA_T_BLOCK = 2048  # positions per DMA transpose (NeuronCore-v3)
 
 
