@@ -101,11 +101,12 @@ def fixed_values(order: list[Node]) -> set[int]:
 def lowering_order(order: list[Node], fixed: set[int] | None = None) -> list[Node]:
     """The post-order ``order`` rearranged for clusters, which take only operands computed before they
     start. A small value computed from parameters and constants alone (``fixed``: :func:`fixed_values`)
-    that is broadcast goes to the front, with the views of parameters: then the cluster applying it to a
-    convolution's or a dot's result can start with that result and run as its epilogue
-    (backend/epilogue.py). Every other elementwise operator goes just before its first reader (a causal
-    mask's comparison, layernorm's ``x - mean`` once the variance is known): a reader of its shape
-    computes it in its pass, after whatever else the pass reads."""
+    that is broadcast goes to the front, with the views of parameters, level by level (so that the
+    engines run each level's steps back to back): then the cluster applying it to a convolution's or a
+    dot's result can start with that result and run as its epilogue (backend/epilogue.py). Every other
+    elementwise operator goes just before its first reader (a causal mask's comparison, layernorm's
+    ``x - mean`` once the variance is known): a reader of its shape computes it in its pass, after
+    whatever else the pass reads."""
     fixed = fixed_values(order) if fixed is None else fixed
     readers: dict[int, list[Node]] = {}
     for n in order:
@@ -120,7 +121,14 @@ def lowering_order(order: list[Node], fixed: set[int] | None = None) -> list[Nod
     for n in order:  # a view of a value that moves later moves with it
         if n.id in early and not all(o.id in early for o in n.operands):
             early.discard(n.id)
-    out = [n for n in order if n.id in early]
+    # level by level (a value after the values it reads; each level in program order): ResNet-50's 53
+    # batch-norm scales and shifts, computed value by value, alternated VectorE and GpSimd one step at a
+    # time ahead of its stem; level by level each engine runs its steps back to back
+    depth: dict[int, int] = {}
+    for n in order:
+        if n.id in early:
+            depth[n.id] = 1 + max((depth.get(o.id, 0) for o in n.operands), default=0)
+    out = sorted((n for n in order if n.id in early), key=lambda n: depth[n.id])
     placed = set(early)
     late = fixed | {n.id for n in order if is_elementwise(n)}
 

@@ -754,3 +754,36 @@ def test_a_batch_norm_from_the_parameters_loads_rows_not_channels() -> None:
     ins = model.program.instrs
     small = {ins[k].operands[1].tensor for k, tr in tl.transfers.items() if tr.descriptor_bytes < 64}
     assert not small & {"gamma", "var", "mean", "beta", "sc", "sh"}
+
+
+TWO_SCALES = """HloModule two_scales
+ENTRY main {
+  x = f32[1,64,8,8] parameter(0)
+  v1 = f32[64] parameter(1)
+  v2 = f32[64] parameter(2)
+  eps = f32[] constant(0.001)
+  e = f32[64] broadcast(eps), dimensions={}
+  a1 = f32[64] add(v1, e)
+  r1 = f32[64] rsqrt(a1)
+  a2 = f32[64] add(v2, e)
+  r2 = f32[64] rsqrt(a2)
+  b1 = f32[1,64,8,8] broadcast(r1), dimensions={1}
+  m1 = f32[1,64,8,8] multiply(x, b1)
+  b2 = f32[1,64,8,8] broadcast(r2), dimensions={1}
+  ROOT m2 = f32[1,64,8,8] multiply(m1, b2)
+}
+"""
+
+
+def test_values_from_the_parameters_are_computed_level_by_level() -> None:
+    """Two batch norms' scales go to the front, both first steps before either second step: computed
+    scale by scale they alternated two engines a step at a time (ResNet-50: 53 of them ahead of its
+    stem, 6.4 us of its latency)."""
+    from nxsat.backend import families  # noqa: F401 - registers every operator's tile form
+    from nxsat.backend.elementwise import lowering_order
+
+    module = module_of(TWO_SCALES)
+    ops = [n.op for n in lowering_order(module.entry.post_order()) if n.op in ("add", "rsqrt")]
+    assert ops == ["add", "add", "rsqrt", "rsqrt"]
+    assert_device_matches(module, {"in0": np.ones((1, 64, 8, 8), np.float32),
+                                   "in1": np.full(64, 3.0, np.float32), "in2": np.full(64, 0.5, np.float32)})
