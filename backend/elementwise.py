@@ -584,7 +584,7 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
     return best[1]
 
 
-def _stored_stride(r: Ref) -> int | None:
+def stored_stride(r: Ref) -> int | None:
     """The stride (in elements of the whole tensor) between the partitions of the SBUF tiles that stored
     the scratch tensor ``r`` views, where every store of it has the same; else None."""
     b = r.buf.root
@@ -651,7 +651,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     views = [r for r in inputs.values() if isinstance(r, Ref)] + list(stores.values())
     of_params = all(m.id in lw.fixed for m in members) and all(_read_elementwise(lw, m.id) for m in outputs)
     stored = tuple((a, st) for a, r in enumerate(views[:len(views) - len(stores)])
-                   if (st := _stored_stride(r)) is not None)
+                   if (st := stored_stride(r)) is not None)
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params,
                       stored)
     nf = lay.nfree

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nxsat import dtypes as dt
-from nxsat.backend.elementwise import EMITTERS, Kernel, _stored_stride, emit, lower_cluster
+from nxsat.backend.elementwise import EMITTERS, Kernel, emit, lower_cluster, stored_stride
 from nxsat.backend.epilogue import Epilogue, prologue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import HOSTS, Lowering, device_dtype, lowers, onchip_dtype, plans
@@ -579,7 +579,7 @@ def reduce(lw: Lowering, node: Node) -> None:
     full = [r for r in loaded if all(n == 1 or st for n, st in r.ap.dims)]  # not a value repeated along a row
     follow = []
     for r in full:
-        st = _stored_stride(r)
+        st = stored_stride(r)
         if st is not None:
             dims = r.permute(*perm).ap.dims
             at = {d: k for k, d in enumerate(perm)}
