@@ -577,13 +577,9 @@ def reduce(lw: Lowering, node: Node) -> None:
     itemsize = max(t.itemsize for t in src_types)
     loaded = [r for r in (pro[0].inputs.values() if pro is not None else sources) if isinstance(r, Ref)]
     full = [r for r in loaded if all(n == 1 or st for n, st in r.ap.dims)]  # not a value repeated along a row
-    follow = []
-    for r in full:
-        st = stored_stride(r)
-        if st is not None:
-            dims = r.permute(*perm).ap.dims
-            at = {d: k for k, d in enumerate(perm)}
-            follow.append(([dims[at[gr.dims[-1]]][1] if gr.dims else 0 for gr in groups], st))
+    # per operand a producer stored from SBUF: the stride of each group's innermost dimension in it
+    follow = [([r.ap.dims[gr.dims[-1]][1] if gr.dims else 0 for gr in groups], st)
+              for r in full if (st := stored_stride(r)) is not None]
     lay = choose_layout(groups, red, itemsize, bool(lw.target.spec["transpose"]["exact"]), follow, len(full))
     Reduction(lw, node, red, lay, sources, src_types, inits, outs, out_types, shape, perm, pro).run()
     if pro is not None and pro[1].id not in pro[0].stores:

@@ -339,7 +339,7 @@ def test_without_a_producer_in_sbuf_rows_go_in_blocks() -> None:
     from nxsat.backend import reduce as rd
 
     groups = [rd.Group((0, 1), 1536, 128, True), rd.Group((2,), 128, 1, False)]
-    red = type("R", (), {"body": None, "alu": "max", "acc": [dt.F32]})()
+    red = rd.Reducer(None, None, alu="max", acc=[dt.F32])  # type: ignore[arg-type] - layout pricing reads no graph
     assert not rd.choose_layout(groups, red, 4, True).interleave
     assert rd.choose_layout(groups, red, 4, True, [([128, 1], 128)], 1).interleave
     short = [rd.Group((0,), 2048, 49, True), rd.Group((1,), 49, 1, False)]  # ResNet-50's average pool
