@@ -5,6 +5,7 @@ as the one below it, on every model of tests/data (HLO, JAX, Relay, the generate
 For each model, on trn1 with --auto-cast matmult (bf16), simulated us:
 
     policy   -O2 --precision policy --layout input: every TensorE operand cast, the model's layout
+             (its convolutions' channel order and its dots' operand order as written)
     prec     -O2 --layout input: precision chosen by cost, the model's layout      (with --split)
     layout   -O2 --precision policy: layout chosen by cost, every operand cast     (with --split)
     O2       -O2: both chosen by cost (the default)

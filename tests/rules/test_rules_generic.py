@@ -255,10 +255,15 @@ def _conv_pad() -> Module:
                          dims=ConvDims.from_labels("b01f_01io->b01f"), feature_group_count=1, batch_group_count=1))
 
 
-def _dot_swap() -> Module:
-    b = Builder("dswap")
-    a, c = b.param(F32, (5, 2, 3)), b.param(F32, (5, 3, 4))
-    return b.module(b.op("dot", [a, c], dims=DotDims((2,), (1,), (0,), (0,))))
+def _dynamic_whole(update: bool) -> Callable[[], Module]:
+    """A KV cache as long as the prompt: sliced or written whole at a start that clamps to 0."""
+    def make() -> Module:
+        b = Builder("dwhole")
+        x, i = b.param(F32, (2, 3)), b.param(S32, ())
+        if update:
+            return b.module(b.op("dynamic-update-slice", [x, b.param(F32, (2, 3)), b.constant(0, S32), i]))
+        return b.module(b.op("dynamic-slice", [x, b.constant(0, S32), i], sizes=(2, 3)))
+    return make
 
 
 def _slice_identity() -> Module:
@@ -385,12 +390,13 @@ CASES: dict[str, Callable[[], Module]] = {
     "reshape-convert-reshape": _reshape_convert,
     "dot-transpose-lhs": _dot_transpose_lhs,
     "dot-transpose-rhs": _dot_transpose_rhs,
-    "dot-swap-operands": _dot_swap,
     "conv-transpose-input": _conv_transpose(0),
     "conv-transpose-kernel": _conv_transpose(1),
     "conv-base-dilation-as-pad": _conv_dilated(2),
     "conv-base-dilation-as-pad-1d": _conv_dilated(1),
     "slice-identity": _slice_identity,
+    "dynamic-slice-whole": _dynamic_whole(False),
+    "dynamic-update-slice-whole": _dynamic_whole(True),
     "slice-concatenate-first": _slice_concatenate_first,
     "slice-concatenate-rest": _slice_concatenate_rest,
     "concatenate-single": _concatenate_single,
@@ -411,7 +417,8 @@ SHRINKS = {"add-zero-right", "add-zero-left", "subtract-zero", "multiply-one-rig
            "transpose-transpose", "transpose-identity", "reshape-reshape", "reshape-identity",
            "broadcast-broadcast", "broadcast-identity", "convert-identity", "convert-convert",
            "convert-convert-to-float", "reshape-convert-reshape",
-           "dot-transpose-lhs", "dot-transpose-rhs", "slice-identity", "slice-concatenate-first",
+           "dot-transpose-lhs", "dot-transpose-rhs", "slice-identity", "dynamic-slice-whole",
+           "dynamic-update-slice-whole", "slice-concatenate-first",
            "concatenate-single", "slice-pad-inverse", "slice-pad-inside", "tuple-get-first",
            "constant-fold", "pred-convert-ne-zero", "conv-transpose-input", "conv-transpose-kernel"}
 
