@@ -5,7 +5,9 @@ kernel instead of the passes its pattern would take (docs/backend.md, "Fused ope
   join fused passes and epilogues;
 - softmax and layer-norm over the last dimension: rows on the partitions in ``[P, k, L]`` tiles (one DMA
   in and one out, each partition's rows contiguous in HBM; :func:`nxsat.extract.plan.softmax_rows`, which
-  the cost model prices too), fp32 between load and store, software-pipelined (the next tile's
+  the cost model prices too; a layer norm's ``k`` is 1, the dots' row tiling, so that its input and result
+  stay on chip between them: :func:`~nxsat.extract.plan.layer_norm_rows`), fp32 between load and store,
+  software-pipelined (the next tile's
   VectorE statistics are issued before this tile's ScalarE pass); a layer norm hosts the elementwise
   cluster reading it (its scale and shift) as an epilogue;
 - a softmax whose scores a dot computes is computed by that dot, on its result tiles as they leave
@@ -184,9 +186,9 @@ hosts("layer-norm")
 
 @lowers("layer-norm")
 def layer_norm(lw: Lowering, node: Node) -> None:
-    """Rows on the partitions as a softmax's, ``[P, k, L]`` tiles. Per row VectorE's ``bn_stats`` over
-    every 512 elements and ``bn_aggr`` merging them (mean and variance in one pass, Chan's formula); per
-    tile ScalarE's ``rsqrt(var + eps)`` and VectorE's ``-mean * rstd``; per row one ScalarE pass
+    """Rows on the partitions, ``[P, k, L]`` tiles (``k`` from ``layer_norm_rows``: one). Per row VectorE's
+    ``bn_stats`` over every 512 elements and ``bn_aggr`` merging them (mean and variance in one pass, Chan's
+    formula); per tile ScalarE's ``rsqrt(var + eps)`` and VectorE's ``-mean * rstd``; per row one ScalarE pass
     ``x * rstd - mean * rstd`` into the result's type. The elementwise cluster reading the result (a layer
     norm's scale and shift) runs on each tile as its epilogue (backend/epilogue.py); tiles are
     software-pipelined as the softmax's (the next tile's statistics before this tile's pass)."""

@@ -331,13 +331,15 @@ class CostModel:
 
     def _row_kernel_ns(self, x: Value, k: int, tiles: int, dve: float, act: float) -> float:
         """``[128, k, L]`` tiles of ``x``, each loaded and stored once, through VectorE and ScalarE. The
-        loads are issued together and share the DMA engines, so they land together: compute starts after
-        all of them, unless the stores (the DMA's other half) are what bound it."""
+        loads are issued together, one per DMA queue, and share the DMA engines, so those of one round
+        land together: compute starts after the first round, unless the stores (the DMA's other half) are
+        what bound it."""
         L = x.shape[-1] if x.shape else 1
         parts = min(self.P, max(1, x.size // max(1, L)))
         load = self.dma_ns(x.nbytes, k * L * _itemsize(x.dtype), parts)
         store = load
-        landed = load + max(dve, act) + (min(dve, act) + store) / tiles
+        first = load * min(1.0, self.target.dma_queues / max(1, tiles))  # the first round of loads
+        landed = first + max(dve, act) + (min(dve, act) + store) / tiles
         return max(self.pipelined((load, dve + act, store), (load + store, dve, act), tiles), landed) \
             + 2 * self.dma_fixed
 
