@@ -301,3 +301,25 @@ def test_an_input_operand_is_read_reshaped_so_the_chain_runs_as_the_dense_epilog
     assert_device_matches(m, {"x": rng.standard_normal((256, 128)).astype(np.float32),
                               "w": (rng.standard_normal((128, 512)) / 11).astype(np.float32),
                               "c": rng.standard_normal((32, 512)).astype(np.float32)})
+
+
+def test_a_copy_a_view_needs_is_made_in_pieces_each_reader_waits_for_its_own() -> None:
+    """The broadcast residual read as [256, 512] rows is no access pattern: lowering copies it, in pieces
+    along its outermost dimension, so that the dense's first tiles wait for the piece holding their rows,
+    not for the whole copy; same values."""
+    from nxsat import sim
+    from nxsat.backend import device_forms, lower_graph
+    from nxsat.backend.lower import COPY_PIECE_BYTES
+
+    m = module_of(DENSE_RESIDUAL)
+    t = sim.load_target("trn1")
+    g = lower_graph(device_forms(m, t), t).graph
+    (copy,) = [b for b in g.bufs if b.kind == "scratch" and b.name.endswith("_c")]
+    pieces = [i for i in g.insts if i.engine == "dma" and any(w.buf is copy for w in i.writes)]
+    assert len(pieces) == copy.nbytes // COPY_PIECE_BYTES == 8
+    readers = [i for i in g.insts if any(r.buf is copy for r in i.reads)]
+    assert readers and all(len([d for d in i.deps if d in pieces]) < len(pieces) for i in readers)
+    rng = np.random.default_rng(1)
+    assert_device_matches(m, {"x": rng.standard_normal((256, 128)).astype(np.float32),
+                              "w": (rng.standard_normal((128, 512)) / 11).astype(np.float32),
+                              "c": rng.standard_normal((32, 512)).astype(np.float32)})
