@@ -356,8 +356,9 @@ def sinkable_reshapes(module: Module) -> dict[int, tuple[int, ...]]:
 
 
 def _input(o: Node) -> bool:
-    """A model input or a constant, or a broadcast of one, read where it lies: a reshape of it is a view
-    (gpt2_extract's residual constant, [32, 768] broadcast over 50 sequences, added to a dense's output)."""
+    """A model input or a constant, or a broadcast of one, read where it lies: a reshape of it is a view, or
+    where no access pattern expresses it, one copy made once (gpt2_extract's residual constant, [32, 768]
+    broadcast over 50 sequences and read as the dense's [1600, 768] rows: ``Lowering.contiguous``)."""
     while o.op in ("broadcast", "reshape") and o.operands and not _scalar_splat(o):
         o = o.operands[0]
     return o.op in ("parameter", "constant") and isinstance(o.type, TensorType) and not _scalar_splat(o)
