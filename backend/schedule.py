@@ -42,13 +42,15 @@ class ScheduleOptions:
     ahead of program order, and how many of the load queues the model's inputs (weights) take, the rest
     kept for loads of computed values (0: all loads share them). Kept apart, an activation's load no longer
     waits in a queue behind a weight streaming ahead (gemma3: 3.6% faster; BERT-base: 1% slower, its loads
-    nearly all weights)."""
+    nearly all weights). ``critical``: ready instructions taken longest chain of work first
+    (``_critical_order``) rather than in program order."""
 
     lookahead: int = LOOKAHEAD
     weight_queues: int = 0
+    critical: bool = False
 
-    def to_json(self) -> dict[str, int]:
-        return {"lookahead": self.lookahead, "weight_queues": self.weight_queues}
+    def to_json(self) -> dict[str, int | bool]:
+        return {"lookahead": self.lookahead, "weight_queues": self.weight_queues, "critical": self.critical}
 
 
 DEFAULT_SCHEDULE = ScheduleOptions()  # -O1's and -O2's
@@ -296,9 +298,20 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
 
     ready_loads: list[int] = []
     ready_other: list[int] = []
+    # The order ready instructions are taken in (loads apart, by program position): program order, or with
+    # ``critical`` the longest chain of work still behind each first (see ScheduleOptions).
+    by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
+    rank = by_rank if not options.critical else _inverse(by_rank)
+
+    def push_other(idx: int) -> None:
+        heapq.heappush(ready_other, rank[idx])
+
     for i in insts:
         if indeg[i.index] == 0:
-            heapq.heappush(ready_loads if _is_load(i) else ready_other, i.index)
+            if _is_load(i):
+                heapq.heappush(ready_loads, i.index)
+            else:
+                push_other(i.index)
     order: list[Inst] = []
     frontier = 0  # lowest unscheduled program position
     scheduled = [False] * n
@@ -354,7 +367,10 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         while waiting and (everything or waiting[0][0] <= wide):
             idx = heapq.heappop(waiting)[1]
             is_parked[idx] = 0
-            heapq.heappush(ready_loads if _is_load(insts[idx]) else ready_other, idx)
+            if _is_load(insts[idx]):
+                heapq.heappush(ready_loads, idx)
+            else:
+                push_other(idx)
 
     def lowest_parked_load() -> int:
         while parked_loads and not is_parked[parked_loads[0]]:
@@ -380,9 +396,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 for space in (sbuf, psum):
                     unpark(space, everything=True)
             while ready_loads or ready_other:
-                h = ready_loads if not ready_other or (ready_loads and ready_loads[0] < ready_other[0]) \
+                h = ready_loads if not ready_other or (ready_loads and rank[ready_loads[0]] < ready_other[0]) \
                     else ready_other
                 idx = heapq.heappop(h)
+                if h is ready_other:
+                    idx = by_rank[idx]
                 new = new_tiles(insts[idx])
                 if new and idx > frontier + REACH:
                     heapq.heappush(deferred, idx)
@@ -395,7 +413,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
             need, at = max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "sbuf"), i)
-                            for i in (*ready_loads, *ready_other, *waiting)), default=(0, -1))
+                            for i in (*ready_loads, *(by_rank[k] for k in ready_other), *waiting)), default=(0, -1))
             where = f" (at {insts[at].origin})" if at >= 0 and insts[at].origin else ""
             raise error("NCC_EOOM001", f"the working set does not fit on chip: {sbuf.in_use} of {sbuf.size} SBUF "
                         f"bytes per partition are live and {need} more are needed{where}",
@@ -406,11 +424,17 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
             frontier += 1
         while deferred and deferred[0] <= frontier + REACH:
             idx = heapq.heappop(deferred)
-            heapq.heappush(ready_loads if _is_load(insts[idx]) else ready_other, idx)
+            if _is_load(insts[idx]):
+                heapq.heappush(ready_loads, idx)
+            else:
+                push_other(idx)
         for s in succ[pick.index]:
             indeg[s.index] -= 1
             if indeg[s.index] == 0:
-                heapq.heappush(ready_loads if _is_load(s) else ready_other, s.index)
+                if _is_load(s):
+                    heapq.heappush(ready_loads, s.index)
+                else:
+                    push_other(s.index)
         for b in {id(r.buf.root): r.buf.root for r in (*pick.reads, *pick.writes)}.values():
             if not b.onchip:
                 continue
@@ -423,6 +447,31 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         raise error("NCC_IINT001", "internal compiler error: the instruction graph has a cycle")
     return _emit(graph, target, order, extra, inputs, outputs, flags, lnc, sbuf.peak, psum.peak,
                  options.weight_queues)
+
+
+# The weight of a DMA against an engine instruction's 1 in a chain's length (``_critical_order``): its ~1.3 us
+# fixed latency is some thirty of the small instructions a chain of dependent steps is made of.
+DMA_CHAIN_WEIGHT = 30.0
+
+
+def _critical_order(insts: list[Inst], succ: dict[int, list[Inst]]) -> list[int]:
+    """The instructions' indices by the longest chain of work from each to the end of the program (each
+    instruction 1, a DMA ``DMA_CHAIN_WEIGHT``), longest first, then by program position: list scheduling's
+    critical-path priority. Each engine runs its stream in order, so taking the next step of the longest
+    chain first lets an engine work on the next head of an attention (or the next block) while another
+    finishes this one's, where program order queued every engine behind one operator at a time."""
+    level = [0.0] * len(insts)
+    for i in reversed(insts):
+        w = DMA_CHAIN_WEIGHT if i.engine == "dma" else 1.0
+        level[i.index] = w + max((level[s.index] for s in succ.get(i.index, ())), default=0.0)
+    return sorted(range(len(insts)), key=lambda k: (-level[k], k))
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for r, k in enumerate(perm):
+        inv[k] = r
+    return inv
 
 
 def _is_load(i: Inst) -> bool:
