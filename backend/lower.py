@@ -256,17 +256,16 @@ class Lowering:
         if key in self._copies:
             return self._copies[key]
         b = self.graph.buf(node.name + "_c", "scratch", r.dtype, r.shape)
-        # in pieces along the outermost dimension, each on a queue of its own: a reader of some rows waits
-        # for the piece that copies them, not for the whole copy (gpt2_extract's residual, a [32, 768]
-        # input broadcast over 50 sequences and read as [1600, 768] rows: one 73 us DMA the first dense
-        # layer's epilogue waited for)
+        # in pieces along the outermost dimension, each a DMA of its own (the scheduler spreads them over
+        # the load queues): a reader of some rows waits for the piece that copies them, not for the whole
+        # copy (gpt2_extract's residual, a [32, 768] input broadcast over 50 sequences and read as
+        # [1600, 768] rows: one 73 us DMA the first dense layer's epilogue waited for)
         d = next((i for i, n in enumerate(r.shape) if n > 1), None)
         rows = r.shape[d] if d is not None else 1
         pieces = max(1, min(COPY_PIECES, rows, b.nbytes // COPY_PIECE_BYTES))
-        for k in range(pieces):
-            lo, hi = rows * k // pieces, rows * (k + 1) // pieces
-            key_k = (slice(None),) * d + (slice(lo, hi),) if pieces > 1 else ()
-            self.graph.add("dma", "dma", b.ref()[key_k] if key_k else b.ref(), r[key_k] if key_k else r)
+        for k in range(pieces):  # a whole-buffer index (one piece) is the buffer itself
+            part = (slice(None),) * d + (slice(rows * k // pieces, rows * (k + 1) // pieces),) if d is not None else ()
+            self.graph.add("dma", "dma", b.ref()[part], r[part])
         if key is not None:
             self._copies[key] = b.ref()
         return b.ref()

@@ -303,15 +303,16 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
     rank = by_rank if not options.critical else _inverse(by_rank)
 
-    def push_other(idx: int) -> None:
-        heapq.heappush(ready_other, rank[idx])
+    def push_ready(idx: int) -> None:
+        """Loads by program position, the rest by ``rank``."""
+        if _is_load(insts[idx]):
+            heapq.heappush(ready_loads, idx)
+        else:
+            heapq.heappush(ready_other, rank[idx])
 
     for i in insts:
         if indeg[i.index] == 0:
-            if _is_load(i):
-                heapq.heappush(ready_loads, i.index)
-            else:
-                push_other(i.index)
+            push_ready(i.index)
     order: list[Inst] = []
     frontier = 0  # lowest unscheduled program position
     scheduled = [False] * n
@@ -367,10 +368,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         while waiting and (everything or waiting[0][0] <= wide):
             idx = heapq.heappop(waiting)[1]
             is_parked[idx] = 0
-            if _is_load(insts[idx]):
-                heapq.heappush(ready_loads, idx)
-            else:
-                push_other(idx)
+            push_ready(idx)
 
     def lowest_parked_load() -> int:
         while parked_loads and not is_parked[parked_loads[0]]:
@@ -423,18 +421,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         while frontier < n and scheduled[frontier]:
             frontier += 1
         while deferred and deferred[0] <= frontier + REACH:
-            idx = heapq.heappop(deferred)
-            if _is_load(insts[idx]):
-                heapq.heappush(ready_loads, idx)
-            else:
-                push_other(idx)
+            push_ready(heapq.heappop(deferred))
         for s in succ[pick.index]:
             indeg[s.index] -= 1
             if indeg[s.index] == 0:
-                if _is_load(s):
-                    heapq.heappush(ready_loads, s.index)
-                else:
-                    push_other(s.index)
+                push_ready(s.index)
         for b in {id(r.buf.root): r.buf.root for r in (*pick.reads, *pick.writes)}.values():
             if not b.onchip:
                 continue

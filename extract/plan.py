@@ -625,6 +625,8 @@ def rows_fit(ck: int, rows: int, width: int, itemsize: int, target: Target, is_f
     vectors are short, the rows fit the array and their transposes one PSUM bank."""
     return ck * itemsize < ROW_LOAD_BYTES and rows <= target.matmul["rows"] and width <= target.matmul["cols"] \
         and is_float and itemsize in (2, 4) and ck * rows * 4 <= target.psum_bank_bytes
+
+
 DMA_T_BLOCK = 2048  # positions per DMA transpose (NeuronCore-v3)
 
 
