@@ -46,6 +46,7 @@ from nxsat.extract.plan import (
     conv_plan,
     depthwise_plan,
     dot_sizes,
+    forwarded_input,
     hosts_rows,
     layer_norm_rows,
     matmul_plan,
@@ -175,7 +176,8 @@ class CostModel:
             ahead = tuple(inputs) if self.in_program else ()
             return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead)
         if op == "convolution":
-            return NODE_NS + self.conv_ns(attrs, operands, result, multiply_in)
+            computed = bool(inputs) and not inputs[0]
+            return NODE_NS + self.conv_ns(attrs, operands, result, multiply_in, computed)
         if op == "transpose":
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
         if op == "softmax" and operands and operands[0] is not None:
@@ -565,7 +567,7 @@ class CostModel:
         return positions * one + 2 * self.dma_fixed
 
     def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
-                multiply_in: str | None = None) -> float:
+                multiply_in: str | None = None, computed: bool = False) -> float:
         """A convolution as backend/conv.py emits :func:`~nxsat.extract.plan.conv_plan`: fp32 operands that
         TensorE multiplies in a narrower type are converted by a pass through HBM first (the precision
         policy's ``convert`` nodes); then per output chunk its input tiles (one DMA per fold block,
@@ -573,13 +575,16 @@ class CostModel:
         the weights when not kept, the matmuls, the PSUM evacuation and the store (channels-last results
         transposed back first), counted chunk by chunk (:meth:`_gemm_ns`); a depthwise convolution on
         the vector engines by :meth:`_depthwise_ns`. ``multiply_in``: fp32 weights (a model input) cast to
-        the input's type by the convolution as it loads them (the cast it absorbs)."""
+        the input's type by the convolution as it loads them (the cast it absorbs). ``computed``: the input
+        is another operator's result, not a model input; in a program its channels-first tiles are then
+        read on chip (:func:`forwarded_input`)."""
         x, w = operands[0], operands[1]
         if x is None or w is None:
             return 0.0
         if multiply_in is not None and w.dtype == "f32" and x.dtype == multiply_in:
             x = Value(x.shape, "f32")  # as the policy's fp32 model: its weights' cast absorbed, its input's
-            return self._with_matmul_dtype(multiply_in).conv_ns(attrs, [x, w], result) - self._convert_x(x, multiply_in)
+            return (self._with_matmul_dtype(multiply_in).conv_ns(attrs, [x, w], result, computed=computed)
+                    - self._convert_x(x, multiply_in))
         d = attrs["dims"]
         window = tuple(attrs["window"])
         fgc = int(attrs.get("feature_group_count", 1) or 1)
@@ -623,12 +628,13 @@ class CostModel:
         dw = depthwise_plan(geo, plan, self.target)
         xs, ws, ys = (_canonical_strides(v.shape, dims) for v, dims in ((x, xdims), (w, wdims), (result, ydims)))
         cache = self._conv_cache
-        key = (geo, x.dtype, w_wide.dtype, result.dtype, xs, ws, ys)
+        on_chip = self.in_program and computed and forwarded_input(geo, plan)
+        key = (geo, x.dtype, w_wide.dtype, result.dtype, xs, ws, ys, on_chip)
         if key not in cache:
             if dw is not None and dw.pays:
                 cache[key] = self._depthwise_ns(geo, dw, x, w, result, xs, ys)
             else:
-                cache[key] = self._gemm_ns(geo, plan, x, w_wide, result, xs, ws, ys)
+                cache[key] = self._gemm_ns(geo, plan, x, w_wide, result, xs, ws, ys, on_chip)
         return (convert if dw is not None and dw.pays else convert_x) + cache[key]
 
     # -- convolution parts ------------------------------------------------------------------------------
@@ -661,9 +667,9 @@ class CostModel:
         return max(busy)
 
     def _gemm_ns(self, geo: ConvGeometry, plan: ConvPlan, x: Value, w: Value, y: Value, xs: tuple[int, ...],
-                 ws: tuple[int, ...], ys: tuple[int, ...]) -> float:
+                 ws: tuple[int, ...], ys: tuple[int, ...], on_chip: bool = False) -> float:
         """The implicit GEMM chunk by chunk, as backend/conv.py's ``_job`` walks it (one representative job,
-        times the jobs)."""
+        times the jobs); ``on_chip``: its input tiles are copied from the producer's (the forwarding pass)."""
         t = self.target
         nsp = len(geo.in_spatial)
         isz, wsz, osz = _itemsize(x.dtype), _itemsize(w.dtype), _itemsize(y.dtype)
@@ -767,7 +773,8 @@ class CostModel:
                     if ikey not in inputs_seen:
                         if not o_outer:
                             inputs_seen.add(ikey)
-                        r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, group, xs, isz, bank, fp32_in, evacuate)
+                        r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, group, xs, isz, bank, fp32_in, evacuate,
+                                                     on_chip)
                         l_res += r_[0]
                         l_lat = max(l_lat, l_)
                         pe += r_[1]
@@ -843,9 +850,10 @@ class CostModel:
         return steady + last_tail + 2 * self.dma_fixed
 
     def _conv_input(self, geo: ConvGeometry, plan: ConvPlan, combo: tuple, chunk: tuple, ck: int, group: tuple,
-                    xs: tuple[int, ...], isz: int, bank: int, fp32: int, evacuate: Any
+                    xs: tuple[int, ...], isz: int, bank: int, fp32: int, evacuate: Any, on_chip: bool = False
                     ) -> tuple[tuple[float, float, float], float]:
-        """One input tile (backend/conv.py's ``_load_input``): ((DMA share, TensorE, GpSimd), DMA time alone)."""
+        """One input tile (backend/conv.py's ``_load_input``): ((DMA share, TensorE, GpSimd), DMA time alone);
+        ``on_chip``: the tile's loads are GpSimd copies of the producer's tiles instead."""
         t = self.target
         nsp = len(geo.in_spatial)
         folding = plan.fold > 1
@@ -894,6 +902,10 @@ class CostModel:
                     steps_ = [bx[1] for bx in bxs]
                     src_str = (xs[0], *(s_ * st for s_, st in zip(xs[2:], steps_)))
                     src_run = _run(src_str, (nb, *cnt), tuple(range(nsp + 1)))
+                    if on_chip:
+                        pool += op_ns(t, "tensor_copy", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(cnt),
+                                                                   "P": ck})
+                        continue
                     nbytes = ck * nb * math.prod(cnt) * isz
                     r_, l_ = self._xfer(nbytes, min(dst_run, src_run) * isz, ck)
                     dma += r_
@@ -1181,8 +1193,10 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         # the reduction could finish: it is loaded back, not fused (the backend's passes do the same)
         reread = set().union(*(reduced[k] for k in kids)) if ops[i] not in _CONTRACTIONS else set()
         hosted = ops[i] == "softmax" and bool(kids) and _hosts_softmax(eg, view, ops, kids[0], model)
-        key = (node.ctor, node.slots, vals, value(c), tuple(inputs[k] or k in reread or moved[k] for k in kids),
-               multiply_in, hosted)
+        from_hbm = [inputs[k] or k in reread or moved[k] for k in kids]
+        if ops[i] == "convolution" and kids and kids[0] in cast_from and inputs[cast_from[kids[0]]]:
+            from_hbm[0] = True  # a model input's cast, absorbed or a pass of its own: loaded from HBM either way
+        key = (node.ctor, node.slots, vals, value(c), tuple(from_hbm), multiply_in, hosted)
         cost = cache.get(key)
         if cost is None:
             op, attrs = eg.operator(node)

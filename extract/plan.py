@@ -515,6 +515,19 @@ def _span(cls: WindowClass, count: int, taps: int) -> int:
     return (count - 1) * cls.istep + reach + 1
 
 
+def forwarded_input(geo: ConvGeometry, plan: ConvPlan) -> bool:
+    """Are the input tiles of a convolution of another operator's result read on chip? A channels-first
+    input is loaded as boxes of whole rows per channel tile (per fold block: the box shifted by its tap,
+    on partitions from ``b * c_tile``), which the forwarding pass (backend/forward.py) reads from the
+    tiles that stored them, a GpSimd copy each where the engines may start on those partitions (multiples
+    of 32); a channels-last input's blocks of positions, transposed on TensorE, are not what its producer
+    stored. Measured on ResNet-50 (trn1, -O2, bf16): priced as DMAs, the bottleneck
+    3x3 convolutions took channels-last inputs, each stored by the 1x1 convolution before it and
+    loaded back (888.9 us); read on chip, 801.9 us."""
+    return not geo.channels_last_in and (plan.fold == 1 or plan.c_tile % 32 == 0) and plan.pack == 1 \
+        and geo.batch_groups == 1
+
+
 def conv_plan(geo: ConvGeometry, target: Target) -> ConvPlan:
     """Pick the tiles (see :class:`ConvPlan`): pack groups when a group is small, fold taps into the
     partitions when the channels are few, fill one PSUM bank, and keep the input tile within

@@ -353,6 +353,24 @@ def test_a_max_pooling_window_runs_in_two_chains() -> None:
     assert_device_matches(m, inputs, "trn1")
 
 
+def test_pooling_blocks_of_half_the_partitions_are_stacked() -> None:
+    """ResNet-50's max pooling: two blocks of 64 channels (28 output rows each) share one tile of 128
+    partitions, so every step of the window is one instruction for both, each block loaded into and
+    stored from its half; padding and NaNs as before."""
+    from nxsat.backend import compile_graph
+
+    m = module_of(window_hlo("1,64,112,112", "1,64,56,56", "maximum", "-inf",
+                             "size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1"))
+    prog = compile_graph(m, sim.load_target("trn1")).program
+    steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
+    assert len(steps) == 8  # the window's two chains and their join, once for both blocks
+    assert all(prog.tensors[i.operands[0].tensor].shape[0] == 128 and not i.operands[0].index for i in steps)
+    inputs = small_ints(m, lo=-50, hi=50)
+    x = next(iter(inputs.values()))
+    x.reshape(-1)[::97] = np.nan
+    assert_device_matches(m, inputs, "trn1")
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 512)

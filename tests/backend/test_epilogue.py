@@ -224,3 +224,15 @@ def test_a_bias_repeated_on_the_partitions_is_loaded_once_and_spread_by_tensore(
     monkeypatch.setattr(epilogue, "SPREAD_BYTES", 10**9)  # read on every partition
     _, old = device_run(module, inputs)
     assert _bytes_read(old, "bias") == 128 * 640 * 4
+
+
+def test_a_convolutions_epilogue_reads_each_psum_bank_itself() -> None:
+    """A convolution whose output chunk spans several PSUM banks (1,600 positions) and whose result only its
+    epilogue reads: the epilogue's first step (bias and scale, one ``tensor_scalar``) reads each bank
+    itself, as for a one-bank chunk; no copy out of PSUM comes first."""
+    text = _conv("bf01_01io->bf01", "[1,16,40,40]", "[3,3,16,24]", "[1,24,40,40]", "1")
+    assert_device_matches(module_of(text), rtol=2e-5, atol_scale=2e-5)
+    prog = compile_graph(module_of(text), sim.load_target("trn1")).program
+    reads = [i for i in prog.instrs if i.stream in ("act", "dve", "pool")
+             and any(prog.tensors[o.tensor].kind == "psum" for o in i.operands[1:])]
+    assert len(reads) == 4 and all(i.opcode == "tensor_scalar" for i in reads)

@@ -410,3 +410,43 @@ def test_in_a_program_a_weight_bigger_than_the_prefetch_share_streams_on_the_dot
     stream = ahead.dma_ns(w.nbytes, 1152 * 2)
     assert min(xw, wx) >= 0.8 * stream
     assert abs(xw / wx - 1) < 0.1
+
+
+NCHW_BOTTLENECK = """HloModule bottleneck
+ENTRY main {
+  x = bf16[1,512,28,28]{3,2,1,0} parameter(0)
+  w1 = bf16[1,1,512,128]{3,2,1,0} parameter(1)
+  w2 = bf16[3,3,128,128]{3,2,1,0} parameter(2)
+  zero = bf16[] constant(0)
+  zeros = bf16[1,128,28,28]{3,2,1,0} broadcast(zero), dimensions={}
+  a = bf16[1,128,28,28]{3,2,1,0} convolution(x, w1), window={size=1x1}, dim_labels=bf01_01io->bf01
+  ra = bf16[1,128,28,28]{3,2,1,0} maximum(a, zeros)
+  ROOT b = bf16[1,128,28,28]{3,2,1,0} convolution(ra, w2), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_01io->bf01
+}
+"""
+
+
+def test_in_a_program_a_convolutions_channels_first_input_computed_on_chip_is_read_on_chip(tmp_path):
+    """The forwarding pass reads a channels-first input another operator computed from the tiles that
+    stored it (GpSimd copies, no scratch in HBM), so the cost model prices those loads as copies; a
+    model input, and a channels-last input (blocks of positions transposed on TensorE), are loaded."""
+    from nxsat.attrs import ConvDims, WindowDim
+    from nxsat.driver import CompileOptions, compile_model
+
+    ahead = CostModel(_target(), "bf16", in_program=True)
+    win = {"window": (WindowDim(3, 1, 1, 1), WindowDim(3, 1, 1, 1))}
+    w, y = Value((3, 3, 128, 128), "bf16"), Value((1, 128, 28, 28), "bf16")
+    cf = {**win, "dims": ConvDims(0, 1, (2, 3), 2, 3, (0, 1), 0, 1, (2, 3))}
+    cl = {**win, "dims": ConvDims(0, 3, (1, 2), 2, 3, (0, 1), 0, 1, (2, 3))}
+    x_cf, x_cl = Value((1, 128, 28, 28), "bf16"), Value((1, 28, 28, 128), "bf16")
+    computed = ahead.op_ns("convolution", cf, [x_cf, w], y, [False, True])
+    loaded = ahead.op_ns("convolution", cf, [x_cf, w], y, [True, True])
+    transposed = ahead.op_ns("convolution", cl, [x_cl, w], y, [False, True])
+    assert transposed == ahead.op_ns("convolution", cl, [x_cl, w], y, [True, True])
+    assert computed < 0.8 * loaded and computed < transposed < loaded  # so a bottleneck's region goes channels-first
+    # ... as the backend does: the 1x1 convolution's result never reaches HBM
+    path = tmp_path / "bottleneck.hlo"
+    path.write_text(NCHW_BOTTLENECK)
+    report = compile_model(str(path), CompileOptions(optlevel=2)).report
+    assert report["decisions"]["channels_first"] == 2
+    assert report["forwarded"]["tensors"] == 1 and report["spill_bytes"] == 0
