@@ -222,6 +222,7 @@ class Share:
     act: int
     dve: int
     chained: frozenset[int] = frozenset()  # members their one reader takes as its first step (:func:`chains`)
+    activated: frozenset[int] = frozenset()  # chains' second steps a ReLU takes as its scale and bias (:func:`relus`)
     narrowed: tuple[tuple[int, Node], ...] = ()  # members written in their one reader's type (:func:`narrowings`)
 
 
@@ -253,7 +254,8 @@ def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[i
     folds = scale_folds(lw, members, kept)
     share = act_share(lw, members, folds)
     chained = chains(lw, members, kept, folds, share.on_act)
-    return folds, replace(share, chained=chained, narrowed=narrowings(lw, members, kept, folds, chained))
+    return folds, replace(share, chained=chained, narrowed=narrowings(lw, members, kept, folds, chained),
+                          activated=relus(lw, members, kept, chained))
 
 
 def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float]],
@@ -302,6 +304,27 @@ def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, t
                 and sum(o.id == m.id for o in r.operands) == 1:
             out.add(m.id)
             seconds.add(r.id)
+    return frozenset(out)
+
+
+def relus(lw: Lowering, members: list[Node], kept: set[int], chained: frozenset[int]) -> frozenset[int]:
+    """The second steps of chains (:func:`chains`) whose one reader is a ReLU, ``max(y, 0)``: when the chain
+    is ``x * a + b`` (a batch norm's scale and shift), the ReLU is one ScalarE ``activation`` of ``x``
+    with ``a`` and ``b`` as its scale and bias, in fp32 as the ``tensor_scalar`` computes them (two
+    roundings, no fused multiply-add): one pass over the tile instead of two. Whether the chain has that
+    form is seen when the tile is made (a chain of other steps keeps its ``tensor_scalar``)."""
+    ids, readers = _pass_readers(members)
+    seconds = {r.id for m in members if m.id in chained for r in readers.get(m.id, [])}
+    out = set()
+    for m in members:
+        rs = readers.get(m.id, [])
+        if m.id not in seconds or m.id in kept or lw.consumers.get(m.id, set()) - ids or len(rs) != 1 \
+                or _dtype(m) is not dt.F32:
+            continue
+        r = rs[0]
+        others = [o for o in r.operands if o.id != m.id]
+        if r.op == "maximum" and len(others) == 1 and lw.scalar(others[0]) == 0 and _dtype(r).is_float:
+            out.add(m.id)
     return frozenset(out)
 
 
@@ -431,6 +454,7 @@ class Kernel:
         self.on_act = share.on_act if share else frozenset()  # members ScalarE computes (act_share)
         self.chained = share.chained if share else frozenset()  # first steps of a tensor_scalar (chains)
         self.narrowed = dict(share.narrowed) if share else {}  # members written in their convert's type
+        self.activated = share.activated if share else frozenset()  # chains a ReLU's activation takes (relus)
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -728,6 +752,15 @@ class Chained:
     scalar: Ref | float | int
 
 
+@dataclass(frozen=True)
+class Affine:
+    """``src * scale + bias`` not computed: the ReLU reading it is one activation of ``src`` (:func:`relus`)."""
+
+    src: Ref
+    scale: Ref | float | int
+    bias: Ref | float | int
+
+
 def _scalar_form(m: Node, ops: list[Any]) -> tuple[Any, str, Ref | float | int] | None:
     """``m`` as ``x op s`` with ``s`` a number or a column (one value per partition), if it is one."""
     if len(ops) != 2 or m.op not in SCALAR_ALU:
@@ -759,12 +792,21 @@ def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node,
     if m.id in folds and isinstance(val[folds[m.id][0].id], Ref):
         return Scaled(val[folds[m.id][0].id], folds[m.id][1])
     ops = [val[o.id] for o in m.operands]
+    aff = next((v for v in ops if isinstance(v, Affine)), None)
+    if aff is not None:  # a ReLU of a batch norm's x * a + b (relus): one activation
+        out = k.t.tile(_dtype(m))
+        k.g.add("act", "activation", out, aff.src, func="relu",
+                scale=aff.scale if isinstance(aff.scale, Ref) else float(aff.scale),
+                bias=aff.bias if isinstance(aff.bias, Ref) else float(aff.bias))
+        return out
     if m.op not in ACTIVATION:  # only an activation takes a product as its scale
         ops = [k.t.binary("mul", v.src, v.scale, dt.F32) if isinstance(v, Scaled) else v for v in ops]
     first = next((v for v in ops if isinstance(v, Chained)), None)
     if first is not None:
         form = _scalar_form(m, [v.src if v is first else v for v in ops])
         if form is not None and form[0] is first.src and m.id not in k.on_act:
+            if m.id in k.activated and first.op == "mul" and form[1] == "add":
+                return Affine(first.src, first.scalar, form[2])
             return k.t.scalar2(first.src, first.op, first.scalar, form[1], form[2], _dtype(m))
         ops = [k.t.scalar2(v.src, v.op, v.scalar, "none", 0, dt.F32) if v is first else v for v in ops]
     if m.id in k.chained and all(isinstance(v, Ref) or is_num(v) for v in ops):

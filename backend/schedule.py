@@ -48,9 +48,14 @@ class ScheduleOptions:
     lookahead: int = LOOKAHEAD
     weight_queues: int = 0
     critical: bool = False
+    prefetch: float = PREFETCH_SBUF_FRACTION  # the share of SBUF loads issued ahead may fill
 
-    def to_json(self) -> dict[str, int | bool]:
-        return {"lookahead": self.lookahead, "weight_queues": self.weight_queues, "critical": self.critical}
+    def to_json(self) -> dict[str, int | bool | float]:
+        out: dict[str, int | bool | float] = {"lookahead": self.lookahead, "weight_queues": self.weight_queues,
+                                              "critical": self.critical}
+        if self.prefetch != PREFETCH_SBUF_FRACTION:
+            out["prefetch"] = self.prefetch
+        return out
 
 
 DEFAULT_SCHEDULE = ScheduleOptions()  # -O1's and -O2's
@@ -339,7 +344,14 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         got: list[tuple[Buf, _Space]] = []
         for b in new:
             space = sbuf if b.kind == "sbuf" else psum
-            res = space.alloc(b, b.row_bytes)
+            if space is psum and options.critical and i.index != frontier and \
+                    psum.size - psum.in_use - psum.need(b.row_bytes) < target.psum_bank_bytes:
+                # out of program order, an accumulator may not take the last bank: the work it waits for may
+                # need one (an epilogue's per-channel column, transposed on TensorE), and eight accumulators
+                # started ahead held them all (ResNet-50's last convolution in critical-path order)
+                res = None
+            else:
+                res = space.alloc(b, b.row_bytes)
             if res is None:
                 for g, sp in got:  # undo: nothing used that memory
                     sp.unalloc(g)
@@ -381,7 +393,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         # arrives in a tile of its own while the tiles before it are still in use (double buffering).
         # (the earliest load first: when that one is parked, it would not fit)
         if ready_loads and ready_loads[0] <= frontier + options.lookahead and ready_loads[0] < lowest_parked_load() \
-                and (ready_loads[0] == frontier or sbuf.in_use <= PREFETCH_SBUF_FRACTION * sbuf.size):
+                and (ready_loads[0] == frontier or sbuf.in_use <= options.prefetch * sbuf.size):
             blocked = place(insts[ready_loads[0]], new_tiles(insts[ready_loads[0]]))
             if blocked is None:
                 pick = insts[heapq.heappop(ready_loads)]
@@ -410,10 +422,16 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 park(idx, blocked, h is ready_loads)
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
+            cands = (*ready_loads, *(by_rank[k] for k in ready_other), *waiting)
+            space, kind = sbuf, "SBUF"
             need, at = max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "sbuf"), i)
-                            for i in (*ready_loads, *(by_rank[k] for k in ready_other), *waiting)), default=(0, -1))
+                            for i in cands), default=(0, -1))
+            if need == 0:  # blocked on accumulators, not on SBUF
+                space, kind = psum, "PSUM"
+                need, at = max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "psum"), i)
+                                for i in cands), default=(0, -1))
             where = f" (at {insts[at].origin})" if at >= 0 and insts[at].origin else ""
-            raise error("NCC_EOOM001", f"the working set does not fit on chip: {sbuf.in_use} of {sbuf.size} SBUF "
+            raise error("NCC_EOOM001", f"the working set does not fit on chip: {space.in_use} of {space.size} {kind} "
                         f"bytes per partition are live and {need} more are needed{where}",
                         hint="the model's tiles are too large for this target")
         scheduled[pick.index] = True

@@ -317,10 +317,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                 # compile's.
                 if best is None or built.code != "NCC_EOOM001":
                     raise built
-                tried.append({"program": name, **schedule.to_json(), "latency_us": None, "failed": built.code})
+                tried.append({"program": name, **schedule.to_json(), "latency_us": None, "failed": built.code,
+                              "why": str(built.message)})
                 continue
             lat = built.summary["latency_ns"]
-            tried.append({"program": name, **schedule.to_json(), "latency_us": round(lat / 1000, 3)})
+            tried.append({"program": name, **(built.summary.get("schedule") or schedule.to_json()),
+                          "latency_us": round(lat / 1000, 3)})
             if best is None or lat < best.summary["latency_ns"]:
                 best, pick = built, len(runs) - 1
 
@@ -443,14 +445,26 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         plan = partial(_once, plan)
 
     def one(schedule: Any, keep: bool) -> Outcome:
-        for budget in budgets:
-            forward_within(budget)
-            try:
-                compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, schedule))
+        # A schedule that finds no room tries again within the smaller forwarding budgets, then (loads issued
+        # far ahead hold SBUF the work at hand may need) with half the prefetch share
+        compiled, failed = None, None
+        for sched in (schedule, replace(schedule, prefetch=schedule.prefetch / 2)):
+            for budget in budgets:
+                forward_within(budget)
+                try:
+                    compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, sched))
+                    break
+                except NxsatError as e:
+                    if e.code != "NCC_EOOM001":
+                        raise
+                    failed = e
+                    if not forwarded.loads:
+                        break
+            if compiled is not None:
                 break
-            except NxsatError as e:
-                if e.code != "NCC_EOOM001" or not forwarded.loads:
-                    raise
+        if compiled is None:
+            assert failed is not None
+            raise failed
         program, constants = compiled.program, compiled.constants
         # Compulsory traffic: what the program must read of each input it reads (none of one it only
         # returns through input_output_alias) and every output it writes (an alias is written by nobody).
@@ -465,6 +479,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         program = None
         summary = st.run("simulate", lambda: model.profile()[0])
         summary["forwarded"] = forwarding
+        summary["schedule"] = sched.to_json() if hasattr(sched, "to_json") else None
         st.dump("07-program.nxs", lambda: model.text)
         st.dump("08-profile.json", json.dumps(summary, indent=1))
         return summary, constants, io, data, model if keep else None

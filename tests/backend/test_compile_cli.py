@@ -379,6 +379,31 @@ def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.Mo
         driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
 
 
+def test_a_schedule_that_does_not_fit_tries_again_with_half_the_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loads issued far ahead hold SBUF: a schedule that finds no room is tried again with half the share
+    of SBUF prefetching may fill (before its forwarding is undone), and the report says so."""
+    import nxsat.backend as backend
+    from nxsat import driver
+    from nxsat.diagnostics import error
+    from nxsat.extract.plan import PREFETCH_SBUF_FRACTION
+
+    real = backend.schedule_graph
+
+    def schedule(lw, target, flags, options):  # noqa: ANN001, ANN202
+        if options.lookahead > 1000 and options.prefetch == PREFETCH_SBUF_FRACTION:
+            raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
+        return real(lw, target, flags, options)
+
+    monkeypatch.setattr(backend, "schedule_graph", schedule)
+    path = str(DATA / "jax" / "mlp.hlo")
+    res = driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+    tried = res.report["search"]["tried"]
+    assert not any(t.get("failed") for t in tried)
+    far = [t for t in tried if t["lookahead"] > 1000]
+    assert far and all(t["prefetch"] == PREFETCH_SBUF_FRACTION / 2 for t in far)
+    assert all("prefetch" not in t for t in tried if t["lookahead"] <= 1000)
+
+
 def test_parallel_jobs_build_the_same_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """--num-parallel-jobs builds a program's schedules in forked processes: the NEFF, the search and the
     latency are those of one job at a time, at -O2 and -O3 (every schedule shares one lowering). Two

@@ -236,3 +236,38 @@ def test_a_convolutions_epilogue_reads_each_psum_bank_itself() -> None:
     reads = [i for i in prog.instrs if i.stream in ("act", "dve", "pool")
              and any(prog.tensors[o.tensor].kind == "psum" for o in i.operands[1:])]
     assert len(reads) == 4 and all(i.opcode == "tensor_scalar" for i in reads)
+
+
+BN_RELU = """HloModule bn_relu
+ENTRY main {
+  x = bf16[1,64,16,16]{3,2,1,0} parameter(0)
+  w = bf16[3,3,64,96]{3,2,1,0} parameter(1)
+  s = f32[96]{0} parameter(2)
+  b = f32[96]{0} parameter(3)
+  c = f32[1,96,16,16]{3,2,1,0} convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_01io->bf01
+  sb = f32[1,96,16,16]{3,2,1,0} broadcast(s), dimensions={1}
+  bb = f32[1,96,16,16]{3,2,1,0} broadcast(b), dimensions={1}
+  m = f32[1,96,16,16]{3,2,1,0} multiply(c, sb)
+  a = f32[1,96,16,16]{3,2,1,0} add(m, bb)
+  z = f32[] constant(0)
+  zb = f32[1,96,16,16]{3,2,1,0} broadcast(z), dimensions={}
+  r = f32[1,96,16,16]{3,2,1,0} maximum(a, zb)
+  ROOT o = bf16[1,96,16,16]{3,2,1,0} convert(r)
+}
+"""
+
+
+def test_a_batch_norm_and_relu_are_one_activation_of_the_accumulator() -> None:
+    """``relu(conv * s + b)`` with a scale and a shift per channel (a merged inference batch norm), cast to
+    bf16 for the next convolution: one ScalarE activation reads the PSUM bank, the scale and shift as
+    its per-partition scale and bias, and writes the bf16 value; the same values as the interpreter's."""
+    model = assert_device_matches(module_of(BN_RELU), rtol=1e-2, atol_scale=1e-2)
+    prog = model.program
+    steps = [i for i in prog.instrs if i.stream in ("act", "dve", "pool") and i.opcode != "memset"
+             and any(prog.tensors[o.tensor].kind == "psum" for o in i.operands[1:])]
+    assert len(steps) == 1
+    (act,) = steps
+    assert act.opcode == "activation" and act.attrs["func"] == "relu"
+    assert not isinstance(act.attrs["scale"], float) and not isinstance(act.attrs["bias"], float)
+    assert prog.tensors[act.operands[0].tensor].dtype.name == "bf16"
+    assert not [i for i in prog.instrs if i.opcode in ("tensor_scalar", "tensor_copy")]

@@ -264,12 +264,16 @@ def test_values_per_row_are_scalar_operands_and_two_steps_share_an_instruction()
 
 
 def test_a_step_whose_result_is_kept_is_not_chained() -> None:
-    """The normalized value is also returned: ``x - mean`` is stored, so it is an instruction of its own."""
+    """The normalized value is also returned: ``x - mean`` is stored, so it is an instruction of its own;
+    ``* scale + beta`` and the ReLU are then one ScalarE activation, the two columns its scale and bias."""
     text = ROW_BN.replace("ROOT r = f32[128,1024]{1,0} maximum(a, bz)", "r = f32[128,1024]{1,0} maximum(a, bz)") \
         .replace("\n}\n", "\n  ROOT t = (f32[128,1024]{1,0}, f32[128,1024]{1,0}) tuple(r, s)\n}\n")
     instrs = _insts(text)
     steps = [(i.attrs.get("op0"), i.attrs.get("op1", "none")) for i in instrs if i.opcode == "tensor_scalar"]
-    assert steps == [("sub", "none"), ("mul", "add"), ("max", "none")]
+    assert steps == [("sub", "none")]
+    (act,) = [i for i in instrs if i.opcode == "activation"]
+    assert act.stream == "act" and act.attrs["func"] == "relu"
+    assert not isinstance(act.attrs["scale"], float) and not isinstance(act.attrs["bias"], float)
     rng = np.random.default_rng(4)
     assert_device_matches(module_of(text), {
         "x": rng.standard_normal((128, 1024)).astype(np.float32), "mean": rng.standard_normal(128).astype(np.float32),
