@@ -553,10 +553,10 @@ def _compute(cv: Conv, w: Work) -> None:
             mv = _moving(cv, tile, boxes, w.combo, piece, group, taps, st.shape[0], w.chunk)
             g.add("pe", "matmul", bank, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
     if (cv.plan.transpose_out == "dma" or cv.nsp == 0) and cv.ep.reads_psum(cv.out_t):
-        # the epilogue's first step reads the accumulator itself, bank by bank
-        for bank, piece in zip(banks, pieces):
+        # the epilogue's first step reads the accumulator itself, bank by bank, pipelined
+        for _ in pieces:
             cv.ep.evacuate_on_act(copy=False)
-            _store(cv, w.job, w.combo, piece, w.ot, bank)
+        cv.ep.pipelined([(_place(w.job, w.combo, piece, w.ot), bank) for bank, piece in zip(banks, pieces)])
         return
     res = g.tile(out_shape, cv.out_t, "sbuf", "cvres").ref()
     if len(pieces) == 1:
@@ -1023,20 +1023,33 @@ def _packed(cv: Conv, job: Job, taps: TapCombo) -> Ref:
 
 # --- results ---------------------------------------------------------------------------------------
 
+def _qkeys(combo: Combo, chunk: Chunk) -> list[slice]:
+    """The block's output positions per spatial dimension (class progressions)."""
+    keys = []
+    for cls, (ja, jn) in zip(combo, chunk[1:]):
+        a = cls.first + ja * cls.step
+        keys.append(slice(a, a + (jn - 1) * cls.step + 1, cls.step))
+    return keys
+
+
+def _place(job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int]) -> Callable[[Ref], Ref]:
+    """Where a channels-first block ``[O_tile, nb, j...]`` lies in (a value of) Y's frame."""
+    (n0, nb) = chunk[0]
+    o0, on = job.o0 + ot[0], ot[1]
+    key = (slice(n0, n0 + nb), slice(o0, o0 + on), *_qkeys(combo, chunk))
+    perm = (1, 0, *range(2, len(chunk) + 1))
+    return lambda y: y[key].permute(*perm)
+
+
 def _store(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ot: tuple[int, int], res: Ref) -> None:
     """The block's results ``[O_tile, nb, j...]`` to their places in Y (class progressions)."""
     g = cv.g
     o_off, on = ot
     (n0, nb), sp = chunk[0], chunk[1:]
     o0 = job.o0 + o_off
-    qkeys = []
-    for cls, (ja, jn) in zip(combo, sp):
-        a = cls.first + ja * cls.step
-        qkeys.append(slice(a, a + (jn - 1) * cls.step + 1, cls.step))
+    qkeys = _qkeys(combo, chunk)
     if cv.plan.transpose_out == "dma" or cv.nsp == 0:
-        key = (slice(n0, n0 + nb), slice(o0, o0 + on), *qkeys)
-        perm = (1, 0, *range(2, cv.nsp + 2))
-        cv.ep.tile(lambda y: y[key].permute(*perm), res)
+        cv.ep.tile(_place(job, combo, chunk, ot), res)
         return
     # channels-last result: blocks of up to 128 positions transposed on TensorE into one PSUM bank, one
     # copy out of it and one DMA of whole channel vectors

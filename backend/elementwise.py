@@ -223,6 +223,7 @@ class Share:
     dve: int
     chained: frozenset[int] = frozenset()  # members their one reader takes as its first step (:func:`chains`)
     activated: frozenset[int] = frozenset()  # chains' second steps a ReLU takes as its scale and bias (:func:`relus`)
+    doubled: tuple[tuple[int, Node], ...] = ()  # members also written in a reader's narrower type (:func:`doubles`)
     narrowed: tuple[tuple[int, Node], ...] = ()  # members written in their one reader's type (:func:`narrowings`)
 
 
@@ -254,8 +255,9 @@ def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[i
     folds = scale_folds(lw, members, kept)
     share = act_share(lw, members, folds)
     chained = chains(lw, members, kept, folds, share.on_act)
-    return folds, replace(share, chained=chained, narrowed=narrowings(lw, members, kept, folds, chained),
-                          activated=relus(lw, members, kept, chained))
+    narrowed = narrowings(lw, members, kept, folds, chained)
+    return folds, replace(share, chained=chained, narrowed=narrowed, activated=relus(lw, members, kept, chained),
+                          doubled=doubles(lw, members, folds, chained, narrowed))
 
 
 def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float]],
@@ -305,6 +307,36 @@ def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, t
             out.add(m.id)
             seconds.add(r.id)
     return frozenset(out)
+
+
+def doubles(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]], chained: frozenset[int],
+            narrowed: tuple[tuple[int, Node], ...]) -> tuple[tuple[int, Node], ...]:
+    """The members that one reader converts to a narrower float while others (or a store) read them in
+    fp32 (a residual block's ReLU: the next block's shortcut adds it in fp32, its first convolution reads
+    it in bf16): the step is made twice, the second time written in the convert's type, where it was
+    followed by a copy (the same rounding: the engines compute in fp32 and round once as they write).
+    The two steps go to whichever of ScalarE and VectorE has less work, where the copy was VectorE's:
+    ResNet-50's residual blocks end in an fp32 add on VectorE (two cycles an element), which the copy
+    queued behind. Member id -> the convert. One instruction of arithmetic or an activation on one tile
+    (a step of two costs VectorE twice the copy it replaces: BERT generic's residual adds, 1,563.8 ->
+    1,687.8 us), fp32, into a narrower float (not fp8)."""
+    from nxsat.backend.elementwise_ext import _arith
+
+    ids, readers = _pass_readers(members)
+    done = {mid for mid, _ in narrowed}
+    out = []
+    for m in members:
+        rs = readers.get(m.id, [])
+        casts = [r for r in rs if r.op == "convert" and sum(o.id == m.id for o in r.operands) == 1]
+        if len(casts) != 1 or len(rs) + len(lw.consumers.get(m.id, set()) - ids) < 2 or m.id in done \
+                or m.id in folds or m.id in chained or EMITTERS.get(m.op) not in (_activation, _arith) \
+                or m.op == "power" or _dtype(m) is not dt.F32 \
+                or sum(o.id in ids or lw.scalar(o) is None for o in m.operands) != 1:
+            continue
+        want = _dtype(casts[0])
+        if want.is_float and want.itemsize < 4 and want is not dt.F8E4M3FN:
+            out.append((m.id, casts[0]))
+    return tuple(out)
 
 
 def relus(lw: Lowering, members: list[Node], kept: set[int], chained: frozenset[int]) -> frozenset[int]:
@@ -455,6 +487,8 @@ class Kernel:
         self.chained = share.chained if share else frozenset()  # first steps of a tensor_scalar (chains)
         self.narrowed = dict(share.narrowed) if share else {}  # members written in their convert's type
         self.activated = share.activated if share else frozenset()  # chains a ReLU's activation takes (relus)
+        self.doubled = dict(share.doubled) if share else {}  # members also written narrow (doubles)
+        self.early: dict[int, Ref] = {}  # convert id -> the value its operand's second step wrote
 
 
 def _split(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -786,6 +820,8 @@ def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node,
         v = val[m.operands[0].id]
         if isinstance(v, Ref) and v.dtype is _dtype(m):
             return v
+    if m.id in k.early:
+        return k.early.pop(m.id)
     if m.id in k.narrowed:  # computed as before, written in the convert's type
         m = copy.copy(m)
         m.type = k.narrowed[m.id].type
@@ -813,6 +849,11 @@ def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node,
         form = _scalar_form(m, ops)
         if form is not None and isinstance(form[0], Ref):
             return Chained(*form)
+    cast = k.doubled.get(m.id)
+    if cast is not None and all(isinstance(v, Ref) or is_num(v) for v in ops):
+        narrow = copy.copy(m)
+        narrow.type = cast.type
+        k.early[cast.id] = emit(k, narrow, ops)  # first: the narrow value is the one the next matmul waits for
     return emit(k, m, ops)
 
 

@@ -20,7 +20,7 @@ it priced.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 from nxsat import dtypes as dt
@@ -98,6 +98,34 @@ class Epilogue:
                 ) -> dict[int, Operand]:
         """The cluster on the tile of ``shape`` at ``place`` (``res``: the producer's value there), its
         values needed elsewhere stored; every member's value, on 2-D ``[partitions, free]`` tiles."""
+        steps = self.steps(place, shape, res)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def pipelined(self, tiles: list[tuple[Callable[[Ref], Ref], Ref]]) -> None:
+        """The cluster on several tiles of the result (``(place, res)`` each, in PSUM: :meth:`reads_psum`),
+        each tile's first instruction emitted before the previous tile's other steps. Each engine runs its
+        instructions in order: tile by tile, ScalarE's batch norm of the next bank waited behind this bank's
+        ReLU, which waited for VectorE's residual add (ResNet-50's stage 2: 1.8 us a bank, the engines
+        taking turns)."""
+        prev = None
+        for place, res in tiles:
+            cur = self.steps(place, res.shape, res)
+            next(cur, None)
+            if prev is not None:
+                for _ in prev:
+                    pass
+            prev = cur
+        if prev is not None:
+            for _ in prev:
+                pass
+
+    def steps(self, place: Callable[[Ref], Ref], shape: tuple[int, ...], res: Ref | None = None
+              ) -> Generator[None, None, dict[int, Operand]]:
+        """:meth:`compute`, pausing once after its first instruction (:meth:`pipelined`)."""
         lw, g = self.lw, self.lw.graph
         cl = self.cluster
         assert cl is not None
@@ -108,6 +136,7 @@ class Epilogue:
         for oid, src in self.inputs.items():
             if oid not in self.affine:  # a mask of the position: loaded only if no affine_select applies it
                 val[oid] = src if is_num(src) else self._load(oid, place, flat)
+        paused = False
         for m in cl.members:
             g.origin = _origin(m)
             masked = self._affine_select(m, val, place, shape, k.t) if m.op == "select" else None
@@ -117,7 +146,12 @@ class Epilogue:
             for o in m.operands:
                 if o.id not in val:
                     val[o.id] = self._load(o.id, place, flat)
+            before = len(g.insts)
             val[m.id] = folded(k, m, val, folds)
+            if not paused and len(g.insts) > before:
+                paused = True
+                yield
+                g.origin = _origin(m)
         for mid, dst in self.stores.items():
             v = val[mid]
             if is_num(v):

@@ -229,13 +229,18 @@ def test_a_bias_repeated_on_the_partitions_is_loaded_once_and_spread_by_tensore(
 def test_a_convolutions_epilogue_reads_each_psum_bank_itself() -> None:
     """A convolution whose output chunk spans several PSUM banks (1,600 positions) and whose result only its
     epilogue reads: the epilogue's first step (bias and scale, one ``tensor_scalar``) reads each bank
-    itself, as for a one-bank chunk; no copy out of PSUM comes first."""
+    itself, as for a one-bank chunk; no copy out of PSUM comes first. The banks are pipelined: each
+    bank's first step comes before the previous bank's ReLU, so an engine's in-order stream does not hold
+    the next bank behind the other engine's work on this one."""
     text = _conv("bf01_01io->bf01", "[1,16,40,40]", "[3,3,16,24]", "[1,24,40,40]", "1")
     assert_device_matches(module_of(text), rtol=2e-5, atol_scale=2e-5)
     prog = compile_graph(module_of(text), sim.load_target("trn1")).program
-    reads = [i for i in prog.instrs if i.stream in ("act", "dve", "pool")
+    reads = [k for k, i in enumerate(prog.instrs) if i.stream in ("act", "dve", "pool")
              and any(prog.tensors[o.tensor].kind == "psum" for o in i.operands[1:])]
-    assert len(reads) == 4 and all(i.opcode == "tensor_scalar" for i in reads)
+    assert len(reads) == 4 and all(prog.instrs[k].opcode == "tensor_scalar" for k in reads)
+    relus = [k for k, i in enumerate(prog.instrs) if i.opcode == "tensor_scalar" and i.attrs.get("op0") == "max"]
+    assert len(relus) == 4 and all(reads[b + 1] < relus[b] < reads[b + 2] if b + 2 < 4 else reads[b + 1] < relus[b]
+                                   for b in range(3))
 
 
 BN_RELU = """HloModule bn_relu
