@@ -1,6 +1,6 @@
 """Every model of the corpus (tests/data/hlo, tests/data/relay) compiled by `nxsat compile`'s driver at
 -O2 for trn1 and for trn2, run on the simulator with seeded random inputs, against the reference
-interpreter on the same inputs (mobilenet_v2's trn2 run only with NXSAT_EXTENDED=1: the suite's budget).
+interpreter on the same inputs (mobilenet_v2's runs only with NXSAT_EXTENDED=1: the suite's budget).
 
 Tolerances: a float output within two units of its type's rounding (at least 1e-5, the issue's XLA
 comparison, so 2e-5 for fp32), four for bf16 (2^-6), relative to the output's largest value, since the device fuses
@@ -69,7 +69,8 @@ CASES = [
     Case("hlo/mha_block_1x12x128x64_bf16.hlo"),
     Case("hlo/mobilenet_v2.hlo", slow=True,
          scalars=(("p12.42", 6.0), ("p317.2351", 49.0), ("p314.2029", 96.0), ("p315.2045", 0.8)),
-         sensitivities="hlo/mobilenet_v2.sensitivity.json", reload=False, parallel_targets=True, extended=("trn2",)),
+         sensitivities="hlo/mobilenet_v2.sensitivity.json", reload=False, parallel_targets=True,
+         extended=("trn1", "trn2")),
     Case("hlo/resnet50_keras_jax_f32.hlo", slow=True),
     Case("hlo/sum_axis_1x4096x1024_bf16.hlo"),
     Case("hlo/topk_logits_k10_1x50000_bf16.hlo"),
@@ -89,11 +90,13 @@ def _marks(c: Case, target: str) -> list[pytest.MarkDecorator]:
     marks = [pytest.mark.xdist_group(f"{c.id}-{target}" if c.parallel_targets else c.id)]
     if c.slow:
         marks.append(pytest.mark.slow)
-    # mobilenet_v2's training step on trn2 repeats its trn1 run's 7 minutes (the smaller models cover trn2's
-    # lowering): with both, the suite took 13 to 17 minutes on 2 cores, past its 15-minute budget
+    # mobilenet_v2's training step takes 7 to 9 minutes per target (compile, interpreter, simulator): with
+    # both, the suite took 13 to 17 minutes on 2 cores, and with trn1's alone still 16:47 (1,007 s, of which
+    # that one test was 554 s) on 2026-11-29, past its 15-minute budget. Its lowering's parts (batch norms
+    # in training, depthwise layers and their gradients) have tests of their own; NXSAT_EXTENDED=1 runs it
     if target in c.extended:
         marks.append(pytest.mark.skipif(os.environ.get("NXSAT_EXTENDED") != "1",
-                                        reason="7 minutes: NXSAT_EXTENDED=1 runs it (README, the test command)"))
+                                        reason="7 to 9 minutes: NXSAT_EXTENDED=1 runs it (README, the test command)"))
     return marks
 
 

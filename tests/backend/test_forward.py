@@ -10,7 +10,7 @@ import gc
 
 import numpy as np
 import pytest
-from harness import DATA
+from harness import DATA, module_of
 
 from nxsat import dtypes as dt
 from nxsat import sim
@@ -292,3 +292,43 @@ def test_a_layer_norm_between_two_dots_reads_and_writes_its_rows_on_chip() -> No
         {f"in{i}": v for i, v in enumerate(ins)})
     (want,) = run_module(m, ins)
     np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+STEM_POOL = """HloModule stem_pool
+max_f32 {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+ENTRY main {
+  x = bf16[1,16,112,112]{3,2,1,0} parameter(0)
+  w = bf16[3,3,16,64]{3,2,1,0} parameter(1)
+  c = f32[1,64,112,112]{3,2,1,0} convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_01io->bf01
+  z = f32[] constant(0)
+  zb = f32[1,64,112,112]{3,2,1,0} broadcast(z), dimensions={}
+  r = f32[1,64,112,112]{3,2,1,0} maximum(c, zb)
+  i = f32[] constant(-inf)
+  ROOT p = f32[1,64,56,56]{3,2,1,0} reduce-window(r, i), window={size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1},
+    to_apply=max_f32
+}
+"""
+
+
+def test_a_pooling_reads_its_window_from_fifteen_tiles_on_chip() -> None:
+    """ResNet-50's stem and max pooling: the convolution stores its output four rows a tile (one PSUM bank),
+    each half of the pooling reads 57 rows (with the window's overlap) from fifteen of those tiles, all
+    on chip (``MAX_PIECES``): the convolution's output never reaches HBM."""
+    from nxsat.backend import device_forms, lower_graph
+    from nxsat.interpreter import run_module
+
+    m = module_of(STEM_POOL)
+    lw = lower_graph(device_forms(m, TARGET), TARGET)
+    f = forward_stores(lw.graph, TARGET)
+    assert f.split >= 2 and not any(b.kind == "scratch" for b in lw.graph.bufs if b.users)
+    sch = schedule(lw.graph, TARGET, lw.inputs, lw.outputs)
+    rng = np.random.default_rng(4)
+    ins = [dt.cast(rng.standard_normal(p.type.shape), p.type.dtype) for p in m.entry.params]
+    got = sim.load(sim.build_neff(sch.program, TARGET, sch.constants), verify=True).run(
+        {f"in{i}": v for i, v in enumerate(ins)})
+    (want,) = run_module(m, ins)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
