@@ -356,16 +356,7 @@ def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.Mo
     from nxsat import driver
     from nxsat.diagnostics import NxsatError, error
 
-    real = backend.schedule_graph
-
-    def schedule(lw, target, flags, options):  # noqa: ANN001, ANN202
-        if options.lookahead > 1000:
-            raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
-        return real(lw, target, flags, options)
-
-    monkeypatch.setattr(backend, "schedule_graph", schedule)
-    path = str(DATA / "jax" / "mlp.hlo")
-    res = driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+    res = _compile_where_schedules_fail(monkeypatch, lambda options: options.lookahead > 1000)
     tried = res.report["search"]["tried"]
     assert [t.get("failed") for t in tried] == [None, "NCC_EOOM001", None, "NCC_EOOM001"]
     assert res.report["search"]["chosen"] in (0, 2)
@@ -376,27 +367,35 @@ def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(backend, "schedule_graph", always)
     with pytest.raises(NxsatError):
-        driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+        driver.compile_model(str(DATA / "jax" / "mlp.hlo"),
+                             driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+
+
+def _compile_where_schedules_fail(monkeypatch: pytest.MonkeyPatch, fails):  # noqa: ANN001, ANN202
+    """mlp.hlo at -O2 with the schedules ``fails(options)`` says do not fit on chip."""
+    import nxsat.backend as backend
+    from nxsat import driver
+    from nxsat.diagnostics import error
+
+    real = backend.schedule_graph
+
+    def schedule(lw, target, flags, options):  # noqa: ANN001, ANN202
+        if fails(options):
+            raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
+        return real(lw, target, flags, options)
+
+    monkeypatch.setattr(backend, "schedule_graph", schedule)
+    return driver.compile_model(str(DATA / "jax" / "mlp.hlo"),
+                                driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
 
 
 def test_a_schedule_that_does_not_fit_tries_again_with_half_the_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loads issued far ahead hold SBUF: a schedule that finds no room is tried again with half the share
     of SBUF prefetching may fill (before its forwarding is undone), and the report says so."""
-    import nxsat.backend as backend
-    from nxsat import driver
-    from nxsat.diagnostics import error
     from nxsat.extract.plan import PREFETCH_SBUF_FRACTION
 
-    real = backend.schedule_graph
-
-    def schedule(lw, target, flags, options):  # noqa: ANN001, ANN202
-        if options.lookahead > 1000 and options.prefetch == PREFETCH_SBUF_FRACTION:
-            raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
-        return real(lw, target, flags, options)
-
-    monkeypatch.setattr(backend, "schedule_graph", schedule)
-    path = str(DATA / "jax" / "mlp.hlo")
-    res = driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=2, auto_cast="matmult"))
+    res = _compile_where_schedules_fail(
+        monkeypatch, lambda options: options.lookahead > 1000 and options.prefetch == PREFETCH_SBUF_FRACTION)
     tried = res.report["search"]["tried"]
     assert not any(t.get("failed") for t in tried)
     far = [t for t in tried if t["lookahead"] > 1000]
