@@ -1,7 +1,8 @@
 """Compile benchmark: per model, compile seconds per stage, peak memory, instructions, simulated latency,
-roofline and their ratio (trn1, -O2, --auto-cast matmult, bf16 unless told otherwise), and from the
-profile: TensorE's utilization (PE%), the part of the run with a DMA transfer under way (DMA%) and the
-part of TensorE's busy time with one (PE&DMA%: data movement hidden behind compute).
+roofline and their ratio (trn1, -O2, --auto-cast matmult, bf16 unless told otherwise), XLA's own CPU
+compile of an HLO model when JAX is installed (and nxsat's wall time over it), and from the profile:
+TensorE's utilization (PE%), the part of the run with a DMA transfer under way (DMA%) and the part of
+TensorE's busy time with one (PE&DMA%: data movement hidden behind compute).
 
     python bench/compile_bench.py                       # the issue's models
     python bench/compile_bench.py --models mha_block_1x12x128x64_bf16 --auto-cast none
@@ -64,6 +65,32 @@ def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str
         return r
 
 
+def xla_compile_seconds(path: Path, repeat: int = 3) -> float | None:
+    """XLA's own CPU compile of the same HLO text (parse, convert to StableHLO, compile), the best of
+    ``repeat`` in this process, for issue 11's ratio; None without JAX, for a Relay model, or where this
+    JAX's (private, fast-moving) API differs: ``jax._src.lib.xla_client`` as of JAX 0.10."""
+    if path.suffix != ".hlo":
+        return None
+    try:
+        import jax
+        from jax._src.lib import xla_client as xc
+    except ImportError:
+        return None
+    text = path.read_text()
+    best = float("inf")
+    try:
+        cpu = jax.devices("cpu")
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            proto = xc.hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+            cpu[0].client.compile_and_load(xc._xla.mlir.hlo_to_stablehlo(proto), cpu[:1], xc.CompileOptions())
+            best = min(best, time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - a JAX without this API: no figure, said so
+        print(f"(XLA's compile not measured: {type(e).__name__}: {str(e)[:100]})", file=sys.stderr)
+        return None
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help="names (see MODELS) or paths, comma-separated")
@@ -83,9 +110,11 @@ def main() -> None:
     print(f"{'model':<18} {'variant':>12} {'wall':>6} {'front':>6} {'satur':>6} {'extr':>6} {'lower':>6} "
           f"{'sched':>6} {'neff':>6} {'sim':>6} {'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} "
           f"{'ratio':>8} {'vs first':>8} {'PE%':>5} {'DMA%':>5} {'PE&DMA%':>7}")
+    xla_lines = []
     for name in args.models.split(","):
         path = MODELS.get(name, Path(name))
         first = None
+        walls = []
         for level, extractor in variants:
             label = f"O{level}" + (f":{extractor}" if extractor else "")
             r = compile_one(path, args, level, extractor, args.model_type)
@@ -94,12 +123,19 @@ def main() -> None:
                 continue
             s = r["stages"]
             first = first or r["latency_us"]
+            walls.append((label, r["wall_s"]))
             print(f"{name:<18} {label:>12} {r['wall_s']:6.1f} {s['frontend']:6.2f} {s['saturate']:6.2f} "
                   f"{s['extract']:6.2f} {s['lower']:6.2f} {s['schedule']:6.2f} {s['neff']:6.2f} {s['simulate']:6.2f} "
                   f"{r['peak_rss_mb']:6.0f} {r['instructions']:9,} {r['latency_us']:11.1f} "
                   f"{r['roofline_us']:10.2f} {r['latency_over_roofline']:8.1f} {r['latency_us'] / first:8.4f} "
                   f"{r['engines']['pe']:5.1%} {r['overlap']['dma_of_run']:5.1%} {r['overlap']['pe_with_dma']:7.1%}",
                   flush=True)
+        xla = xla_compile_seconds(path)
+        if xla is not None:
+            xla_lines.append(f"{name}: XLA's CPU compile {xla:.3f} s; nxsat's wall / XLA's: "
+                             + ", ".join(f"{label} {wall / xla:.1f}x" for label, wall in walls))
+    for line in xla_lines:
+        print(line)
 
 
 if __name__ == "__main__":
