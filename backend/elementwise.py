@@ -277,8 +277,7 @@ def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[in
                 or lw.consumers.get(m.id, set()) - ids or EMITTERS.get(m.op) not in (_activation, _arith) \
                 or m.op == "power" or _dtype(m) is not dt.F32:
             continue
-        want = _dtype(rs[0])
-        if want.is_float and want.itemsize < 4 and want is not dt.F8E4M3FN:
+        if _narrower(_dtype(rs[0])):
             out.append((m.id, rs[0]))
     return tuple(out)
 
@@ -309,6 +308,11 @@ def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, t
     return frozenset(out)
 
 
+def _narrower(want: dt.DType) -> bool:
+    """A float an fp32 step may write rounded as the convert would (not fp8, which XLA saturates to NaN)."""
+    return want.is_float and want.itemsize < 4 and want is not dt.F8E4M3FN
+
+
 def doubles(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]], chained: frozenset[int],
             narrowed: tuple[tuple[int, Node], ...]) -> tuple[tuple[int, Node], ...]:
     """The members that one reader converts to a narrower float while others (or a store) read them in
@@ -333,8 +337,7 @@ def doubles(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, floa
                 or m.op == "power" or _dtype(m) is not dt.F32 \
                 or sum(o.id in ids or lw.scalar(o) is None for o in m.operands) != 1:
             continue
-        want = _dtype(casts[0])
-        if want.is_float and want.itemsize < 4 and want is not dt.F8E4M3FN:
+        if _narrower(_dtype(casts[0])):
             out.append((m.id, casts[0]))
     return tuple(out)
 

@@ -33,6 +33,15 @@ from nxsat.ir import Node
 from nxsat.sim.program import AccessError
 
 
+def _finish(steps: Generator[None, None, dict[int, Operand]]) -> dict[int, Operand]:
+    """Run :meth:`Epilogue.steps` to its end: its members' values."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 @dataclass
 class Epilogue:
     """Where the tiles of an operator's result go: stored to ``out`` (when anything but the cluster reads
@@ -98,12 +107,7 @@ class Epilogue:
                 ) -> dict[int, Operand]:
         """The cluster on the tile of ``shape`` at ``place`` (``res``: the producer's value there), its
         values needed elsewhere stored; every member's value, on 2-D ``[partitions, free]`` tiles."""
-        steps = self.steps(place, shape, res)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return _finish(self.steps(place, shape, res))
 
     def pipelined(self, tiles: list[tuple[Callable[[Ref], Ref], Ref]]) -> None:
         """The cluster on several tiles of the result (``(place, res)`` each, in PSUM: :meth:`reads_psum`),
@@ -116,12 +120,10 @@ class Epilogue:
             cur = self.steps(place, res.shape, res)
             next(cur, None)
             if prev is not None:
-                for _ in prev:
-                    pass
+                _finish(prev)
             prev = cur
         if prev is not None:
-            for _ in prev:
-                pass
+            _finish(prev)
 
     def steps(self, place: Callable[[Ref], Ref], shape: tuple[int, ...], res: Ref | None = None
               ) -> Generator[None, None, dict[int, Operand]]:

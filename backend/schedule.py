@@ -423,13 +423,16 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
             cands = (*ready_loads, *(by_rank[k] for k in ready_other), *waiting)
-            space, kind = sbuf, "SBUF"
-            need, at = max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "sbuf"), i)
+
+            def most_needed(kind: str, cands: tuple[int, ...] = cands) -> tuple[int, int]:
+                return max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == kind), i)
                             for i in cands), default=(0, -1))
+
+            space, kind = sbuf, "SBUF"
+            need, at = most_needed("sbuf")
             if need == 0:  # blocked on accumulators, not on SBUF
                 space, kind = psum, "PSUM"
-                need, at = max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == "psum"), i)
-                                for i in cands), default=(0, -1))
+                need, at = most_needed("psum")
             where = f" (at {insts[at].origin})" if at >= 0 and insts[at].origin else ""
             raise error("NCC_EOOM001", f"the working set does not fit on chip: {space.in_use} of {space.size} {kind} "
                         f"bytes per partition are live and {need} more are needed{where}",

@@ -321,8 +321,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                               "why": str(built.message)})
                 continue
             lat = built.summary["latency_ns"]
-            tried.append({"program": name, **(built.summary.get("schedule") or schedule.to_json()),
-                          "latency_us": round(lat / 1000, 3)})
+            tried.append({"program": name, **built.summary["schedule"], "latency_us": round(lat / 1000, 3)})
             if best is None or lat < best.summary["latency_ns"]:
                 best, pick = built, len(runs) - 1
 
@@ -479,7 +478,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         program = None
         summary = st.run("simulate", lambda: model.profile()[0])
         summary["forwarded"] = forwarding
-        summary["schedule"] = sched.to_json() if hasattr(sched, "to_json") else None
+        summary["schedule"] = sched.to_json()  # as run: its prefetch share may be the halved one
         st.dump("07-program.nxs", lambda: model.text)
         st.dump("08-profile.json", json.dumps(summary, indent=1))
         return summary, constants, io, data, model if keep else None
