@@ -74,25 +74,36 @@ def _is_dma(i: Inst) -> bool:
 
 def _box(pos: np.ndarray, shape: tuple[int, ...]) -> tuple[slice, ...] | None:
     """The slice of an array of ``shape`` whose elements, in row-major order, are the flat positions
-    ``pos`` (None when they are no such slice). A box's step in a dimension is its smallest offset there
-    from the first corner; the grid it implies is then compared with ``pos`` whole."""
-    if len(pos) > 1 and not bool((pos[1:] > pos[:-1]).all()):
-        return None  # a slice read row-major only ever moves forward
-    key = []
-    for c in np.unravel_index(pos, shape):
-        d = c - c[0]
-        if bool((d < 0).any()):
-            return None
-        moved = d[d > 0]
-        step = int(moved.min()) if len(moved) else 1
-        key.append(slice(int(c[0]), int(c[0]) + int(d.max()) + 1, step))
-    counts = [len(range(k.start, k.stop, k.step)) for k in key]
-    if math.prod(counts) != len(pos):
+    ``pos`` (None when they are no such slice). Were they one, the first and last positions would be its
+    corners, and the position after each inner block (its dimensions' counts multiplied) one step along
+    the next dimension out: that names the only candidate, which is then compared with ``pos`` whole
+    (no pass over every element's coordinates: this runs on every tile a load may read on chip)."""
+    n = len(pos)
+    if n == 0:
         return None
+    first = [int(c) for c in np.unravel_index(int(pos[0]), shape)]
+    last = [int(c) for c in np.unravel_index(int(pos[-1]), shape)]
+    key: list[slice] = []
+    block = 1  # elements in the dimensions inside the current one
+    for d in range(len(shape) - 1, -1, -1):
+        lo, hi = first[d], last[d]
+        if hi == lo:
+            key.append(slice(lo, lo + 1, 1))
+            continue
+        if hi < lo or block >= n:
+            return None
+        step = int(np.unravel_index(int(pos[block]), shape)[d]) - lo
+        if step <= 0 or (hi - lo) % step:
+            return None
+        key.append(slice(lo, hi + 1, step))
+        block *= (hi - lo) // step + 1
+    if block != n:
+        return None
+    key.reverse()
     strides = np.cumprod((1, *shape[:0:-1]))[::-1]
     expect = np.zeros((), dtype=np.int64)
-    for k, n, st in zip(key, counts, strides):
-        expect = expect[..., None] + np.arange(k.start, k.stop, k.step, dtype=np.int64)[:n] * int(st)
+    for k, st in zip(key, strides):
+        expect = expect[..., None] + np.arange(k.start, k.stop, k.step, dtype=np.int64) * int(st)
     return tuple(key) if np.array_equal(expect.reshape(-1), pos) else None
 
 
@@ -248,9 +259,15 @@ def _cut(c: _Cut, box: list[tuple[int, int]], cuts_left: int) -> list[tuple[Inst
 
 
 def _places(w: Ref, r: Ref) -> np.ndarray:
-    """Where each element ``r`` reads sits in the order ``w`` wrote them (``w`` covers ``r``): by a table
-    over ``w``'s span where that is not much larger than ``w``, else by search."""
-    a, b = addresses(w.ap), addresses(r.ap)
+    """Where each element ``r`` reads sits in the order ``w`` wrote them (``w`` covers ``r``): by reading
+    each address as digits of ``w``'s strides where they nest (a store's pattern almost always: no
+    element set of ``w`` is built), else by a table over ``w``'s span where that is not much larger than
+    ``w``, else by search."""
+    b = addresses(r.ap)
+    got = _decode(w.ap, b)
+    if got is not None:
+        return got
+    a = addresses(w.ap)
     lo, hi = int(a.min()), int(a.max()) + 1
     if hi - lo <= 8 * len(a):
         at = np.empty(hi - lo, dtype=np.int64)
@@ -258,6 +275,32 @@ def _places(w: Ref, r: Ref) -> np.ndarray:
         return at[b - lo]
     order = np.argsort(a, kind="stable")
     return order[np.searchsorted(a, b, sorter=order)]
+
+
+def _decode(ap: AP, addr: np.ndarray) -> np.ndarray | None:
+    """The row-major positions in ``ap``'s enumeration of the element offsets ``addr``, found by mixed
+    radix: with its dimensions taken by stride, largest first, each stride longer than everything the
+    dimensions inside it reach, an offset's coordinate there is its quotient by the stride. None where
+    the strides do not nest that way or some offset is not one ``ap`` touches."""
+    dims = [(n, st, k) for k, (n, st) in enumerate(ap.dims) if n > 1]
+    place = [1] * len(ap.dims)  # each dimension's weight in the row-major position
+    for k in range(len(ap.dims) - 2, -1, -1):
+        place[k] = place[k + 1] * ap.dims[k + 1][0]
+    dims.sort(key=lambda d: -d[1])
+    reach = 0
+    for n, st, _ in reversed(dims):
+        if st <= reach:
+            return None
+        reach += (n - 1) * st
+    rest = addr - ap.offset
+    pos = np.zeros(len(addr), dtype=np.int64)
+    for n, st, k in dims:
+        c = rest // st
+        if bool(((c < 0) | (c >= n)).any()):
+            return None
+        rest = rest - c * st
+        pos += c * place[k]
+    return pos if not bool(rest.any()) else None
 
 
 class _Live:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 from nxsat import dtypes as dt
 from nxsat.diagnostics import error
+from nxsat.lazy import cached_property
 from nxsat.sim.isa import OPS, RAccess
 from nxsat.sim.program import (
     AP,

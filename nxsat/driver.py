@@ -19,8 +19,11 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
     forward       loads of what a store just wrote from SBUF read it on chip; the
                   stores and scratch tensors left unread go                           06-forwarded.json
     schedule      streams, queues, SBUF/PSUM placement, semaphores                   07-program.nxs
-    neff          the device program checked by the verifier and written             (the output)
+    neff          the device program checked (placement, deadlock, accumulation) and
+                  encoded                                                            (the output)
     simulate      the NEFF's program replayed on the timing model: latency          08-profile.json
+    races         no race and no read before a write (beside the two above, forked, where
+                  a second CPU is free; nothing is written before it passes)
 
 ``rules`` never imports later stages: the driver takes the saturated e-graph from
 ``rules.saturate_module`` and runs the extractor itself.
@@ -34,6 +37,7 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
 import time
 import warnings
 from collections.abc import Callable
@@ -94,8 +98,11 @@ STAGES = (
     Stage("forward", "the same program; a load of what a store just wrote from SBUF is an on-chip copy, and "
           "stores and scratch tensors nothing reads any more are gone"),
     Stage("schedule", "a device program: streams, queues, placed tiles, semaphores"),
-    Stage("neff", "the device program verified (no race, deadlock or read before write) and written"),
+    Stage("neff", "the device program checked (placement, no deadlock, accumulation groups, every output "
+          "written) and encoded"),
     Stage("simulate", "the NEFF's program replayed on the timing model: latency, utilization, memory"),
+    Stage("races", "the device program's happens-before order checked: no race, no read before a write (in a "
+          "forked process beside the simulation where a second CPU is free; the time is the wait for it)"),
 )
 
 
@@ -412,10 +419,11 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     (``keep_model``) the simulator's model of each. The schedules of a batch are independent: up to
     ``--num-parallel-jobs`` run at once, each in a process forked from the lowered graph (the same
     program, byte for byte, as one at a time)."""
-    from nxsat import sim
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
     from nxsat.backend.forward import BUDGETS as FORWARD_BUDGETS
     from nxsat.backend.forward import Forwarded, forward_stores
+    from nxsat.sim.runtime import encode
+    from nxsat.sim.verify import check_races, link
 
     options = Options(opts.mixed_precision_accumulation, opts.saturate_infinity)
     lowering = st.run("lower", lambda: lower_graph(formed, target, options))
@@ -474,9 +482,17 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         compiled = None
         if single:  # freed now, not after the NEFF and the simulation (mobilenet_v2's graph is gigabytes)
             lowering.graph.release()
-        data, model = st.run("neff", lambda: sim.build_model(program, target, constants))
+        # the race check (a third of the NEFF's time on BERT) runs beside the encoding and the simulation
+        beside = opts.num_parallel_jobs > 1 and _cpus() > 1 and _can_fork()
+        linked = st.run("neff", lambda: link(program, target, races=not beside))
         program = None
-        summary = st.run("simulate", lambda: model.profile()[0])
+        races = _in_background(partial(check_races, linked)) if beside else None
+        try:
+            data, model = st.run("neff", lambda: encode(linked, constants))
+            summary = st.run("simulate", lambda: model.profile()[0])
+        finally:  # a race is what is wrong first: its error wins over the simulation's
+            if races is not None:
+                st.run("races", races)
         summary["forwarded"] = forwarding
         summary["schedule"] = sched.to_json()  # as run: its prefetch share may be the halved one
         st.dump("07-program.nxs", lambda: model.text)
@@ -502,7 +518,7 @@ def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs:
     whether it stops the compile). With ``jobs`` > 1, in forked processes (where the platform forks);
     their stage times are added to this one's."""
     global _FORKED
-    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    if jobs <= 1 or not _can_fork():
         return [_attempt(fn, item) for item in batch]
     _FORKED = (fn, batch, st)
     try:
@@ -518,6 +534,46 @@ def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs:
         for k, v in seconds.items():
             st.seconds[k] = round(st.seconds.get(k, 0.0) + v, 4)
     return [out for out, _ in got]
+
+
+def _can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _in_background(fn: Callable[[], None]) -> Callable[[], None]:
+    """Start ``fn`` in a forked process (it sees this one's memory as it is now); the function returned
+    waits for it and raises what it raised (a user-facing error as it was, anything else as an internal
+    error naming it)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, report, and leave without this process's exit handlers or buffers
+        code = 0
+        try:
+            os.close(r)
+            try:
+                fn()
+                out: BaseException | None = None
+            except NxsatError as e:
+                out = e
+            except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+                out = RuntimeError(f"in a background check: {type(e).__name__}: {e}")
+            with os.fdopen(w, "wb") as f:
+                f.write(pickle.dumps(out))
+        except BaseException:  # noqa: BLE001 - the parent sees no report and says so
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+
+    def join() -> None:
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        out = pickle.loads(data) if data else RuntimeError("a background check ended without a report")
+        if out is not None:
+            raise out
+
+    return join
 
 
 def _cpus() -> int:

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import ml_dtypes
 import numpy as np
-from scipy import special
 
 from nxsat import dtypes as dt
 
@@ -125,9 +124,17 @@ def _f64(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.nd
     return run
 
 
+def _special() -> Any:
+    """scipy.special, imported where an activation first needs it: the import is 0.2 s of a compile's
+    start-up, and most programs never evaluate one of these on the host."""
+    from scipy import special
+
+    return special
+
+
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
     # 0.5 x (1 + tanh y) == x sigmoid(2y): no cancellation in the far negative tail
-    return x * special.expit(2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))
+    return x * _special().expit(2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))
 
 
 def _f32(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
@@ -150,11 +157,11 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": _f64(np.exp),
     "log": _f64(np.log),
     "tanh": _f64(np.tanh),
-    "sigmoid": _f64(lambda x: special.expit(x)),
+    "sigmoid": _f64(lambda x: _special().expit(x)),
     "relu": _f32(lambda x: np.maximum(x, _ZERO)),
-    "gelu": _f64(lambda x: x * special.ndtr(x)),  # the normal CDF: no cancellation for x << 0
+    "gelu": _f64(lambda x: x * _special().ndtr(x)),  # the normal CDF: no cancellation for x << 0
     "gelu_tanh": _f64(_gelu_tanh),
-    "silu": _f64(lambda x: x * special.expit(x)),
+    "silu": _f64(lambda x: x * _special().expit(x)),
     "softplus": _f64(lambda x: np.logaddexp(0.0, x)),
     "sqrt": _f32(np.sqrt),
     "rsqrt": _f64(lambda x: 1.0 / np.sqrt(x)),
@@ -164,7 +171,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "sign": _f32(np.sign),
     "sin": _f64(np.sin),
     "cos": _f64(np.cos),
-    "erf": _f64(special.erf),
+    "erf": _f64(lambda x: _special().erf(x)),
     "arctan": _f64(np.arctan),  # ISA 1.1 (NKI's ScalarE has arctan): atan2's core, correctly rounded
 }
 # The functions that cost the host more than a pass over memory (the executor runs them beside the rest

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from nxsat.dtypes import DType
+from nxsat.lazy import cached_property
 
 ISA_VERSION = (1, 1)
 

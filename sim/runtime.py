@@ -102,7 +102,16 @@ def build_model(prog: Program, target: Target, constants: Mapping[str, np.ndarra
     A compiler runs the NEFF it has just written: parsing its own text again would only repeat the
     printer and parser's round trip (the corpus tests load every compiled NEFF back with ``verify``), and on compiler
     output parsing costs ~100 us an instruction (gemma3: 27 s of a 100 s compile)."""
-    lk = link(prog, target)
+    return encode(link(prog, target), constants)
+
+
+@no_cycle_collection()
+def encode(lk: Linked, constants: Mapping[str, np.ndarray] | None = None) -> tuple[bytes, Model]:
+    """The NEFF bytes of a linked program and the model they load as. :func:`build_model` links with the
+    race check; a compiler may link without it (``link(..., races=False)``) and run
+    ``verify.check_races`` beside the encoding and the simulation, and then writes the bytes only once it
+    has passed."""
+    target = lk.target
     prog = lk.program
     consts = conform_constants(prog, constants)
     text = format_program(prog, target.psum_bank_bytes)

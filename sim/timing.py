@@ -24,11 +24,11 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
 from nxsat.diagnostics import error
+from nxsat.lazy import cached_property
 from nxsat.sim.isa import Transfer
 from nxsat.sim.program import stream_kind
 from nxsat.sim.verify import Linked

@@ -23,11 +23,11 @@ from bisect import bisect_left, bisect_right, insort
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 
 import numpy as np
 
 from nxsat.diagnostics import Loc, error
+from nxsat.lazy import cached_property
 from nxsat.sim import numerics as nm
 from nxsat.sim.isa import OPS, Attr, CheckFail, LInstr, RAccess
 from nxsat.sim.program import (
@@ -68,6 +68,7 @@ class Linked:
     order: list[int]
     vc: np.ndarray | None = field(default=None, repr=False)
     templates: int = 0  # distinct (stream, opcode, operands, attributes): LInstr.template < templates
+    single: bool = False  # every semaphore has a single signalling stream (the race check's fast path)
 
     @cached_property
     def scratch_touches(self) -> dict[int, tuple[str, ...]]:
@@ -124,18 +125,18 @@ def link(prog: Program, target: Target, races: bool = True) -> Linked:
         lst.append(i)
         sid[i] = index[ins.stream]
     order, single = _replay(prog, by_stream, streams)
-    lk = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, templates=linker.count)
+    lk = Linked(prog, target, instrs, streams, by_stream, sid, pos, order, templates=linker.count, single=single)
     if races:
-        check_races(lk, single)
+        check_races(lk)
     _accumulation(lk)
     _coverage(lk)
     return lk
 
 
-def check_races(lk: Linked, single: bool = False) -> None:
-    """What ``races=True`` adds: the happens-before clocks (``single``: every semaphore has a single
-    signalling stream, the fast path), then read-before-write and races."""
-    lk.vc = _clocks_fast(lk) if single else _clocks(lk.program, lk.streams, lk.by_stream, lk.sid, lk.pos,
+def check_races(lk: Linked) -> None:
+    """What ``races=True`` adds: the happens-before clocks (fast where every semaphore has a single
+    signalling stream), then read-before-write and races."""
+    lk.vc = _clocks_fast(lk) if lk.single else _clocks(lk.program, lk.streams, lk.by_stream, lk.sid, lk.pos,
                                                       lk.order)
     _dataflow(lk)
 

@@ -5,6 +5,7 @@ adds its subcommands in ``register``; this module only dispatches and turns erro
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shlex
 import sys
@@ -67,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     debug = args.debug or bool(os.environ.get("NXSAT_DEBUG"))
+    # What the imports made (modules, classes, functions, grammars) lives as long as the process: out of
+    # the cycle collector's view, its passes over the model's objects cost half as much (BERT-12 -O1: 0.13 s
+    # -> 0.06 s of collection)
+    gc.freeze()
     try:
         return int(args.func(args) or 0)
     except NxsatError as exc:

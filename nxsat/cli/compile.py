@@ -115,7 +115,8 @@ def register(sub: Any) -> None:
                    help="trn2: 1 or 2 physical cores per logical core (default 2); trn1, trn1n and inf2 take only 1")
     p.add_argument("--num-parallel-jobs", type=int, default=8, metavar="N",
                    help="schedules of one program built and simulated at once at -O2/-O3 (default 8; at most one "
-                        "per CPU; the output is the same whatever N)")
+                        "per CPU; the output is the same whatever N); above 1, the race check runs beside the "
+                        "simulation")
     p.add_argument("--enable-fast-loading-neuron-binaries", action="store_true",
                    help="accepted for compatibility: nxsat's NEFF is never compressed")
     p.add_argument("--precision", choices=PRECISION_MODES, default="cost",

@@ -453,6 +453,60 @@ def test_parallel_jobs_run_in_other_processes_and_bring_back_errors() -> None:
     assert driver._run_jobs(st, job, [0, 1], 1) == [(0, os.getpid()), (1, os.getpid())]
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_race_in_the_compiled_program_is_refused_checked_beside_or_not(monkeypatch: pytest.MonkeyPatch,
+                                                                         jobs: int) -> None:
+    """The race check runs in a forked process beside the encoding and the simulation where a second CPU is
+    free (two jobs), else in the link: either way a program with a race (here: its semaphore waits dropped
+    before linking) is refused with the verifier's error, and nothing is returned."""
+    import dataclasses
+    import multiprocessing
+
+    from nxsat import driver
+    from nxsat.diagnostics import NxsatError
+    from nxsat.sim import verify
+
+    if jobs > 1 and "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform: the race check runs in the link")
+    monkeypatch.setattr(driver, "_cpus", lambda: 2)
+    real = verify.link
+    beside = []
+
+    def unsynchronized(prog, target, races=True):  # noqa: ANN001, ANN202
+        beside.append(not races)
+        prog = dataclasses.replace(prog, instrs=[dataclasses.replace(i, waits=()) for i in prog.instrs])
+        return real(prog, target, races)
+
+    monkeypatch.setattr(verify, "link", unsynchronized)
+    with pytest.raises(NxsatError) as e:
+        driver.compile_model(str(MLP), driver.CompileOptions(target="trn1", optlevel=1, num_parallel_jobs=jobs))
+    assert e.value.code in ("NCC_EASM007", "NCC_EASM008"), e.value.format()
+    assert beside == [jobs > 1]
+
+
+def test_a_background_check_brings_back_what_it_raised() -> None:
+    """``_in_background``: a user-facing error comes back as itself, any other as an internal error naming
+    it, and a check that passes returns nothing; each runs in another process."""
+    import multiprocessing
+
+    from nxsat import driver
+    from nxsat.diagnostics import NxsatError, error
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    parent = os.getpid()
+
+    def coded() -> None:
+        assert os.getpid() != parent
+        raise error("NCC_EASM008", "race (test)")
+
+    with pytest.raises(NxsatError, match="race"):
+        driver._in_background(coded)()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        driver._in_background(lambda: 1 // 0)()
+    driver._in_background(lambda: None)()
+
+
 DONATED = """HloModule donated, input_output_alias={ {0}: (0, {}, may-alias), {1}: (1, {}, may-alias) }
 
 ENTRY main {
