@@ -52,11 +52,13 @@ class Forwarded:
     tensors: int = 0  # scratch tensors removed
     refused: int = 0  # loads of a value still in its tile that would have kept too much SBUF live
     split: int = 0  # loads read in pieces, one per tile that stored part of what they read
+    in_place: int = 0  # of the copies, those not made: their readers read the stored tile itself
     undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)  # the graph as it was
 
     def to_json(self) -> dict[str, int]:
         return {"loads": self.loads, "copies": self.copies, "bytes": self.bytes, "stores": self.stores,
-                "tensors": self.tensors, "refused_for_sbuf": self.refused, "split": self.split}
+                "tensors": self.tensors, "refused_for_sbuf": self.refused, "split": self.split,
+                "read_in_place": self.in_place}
 
 
 def addresses(ap: AP) -> np.ndarray:
@@ -447,7 +449,10 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             gone.add(key)
             stats.stores += len(ws)
             stats.tensors += 1
-    stats.undo = _undo(g, accepted + [(st, ld, view, copy) for ld, ps in pieced for st, _, view, copy in ps], dead)
+    in_place = {id(ld): m for st, ld, view, copy in accepted
+                if copy and (m := _in_place(ld, view, tiles, target)) is not None}
+    stats.undo = _undo(g, accepted + [(st, ld, view, copy) for ld, ps in pieced for st, _, view, copy in ps], dead,
+                       [u for m in in_place.values() for u in m])
 
     changed: dict[int, Buf] = {}  # buffers some instruction no longer touches
 
@@ -463,9 +468,30 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
         stats.copies += copy
         stats.bytes += int(np.prod(dst.shape)) * dst.dtype.itemsize
 
+    unused: list[Buf] = []
     for st, ld, view, copy in accepted:
         changed[id(ld.operands[1].buf)] = ld.operands[1].buf
-        read_on_chip(ld, st, ld.operands[0], view, copy, ld.deps - {st})
+        m = in_place.get(id(ld))
+        if m is None:
+            read_on_chip(ld, st, ld.operands[0], view, copy, ld.deps - {st})
+            continue
+        # no copy: its readers read the stored tile (they wait for what the copy would have waited for)
+        ld.deps = (ld.deps - {st}) | st.deps
+        dead.add(ld)
+        for u, swap in m.items():
+            u.operands = tuple(swap.get(id(r), r) for r in u.operands)
+            u.reads = [swap.get(id(r), r) for r in u.reads]
+            u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
+            for b in (view.buf, view.buf.root):
+                if not any(x is u for x in b.users):
+                    b.users.append(u)
+        changed[id(view.buf)] = view.buf
+        changed[id(ld.operands[0].buf)] = ld.operands[0].buf
+        unused.append(ld.operands[0].buf)
+        stats.loads += 1
+        stats.copies += 1
+        stats.in_place += 1
+        stats.bytes += int(np.prod(ld.operands[0].shape)) * ld.operands[0].dtype.itemsize
     added: dict[int, list[Inst]] = {}  # a load taken in pieces -> the instructions reading its other pieces
     for ld, ps in pieced:
         changed[id(ld.operands[1].buf)] = ld.operands[1].buf
@@ -482,14 +508,60 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             i.index = k
         for i in g.insts:  # what waited for a load waits for each of its pieces
             extra = [x for d in i.deps for x in added.get(id(d), ())]
-            i.deps = set(i.deps) | set(extra) if extra else set(iter(i.deps))  # re-hashed: renumbered
+            i.deps = set(iter(i.deps)) | set(extra)  # re-hashed: renumbered (set(a_set) keeps the old hashes)
         dead = set(iter(dead))
     _remove(g, dead, changed)
-    g.drop(*(bufs[key] for key in gone))
+    g.drop(*(bufs[key] for key in gone), *unused)
     return stats
 
 
-def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst]) -> Callable[[], None]:
+def _in_place(ld: Inst, view: Ref, tiles: dict[int, Buf], target: Target) -> dict[Inst, dict[int, Ref]] | None:
+    """The readers of forwarded load ``ld``'s tile and, for each, its accesses of the tile as accesses of
+    ``view`` (the stored tile it would copy), when they may read that instead: ``ld`` writes the whole
+    tile, nothing else writes it, every reader reads it through the tile itself (no other type's view)
+    on the same partitions, in access patterns the engines accept, and the stored tile is no larger (so
+    keeping it live up to the last reader holds no more SBUF than the tile the copy made). None
+    otherwise: the copy stays."""
+    dst = ld.operands[0]
+    tile = dst.buf
+    if tile is not tile.root or dst.ops or dst.as_type is not None or view.as_type is not None \
+            or view.dtype is not dst.dtype or view.buf.root.row_bytes > tile.row_bytes:
+        return None
+    try:
+        base = view if view.shape == dst.shape else view.reshape(*dst.shape)
+        base.ap  # noqa: B018 - resolves: raises where the stored tile cannot be read in the tile's shape
+    except (AccessError, ValueError):
+        return None
+    p0 = view.buf.root.partition + base.ap.part[0]
+    out: dict[Inst, dict[int, Ref]] = {}
+    for u in tile.users:
+        if u is ld:
+            continue
+        if any(r.buf.root is tile for r in u.writes):
+            return None
+        swap: dict[int, Ref] = {}
+        for r in (*u.reads, *(v for v in u.attrs.values() if isinstance(v, Ref))):
+            if r.buf.root is not tile:
+                continue
+            if r.buf is not tile or r.as_type is not None:
+                return None
+            new = Ref(base.buf, base.ops + r.ops, None)
+            try:
+                if new.ap.part[0] + p0 - base.ap.part[0] != r.ap.part[0] + tile.partition or new.shape != r.shape:
+                    return None
+            except (AccessError, ValueError, IndexError):
+                return None
+            if u.engine != "dma" and not _engine_ok(new, target):
+                return None
+            swap[id(r)] = new
+        if not swap:
+            return None
+        out[u] = swap
+    return out or None
+
+
+def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst],
+          rewired: list[Inst] = ()) -> Callable[[], None]:
     """What puts the graph back as lowered, taken before the pass edits it: the driver's retry within a
     smaller budget then needs no second lowering (mobilenet_v2's takes 40 s). The edits replace, never
     mutate, the instructions' fields and dependence sets, so keeping the old objects is enough."""
@@ -499,7 +571,9 @@ def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst
     touched = {id(r.buf): r.buf for _, ld, view, _ in accepted for r in (view, *ld.operands)}
     touched.update({id(r.buf): r.buf for i in dead for r in (*i.reads, *i.writes)})
     touched.update({id(b.root): b.root for b in list(touched.values())})
+    touched.update({id(r.buf.root): r.buf.root for i in rewired for r in i.reads})
     users = [(b, list(b.users)) for b in touched.values()]
+    fields = [(i, i.operands, i.reads, i.attrs) for i in rewired]
 
     def undo() -> None:
         g.insts, g.bufs, g.hbm_bytes = list(insts), list(bufs), hbm
@@ -507,6 +581,8 @@ def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst
             i.index, i.deps = k, deps[k]  # hashed by index: the old sets match the old numbers
         for ld, *was in loads:
             ld.engine, ld.opcode, ld.attrs, ld.operands, ld.reads, ld.writes = was
+        for i, *was in fields:
+            i.operands, i.reads, i.attrs = was
         for b, us in users:
             b.users = list(us)
 

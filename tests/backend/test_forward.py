@@ -105,23 +105,27 @@ def test_decode_reads_a_store_of_a_tile_into_wider_rows() -> None:
     assert _decode(ap, np.array([0])) is None  # column 0: not stored
 
 
-def _round_trip(rewrite: bool = False, partitions: tuple[int, int] = (0, 32)) -> tuple[Graph, list, list]:
-    """x -> tile -> exp -> scratch -> tile (at ``partitions``) -> y: the scratch round trip forwarding removes;
-    with ``rewrite`` the first tile is written again after its store."""
+def _round_trip(rewrite: bool = False, partitions: tuple[int, int] = (0, 32), whole: bool = False,
+                update: bool = False) -> tuple[Graph, list, list]:
+    """x -> tile -> exp -> scratch -> tile (at ``partitions`` of 64; ``whole``: a tile of its own) -> y: the
+    scratch round trip forwarding removes; with ``rewrite`` the first tile is written again after its store,
+    with ``update`` the second after its load."""
     g = Graph()
     x = g.buf("x", "input", dt.F32, (32, 64))
     y = g.buf("y", "output", dt.F32, (32, 64))
     mid = g.buf("mid", "scratch", dt.F32, (32, 64))
     t = g.tile((32, 64), dt.F32, "sbuf", "t")
-    u = g.tile((64, 64), dt.F32, "sbuf", "u")
+    u = g.tile((32 if whole else 64, 64), dt.F32, "sbuf", "u")
     g.add("dma", "dma", t.ref(), x.ref())
     g.add("act", "activation", t.ref(), t.ref(), func="exp")
     g.add("dma", "dma", mid.ref(), t.ref())
     if rewrite:
         g.add("pool", "memset", t.ref(), value=0.0)
     p0, p1 = partitions
-    g.add("dma", "dma", u[p0:p1, :], mid.ref())
-    g.add("dma", "dma", y.ref(), u[p0:p1, :])
+    g.add("dma", "dma", u.ref() if whole else u[p0:p1, :], mid.ref())
+    if update:
+        g.add("act", "activation", u.ref(), u.ref(), func="exp")
+    g.add("dma", "dma", y.ref(), u.ref() if whole else u[p0:p1, :])
     return g, [x], [y]
 
 
@@ -132,14 +136,46 @@ def _run(g: Graph, inputs: list, outputs: list) -> np.ndarray:
 
 
 def test_a_round_trip_through_scratch_becomes_an_engine_copy_and_the_scratch_goes() -> None:
+    """The load writes part of its tile (its reader could read that part elsewhere, but the tile is not
+    the load's alone): a GpSimd copy of the stored tile."""
     want = _run(*_round_trip())
     g, ins, outs = _round_trip()
     f = forward_stores(g, TARGET)
-    assert (f.loads, f.copies, f.stores, f.tensors) == (1, 1, 1, 1)
+    assert (f.loads, f.copies, f.in_place, f.stores, f.tensors) == (1, 1, 0, 1, 1)
     assert [(i.engine, i.opcode) for i in g.insts] == [("dma", "dma"), ("act", "activation"),
                                                        ("pool", "tensor_copy"), ("dma", "dma")]
     assert all(b.name != "mid" for b in g.bufs) and [i.index for i in g.insts] == [0, 1, 2, 3]
     assert all(d in i.deps for i in g.insts for d in i.deps)  # renumbered and re-hashed (sets hash by index)
+    np.testing.assert_array_equal(_run(g, ins, outs), want)
+
+
+def test_a_round_trip_through_scratch_is_read_in_place_and_the_scratch_goes() -> None:
+    """The load's tile is written by it alone and read whole: its reader (the store of y) reads the tile the
+    activation wrote instead, and no copy is made. The undo puts the load back."""
+    want = _run(*_round_trip(whole=True))
+    g, ins, outs = _round_trip(whole=True)
+    lowered = [(i.engine, i.opcode) for i in g.insts]
+    f = forward_stores(g, TARGET)
+    assert (f.loads, f.copies, f.in_place, f.stores, f.tensors) == (1, 1, 1, 1, 1)
+    assert [(i.engine, i.opcode) for i in g.insts] == [("dma", "dma"), ("act", "activation"), ("dma", "dma")]
+    assert g.insts[2].operands[1].buf.name == "t" and g.insts[1] in g.insts[2].deps
+    assert all(b.name not in ("mid", "u") for b in g.bufs) and [i.index for i in g.insts] == [0, 1, 2]
+    assert all(d in i.deps for i in g.insts for d in i.deps)  # renumbered and re-hashed (sets hash by index)
+    np.testing.assert_array_equal(_run(g, ins, outs), want)
+    g, _, _ = _round_trip(whole=True)
+    f = forward_stores(g, TARGET)
+    f.undo()
+    assert [(i.engine, i.opcode) for i in g.insts] == lowered and g.insts[-1].operands[1].buf.name == "u"
+
+
+def test_a_tile_its_reader_also_writes_becomes_an_engine_copy() -> None:
+    """The load's tile is updated in place after the load (an activation writing it): its readers cannot read
+    the stored tile instead, so the load becomes a GpSimd copy."""
+    want = _run(*_round_trip(whole=True, update=True))
+    g, ins, outs = _round_trip(whole=True, update=True)
+    f = forward_stores(g, TARGET)
+    assert (f.loads, f.copies, f.in_place, f.tensors) == (1, 1, 0, 1)
+    assert ("pool", "tensor_copy") in [(i.engine, i.opcode) for i in g.insts]
     np.testing.assert_array_equal(_run(g, ins, outs), want)
 
 
