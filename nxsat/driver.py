@@ -66,7 +66,8 @@ AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 # streaming one, gemma3 under transformer 9,503.7 -> 8,868.8 us, BERT-12 2,238.3 -> 2,001.1; but resnet50
 # 1,097.2 -> 1,102.1, attention_s2048 2,091.6 -> 2,121.7: not a default; critical-path order, gpt_decoder
 # under transformer 58.5 -> 51.4 us, mha_block 18.1 -> 16.4, but resnet_small 45.3 -> 45.9 alone); and where
-# the streaming schedule ran with the whole prefetch share, a fifth: it again with half the share
+# the model's weights do not fit in the prefetch share and the streaming schedule ran with the whole of it,
+# a fifth: it again with half the share
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
@@ -339,6 +340,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # loads far ahead fill SBUF in program order, and the work at hand finds room later: resnet50 under
     # unet-inference streams in 709.8 us with half the share, 790.1 with the whole (BERT-12: 1,813.8 and 1,711.5)
     half_stream = replace(stream, prefetch=stream.prefetch / 2)
+    # (only where the weights do not all fit in the share: what it holds ahead then matters)
+    weights = sum(p.type.nbytes for p in canonical.entry.params) + \
+        sum(n.type.nbytes for n in canonical.entry.post_order() if n.op == "constant")
+    streams_weights = weights > stream.prefetch * target.partitions * target.sbuf_bytes
 
     def latency(out: Any) -> float:
         return math.inf if isinstance(out, NxsatError) else out[0]["latency_ns"]
@@ -359,10 +364,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O2's: the default schedule and the streaming one, each also in critical-path order; then the
-        streaming one with half the prefetch share where it ran with the whole of it."""
+        streaming one with half the prefetch share where it ran with the whole of it and the weights do not
+        all fit in it."""
         if not done:
             return [DEFAULT_SCHEDULE, stream, *critical] if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
-        if len(done) == 4 and not isinstance(out := done[1][1], NxsatError) and "prefetch" not in out[0]["schedule"]:
+        if len(done) == 4 and streams_weights and not isinstance(out := done[1][1], NxsatError) \
+                and "prefetch" not in out[0]["schedule"]:
             return [half_stream]
         return []
 
