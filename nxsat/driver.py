@@ -499,7 +499,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         compiled = None
         if single:  # freed now, not after the NEFF and the simulation (mobilenet_v2's graph is gigabytes)
             lowering.graph.release()
-        # the race check (a third of the NEFF's time on BERT) runs beside the encoding and the simulation
+        # the race check (more than half of the NEFF's time on BERT) runs beside the encoding and the simulation
         beside = opts.num_parallel_jobs > 1 and _cpus() > 1 and _can_fork()
         linked = st.run("neff", lambda: link(program, target, races=not beside))
         program = None
@@ -562,7 +562,9 @@ def _in_background(fn: Callable[[], None]) -> Callable[[], None]:
     waits for it and raises what it raised (a user-facing error as it was, anything else as an internal
     error naming it)."""
     r, w = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12+: as in _run_jobs, the child runs no other thread's library
+        warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # the child: run, report, and leave without this process's exit handlers or buffers
         code = 0
         try:
