@@ -449,8 +449,9 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             gone.add(key)
             stats.stores += len(ws)
             stats.tensors += 1
+    forwarded_stores = {id(st) for st, _, _, _ in accepted} | {id(st) for _, ps in pieced for st, _, _, _ in ps}
     in_place = {id(ld): m for st, ld, view, copy in accepted
-                if copy and (m := _in_place(ld, view, tiles, target)) is not None}
+                if copy and (m := _in_place(ld, view, target, forwarded_stores)) is not None}
     stats.undo = _undo(g, accepted + [(st, ld, view, copy) for ld, ps in pieced for st, _, view, copy in ps], dead,
                        [u for m in in_place.values() for u in m])
 
@@ -515,11 +516,12 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
     return stats
 
 
-def _in_place(ld: Inst, view: Ref, tiles: dict[int, Buf], target: Target) -> dict[Inst, dict[int, Ref]] | None:
+def _in_place(ld: Inst, view: Ref, target: Target, forwarded_stores: set[int]) -> dict[Inst, dict[int, Ref]] | None:
     """The readers of forwarded load ``ld``'s tile and, for each, its accesses of the tile as accesses of
     ``view`` (the stored tile it would copy), when they may read that instead: ``ld`` writes the whole
     tile, nothing else writes it, every reader reads it through the tile itself (no other type's view)
-    on the same partitions, in access patterns the engines accept, and the stored tile is no larger (so
+    on the same partitions, in access patterns the engines accept, none is a store another forwarded load
+    reads the tile in place of (that load's view names this tile), and the stored tile is no larger (so
     keeping it live up to the last reader holds no more SBUF than the tile the copy made). None
     otherwise: the copy stays."""
     dst = ld.operands[0]
@@ -537,7 +539,7 @@ def _in_place(ld: Inst, view: Ref, tiles: dict[int, Buf], target: Target) -> dic
     for u in tile.users:
         if u is ld:
             continue
-        if any(r.buf.root is tile for r in u.writes):
+        if id(u) in forwarded_stores or any(r.buf.root is tile for r in u.writes):
             return None
         swap: dict[int, Ref] = {}
         for r in (*u.reads, *(v for v in u.attrs.values() if isinstance(v, Ref))):
