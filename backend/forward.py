@@ -457,17 +457,23 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
 
     changed: dict[int, Buf] = {}  # buffers some instruction no longer touches
 
+    def uses(inst: Inst, *bs: Buf) -> None:
+        for b in {id(b): b for b in bs}.values():
+            if not any(u is inst for u in b.users):
+                b.users.append(inst)
+
+    def counted(dst: Ref, copy: bool) -> None:
+        stats.loads += 1
+        stats.copies += copy
+        stats.bytes += int(np.prod(dst.shape)) * dst.dtype.itemsize
+
     def read_on_chip(ld: Inst, st: Inst, dst: Ref, view: Ref, copy: bool, waits: set[Inst]) -> None:
         if copy:
             ld.engine, ld.opcode, ld.attrs = COPY_ENGINE, "tensor_copy", {}
         ld.operands, ld.reads, ld.writes = (dst, view), [view], [dst]
         ld.deps = waits | st.deps
-        for b in {id(b): b for b in (view.buf, view.buf.root, dst.buf, dst.buf.root)}.values():
-            if not any(u is ld for u in b.users):
-                b.users.append(ld)
-        stats.loads += 1
-        stats.copies += copy
-        stats.bytes += int(np.prod(dst.shape)) * dst.dtype.itemsize
+        uses(ld, view.buf, view.buf.root, dst.buf, dst.buf.root)
+        counted(dst, copy)
 
     unused: list[Buf] = []
     for st, ld, view, copy in accepted:
@@ -483,16 +489,12 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             u.operands = tuple(swap.get(id(r), r) for r in u.operands)
             u.reads = [swap.get(id(r), r) for r in u.reads]
             u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
-            for b in (view.buf, view.buf.root):
-                if not any(x is u for x in b.users):
-                    b.users.append(u)
+            uses(u, view.buf, view.buf.root)
         changed[id(view.buf)] = view.buf
         changed[id(ld.operands[0].buf)] = ld.operands[0].buf
         unused.append(ld.operands[0].buf)
-        stats.loads += 1
-        stats.copies += 1
+        counted(ld.operands[0], True)
         stats.in_place += 1
-        stats.bytes += int(np.prod(ld.operands[0].shape)) * ld.operands[0].dtype.itemsize
     added: dict[int, list[Inst]] = {}  # a load taken in pieces -> the instructions reading its other pieces
     for ld, ps in pieced:
         changed[id(ld.operands[1].buf)] = ld.operands[1].buf
@@ -534,7 +536,6 @@ def _in_place(ld: Inst, view: Ref, target: Target, forwarded_stores: set[int]) -
         base.ap  # noqa: B018 - resolves: raises where the stored tile cannot be read in the tile's shape
     except (AccessError, ValueError):
         return None
-    p0 = view.buf.root.partition + base.ap.part[0]
     out: dict[Inst, dict[int, Ref]] = {}
     for u in tile.users:
         if u is ld:
@@ -549,7 +550,7 @@ def _in_place(ld: Inst, view: Ref, target: Target, forwarded_stores: set[int]) -
                 return None
             new = Ref(base.buf, base.ops + r.ops, None)
             try:
-                if new.ap.part[0] + p0 - base.ap.part[0] != r.ap.part[0] + tile.partition or new.shape != r.shape:
+                if new.ap.part[0] + view.buf.root.partition != r.ap.part[0] + tile.partition or new.shape != r.shape:
                     return None
             except (AccessError, ValueError, IndexError):
                 return None

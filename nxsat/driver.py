@@ -340,10 +340,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # loads far ahead fill SBUF in program order, and the work at hand finds room later: resnet50 under
     # unet-inference streams in 709.8 us with half the share, 790.1 with the whole (BERT-12: 1,813.8 and 1,711.5)
     half_stream = replace(stream, prefetch=stream.prefetch / 2)
-    # (only where the weights do not all fit in the share: what it holds ahead then matters)
-    weights = sum(p.type.nbytes for p in canonical.entry.params) + \
-        sum(n.type.nbytes for n in canonical.entry.post_order() if n.op == "constant")
-    streams_weights = weights > stream.prefetch * target.partitions * target.sbuf_bytes
+
+    def streams_weights() -> bool:
+        """The model's inputs and constants do not all fit in the prefetch share: what it holds ahead matters."""
+        held = sum(p.type.nbytes for p in canonical.entry.params) + \
+            sum(n.type.nbytes for n in canonical.entry.post_order() if n.op == "constant")
+        return held > stream.prefetch * target.partitions * target.sbuf_bytes
 
     def latency(out: Any) -> float:
         return math.inf if isinstance(out, NxsatError) else out[0]["latency_ns"]
@@ -368,8 +370,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         all fit in it."""
         if not done:
             return [DEFAULT_SCHEDULE, stream, *critical] if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
-        if len(done) == 4 and streams_weights and not isinstance(out := done[1][1], NxsatError) \
-                and "prefetch" not in out[0]["schedule"]:
+        if len(done) == 4 and not isinstance(out := done[1][1], NxsatError) \
+                and "prefetch" not in out[0]["schedule"] and streams_weights():
             return [half_stream]
         return []
 
