@@ -509,10 +509,12 @@ class CostModel:
         # (of model inputs and constants only: backend/matmul.py keeps an activation's loads within the
         # tiles that stored it, which the forwarding pass reads on chip)
         stored = ahead if self.in_program else (True, True)
+        # a K-contiguous operand TensorE does not transpose is read through a transposing access pattern,
+        # a descriptor per element, where the target has no DMA transpose (backend/matmul.py _load)
         st_run = min(K, run) * ls * (plan.stationary_rows(M, K, ls, group) if stored[0] and not joint else 1) if lt \
-            else min(M, plan.m_tile) * ls
+            else ls if lhs_k_contiguous and pe_t else min(M, plan.m_tile) * ls
         mv_run = min(K, run) * rs * (plan.moving_rows(K, N, rs) if stored[1] and not joint else 1) if rt \
-            else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
+            else rs if rhs_k_contiguous and pe_t else min(N, (plan.wide_tiles if wide else 1) * plan.n_tile) * rs
         # a model input's load issued ahead hides under the operators before it only as far as the prefetch
         # share of SBUF holds it: the rest of a weight far bigger (gemma3's LM head, 604 MB) streams on the
         # dot's own path, which its DMA then bounds whichever operand is stationary

@@ -5,7 +5,9 @@ through the operators computed from it: the original class holds ``transpose(twi
 Three things about those twins are decided here, from the e-graph alone:
 
 - which new e-nodes pay the extraction's confidence margin (:func:`margined`): a twin of a loaded node
-  is the input's own operator in another layout, priced by the same formulas, and pays none;
+  is the input's own operator in another layout, priced by the same formulas, and pays none (so is a
+  swapped dot's, whose class holds the loaded dot's result transposed, and the bias, scale and cast
+  carried into its orientation: the layout set's transpose-* rules);
 - which are never extracted (:func:`into_channels_first`): a twin is computed from its operands' twins
   or not at all;
 - whose name and line a chosen node takes (:func:`labels`), so profiles still point at the model.
@@ -91,21 +93,38 @@ def _channels_last_views(view: Any) -> tuple[dict[int, set[int]], dict[int, set[
 
 
 def _layout_twins(view: Any, preferred: Collection[int]) -> dict[int, int]:
-    """The channels-first twins of loaded e-nodes, each with the loaded node it is the twin of: a node of
-    the operator of a loaded node L, in a class B whose channels-last view is in L's class, each of whose
-    operands is L's operand, its channels-first twin (L's operand class holds a channels-last view of it)
-    or its channels-first view (it holds L's operand seen channels-first)."""
-    views, seen_cf = _channels_last_views(view)
+    """The twins of loaded e-nodes in another orientation, each with the loaded node it is the twin of: a
+    node of the operator of a loaded node L, in a class B whose transpose is in L's class, each of whose
+    operands is L's operand, its twin (L's operand class holds a transpose of it), its channels-first view
+    (it holds L's operand seen channels-first) or the same value broadcast into the other orientation. A
+    dot's twin is its swap (the operands traded, their dimension numbers with them)."""
+    _, seen_cf = _channels_last_views(view)
+    views: dict[int, set[int]] = {}  # per class, the classes it holds a transpose of
+    for i, node in enumerate(view.nodes):
+        if node.ctor == "Transpose" and node.children and len(node.slots[0]) >= 2:
+            views.setdefault(view.node_class[i], set()).add(node.children[0])
+    spread: dict[int, set[int]] = {}  # per class, the values it holds broadcasts of
+    for i, node in enumerate(view.nodes):
+        if node.ctor == "Broadcast" and node.children:
+            spread.setdefault(view.node_class[i], set()).add(node.children[0])
+
+    def same(c: int, lc: int) -> bool:
+        return c == lc or c in views.get(lc, ()) or lc in seen_cf.get(c, ()) \
+            or bool(spread.get(c, set()) & spread.get(lc, set()))
+
     out: dict[int, int] = {}
     for i in preferred:
         loaded = view.nodes[i]
         for b in views.get(view.node_class[i], ()):
             for j in view.class_nodes[b]:
                 n = view.nodes[j]
-                if n.ctor != loaded.ctor or len(n.children) != len(loaded.children) or \
-                        (n.ctor not in _PERMUTED_SLOTS and n.slots != loaded.slots):
+                if n.ctor != loaded.ctor or len(n.children) != len(loaded.children):
                     continue
-                if all(c == lc or c in views.get(lc, ()) or lc in seen_cf.get(c, ())
-                       for c, lc in zip(n.children, loaded.children)):
+                kids = loaded.children
+                if n.ctor == "Dot":
+                    kids = (kids[1], kids[0], *kids[2:])  # dot(b, a): the swap
+                elif n.ctor not in _PERMUTED_SLOTS and n.slots != loaded.slots:
+                    continue
+                if all(same(c, lc) for c, lc in zip(n.children, kids)):
                     out.setdefault(j, i)
     return out

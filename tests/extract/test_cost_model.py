@@ -76,6 +76,17 @@ CASES += [
         "r = f32[12,128,128] dot(p0, p1), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, "
         "rhs_contracting_dims={1}"]), "matmult"),
 ]
+# attention's scores of a small head: queries and keys as the projections write them ([tokens, d], the
+# contraction innermost: too small for TensorE transposes, loaded a descriptor per element) and as their
+# swapped projections write them ([d, tokens], loaded in rows)
+_SCORES = "lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={%d}, rhs_contracting_dims={%d}"
+for _cast in ("none", "matmult"):
+    CASES += [
+        (f"dot-scores-tokens-major-4x8x16-{_cast}", (["f32[4,8,16]", "f32[4,8,16]"], [
+            "r = f32[4,8,8] dot(p0, p1), " + _SCORES % (2, 2)]), _cast),
+        (f"dot-scores-head-major-4x16x8-{_cast}", (["f32[4,16,8]", "f32[4,16,8]"], [
+            "r = f32[4,8,8] dot(p0, p1), " + _SCORES % (1, 1)]), _cast),
+    ]
 CASES += [
     ("add-128x512-f32", _ew("128,512", "f32", ["r = {t} add(p0, p1)"]), "none"),
     ("add-4096x1024-f32", _ew("4096,1024", "f32", ["r = {t} add(p0, p1)"]), "none"),
@@ -224,6 +235,16 @@ def test_dot_forms_ordered_as_simulated(m, k, n, t, cast):
     view): the model ranks the two forms as the simulator does."""
     plain, flipped = (measure(f(m, k, n, t), cast) for f in (_dot, _dot_t))
     assert (plain[0] < flipped[0]) == (plain[1] < flipped[1]), (plain, flipped)
+
+
+@pytest.mark.parametrize("cast", ["none", "matmult"])
+def test_small_k_contiguous_operands_priced_by_their_descriptors(cast):
+    """A K-contiguous operand too small for TensorE transposes is read a descriptor per element: the
+    model ranks the scores of queries and keys stored tokens-major against head-major as the simulator
+    does (priced as rows, the two were equal, and the extraction never took the head-major form)."""
+    got = {cid: measure(case, c) for cid, case, c in CASES if cid.startswith("dot-scores-") and c == cast}
+    tokens, head = got[f"dot-scores-tokens-major-4x8x16-{cast}"], got[f"dot-scores-head-major-4x16x8-{cast}"]
+    assert head[0] < tokens[0] and head[1] < tokens[1], (tokens, head)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,30 @@ def _dot_swap() -> Module:
     return b.module(b.op("dot", [a, c], dims=DotDims((2,), (1,), (0,), (0,))))
 
 
+def _oriented(op: str, view_first: bool) -> Callable[[], Module]:
+    """A swapped dot's result seen in the written orientation, combined with a broadcast value: what the
+    transpose-* rules carry into the dot's own orientation."""
+    def make() -> Module:
+        b = Builder(op)
+        v = b.op("transpose", [b.param(F32, (2, 3, 4))], dimensions=(2, 0, 1))  # [4, 2, 3]
+        other = b.op("broadcast", [b.param(F32, (3,))], shape=(4, 2, 3), dimensions=(2,))
+        return b.module(b.op(op, [v, other] if view_first else [other, v]))
+    return make
+
+
+def _oriented_convert() -> Module:
+    b = Builder("tconvert")
+    v = b.op("transpose", [b.param(F32, (2, 3, 4))], dimensions=(2, 0, 1))
+    return b.module(b.op("convert", [v], dtype=dt.BF16))
+
+
 CASES: dict[str, Callable[[], Module]] = {
+    "transpose-add-broadcast-lhs": _oriented("add", True),
+    "transpose-add-broadcast-rhs": _oriented("add", False),
+    "transpose-multiply-broadcast-lhs": _oriented("multiply", True),
+    "transpose-multiply-broadcast-rhs": _oriented("multiply", False),
+    "transpose-divide-broadcast": _oriented("divide", True),
+    "transpose-convert": _oriented_convert,
     "dot-swap-operands": _dot_swap,
     "conv-channels-first": _conv,
     **{f"layout-{op}-{side}": _binary(op, side == "lhs")
