@@ -740,6 +740,7 @@ class CostModel:
         order = [(ot, ch) for ot in range(len(o_tiles)) for ch in chunks] if o_outer else \
             [(ot, ch) for ch in chunks for ot in range(len(o_tiles))]
         inputs_seen: set = set()
+        in_res = 0.0  # every input tile's DMA share, one job
         for idx, (oi, (combo, chunk)) in enumerate(order):
             on = o_tiles[oi]
             reset = not plan.cache_weights or (o_outer and (idx % len(chunks) == 0))
@@ -833,6 +834,7 @@ class CostModel:
                         s_res += r1
                         s_lat = max(s_lat, r2)
             dma_res += l_res + w_res + s_res
+            in_res += l_res
             works += 1
             ev_tail = sum(min(a_, d_) for a_, d_ in evac[n_ev:])
             if not pre_done:
@@ -848,6 +850,10 @@ class CostModel:
         dma_res, pe, act, dve, pool, act_psum = (v * jobs for v in (dma_res, pe, act, dve, pool, act_psum))
         works *= jobs
         busy = self._engines_busy(act, dve, pool, act_psum)
+        if plan.pack > 1:
+            # packed jobs' input tiles wait for nothing but their memsets: every job's loads are issued at
+            # the start and share the DMA engines, so the first matmul waits for about all of them
+            first_load = max(first_load, in_res * jobs)
         steady = max(dma_res, first_load + pe, busy)
         return steady + last_tail + 2 * self.dma_fixed
 
