@@ -702,8 +702,10 @@ class CostModel:
         def weight_load(ck: int, on: int) -> tuple[float, float]:
             if plan.pack > 1:
                 og = geo.out_channels
+                # backend/conv.py _packed: a group's output channels innermost where they lie together
+                o_last = geo.in_channels > 1 and og > 1 and ws[0] == 1
                 run = _run(ws, (1, og, *ksize), (1, 0, *range(2, nsp + 2))) if geo.in_channels == 1 else \
-                    _run(ws, (og, 1, *ksize), (0, *range(2, nsp + 2)))
+                    _run(ws, (og, 1, *ksize), (*range(2, nsp + 2), 0) if o_last else (0, *range(2, nsp + 2)))
                 return self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck)
             if folding:
                 others = [k for dd, k in enumerate(ksize) if dd != fd]

@@ -93,6 +93,9 @@ CONVS = {
     # groups of 8 inputs and 16 outputs, four to a matmul
     "groups_packed": conv_hlo("1,32,9,9", "64,8,3,3", "1,64,7,7", "window={size=3x3}, dim_labels=bf01_oi01->bf01, "
                               "feature_group_count=4"),
+    # the same groups channels-last, weights HWIO: each group's block loaded with its outputs innermost
+    "groups_packed_hwio": conv_hlo("1,9,9,32", "3,3,8,64", "1,7,7,64", "window={size=3x3}, "
+                                   "dim_labels=b01f_01io->b01f, feature_group_count=4"),
     # depthwise with a channel multiplier, channels-last
     "depthwise_multiplier": conv_hlo("1,6,6,4", "3,3,1,8", "1,6,6,8", "window={size=3x3 pad=1_1x1_1}, "
                                      "dim_labels=b01f_01io->b01f, feature_group_count=4"),
@@ -244,6 +247,23 @@ def test_depthwise_on_the_vector_engines(name: str, target: str, monkeypatch: py
         assert ops.count(("act", "activation")) == acts
     if name == "stacked":  # the adds alternate between VectorE and GpSimd by tile
         assert ops.count(("dve", "tensor_tensor")) == 8 and ops.count(("pool", "tensor_tensor")) == 8
+
+
+def test_grouped_hwio_weights_load_in_runs_of_a_groups_outputs() -> None:
+    """resnext's grouped 3x3 written channels-last (HWIO weights, 32 groups of 8): each group's block of
+    the block-diagonal stationaries is loaded with its 8 output channels innermost, where they lie
+    together in HBM (4-byte descriptors before: 7 us for each group's 2.3 KB, 41.4 -> 28.8 us for the
+    layer on trn1). Same values."""
+    from nxsat.backend import device_forms, lower_graph
+
+    m = module_of(conv_hlo("1,28,28,256", "3,3,8,256", "1,28,28,256", "window={size=3x3 pad=1_1x1_1}, "
+                           "dim_labels=b01f_01io->b01f, feature_group_count=32"))
+    t = sim.load_target("trn1")
+    insts = lower_graph(device_forms(m, t), t).graph.insts
+    weights = [i for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
+               and i.reads[0].buf.shape == (3, 3, 8, 256)]
+    assert len(weights) == 32 and all(i.reads[0].ap.contiguous_run() == 8 for i in weights)
+    assert_device_matches(m, random_inputs(m), "trn1", rtol=1e-4, atol_scale=1e-4)
 
 
 def test_plane_tiling() -> None:

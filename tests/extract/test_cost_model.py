@@ -153,9 +153,6 @@ for _name, (_x, _g, _out, _win) in _WGRAD.items():
                                                           "dim_labels=fb01_io01->01bf"]), _cast))
 
 # Families the model does not bring within the tolerance yet (predicted / simulated when marked).
-_GROUPED_HWIO = ("grouped, channels-last weights (HWIO): each group's block is loaded by a DMA of its own over 8 "
-                 "partitions (one DMA engine) in element-sized descriptors, 16 of them a job, and the second job's "
-                 "stationaries wait for them; priced as one load over all the partitions (predicted/simulated {})")
 _WG = ("weight gradient: priced as device-forms' per-position dots one after another on whole K tiles; the "
        "rewritten program's copies of the sliced operands, the policy's casts through HBM and the dots' overlap "
        "are not modeled (predicted/simulated {})")
@@ -165,7 +162,6 @@ XFAIL: dict[str, str] = {
     "wgrad1x1-4x64x56x56-matmult": _WG.format(0.60),
     "wgrad3x3-8x16x28x28-none": _WG.format(1.29),
     "wgrad3x3-8x16x28x28-matmult": _WG.format(0.32),
-    "grouped3x3-nhwc-1x28x28x256-g32": _GROUPED_HWIO.format(0.81),
 }
 
 
