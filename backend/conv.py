@@ -1939,12 +1939,23 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
     def op(name: str, operands: list[Node], **kw: object) -> Node:
         return Node(name, operands, kw, infer_type(name, operands, kw, loc), "", loc)
 
-    X = op("transpose", [ops[0]], dimensions=(d.input_batch, d.input_feature, *d.input_spatial))  # [N', C, S]
-    W = op("transpose", [ops[1]], dimensions=(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial))
-    if X.dtype != out_t:
-        X = op("convert", [X], dtype=out_t)
-    if W.dtype != out_t:
-        W = op("convert", [W], dtype=out_t)
+    # A cast of an operand to a narrower float (the precision policy's, under --auto-cast) moves to the
+    # dots, each reading its slice of the wide source and converting its loaded tiles (the cast absorbed):
+    # cast whole, the operand went through HBM in the narrow type, and was widened back to the result's
+    # type there before the dots read it (fp32 products of rounded values, two passes more).
+    (xs0, tx), (ws0, tw) = (_narrowing(o) for o in ops[:2])
+    X = op("transpose", [xs0], dimensions=(d.input_batch, d.input_feature, *d.input_spatial))  # [N', C, S]
+    W = op("transpose", [ws0], dimensions=(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial))
+    mt = (tx or X.dtype, tw or W.dtype)  # the types the products are taken in
+    if mt[0] != mt[1] or (G > 1 and (X.shape[0] // G, W.shape[0] // G) == (1, 1)):
+        # mixed types, or products summed on VectorE: in the result's type (the casts first, as written)
+        X = op("convert", [op("convert", [X], dtype=tx) if tx else X], dtype=out_t) if mt[0] != out_t or tx else X
+        W = op("convert", [op("convert", [W], dtype=tw) if tw else W], dtype=out_t) if mt[1] != out_t or tw else W
+        tx = tw = None
+
+    def narrow(n: Node, t: dt.DType | None) -> Node:
+        return op("convert", [n], dtype=t) if t is not None and t != n.dtype else n
+
     n_, c = X.shape[0], X.shape[1]
     o = W.shape[0]
     b, og = n_ // G, o // G
@@ -1973,6 +1984,7 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         if rev:
             wq = op("reverse", [wq], dimensions=tuple(rev))
         if G == 1:  # the operand with fewer rows stationary: fewer matmuls for the same transposes
+            xq, wq = narrow(xq, tx), narrow(wq, tw)
             if n_ <= o:
                 return op("dot", [xq, wq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
             r = op("dot", [wq, xq], dims=DotDims((1, *taps), (1, *taps)), dtype=out_t)
@@ -1982,8 +1994,8 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
             prod = op("multiply", [xq, wq])
             total = op("reduce", [prod, zero], dimensions=(1, *taps), to_apply=add)
             return op("reshape", [total], shape=(1, G))
-        xg = op("reshape", [xq], shape=(G, b, c, *tq))
-        wg = op("reshape", [wq], shape=(G, og, c, *tq))
+        xg = narrow(op("reshape", [xq], shape=(G, b, c, *tq)), tx)
+        wg = narrow(op("reshape", [wq], shape=(G, og, c, *tq)), tw)
         taps3 = tuple(range(3, 3 + nsp))
         r = op("dot", [xg, wg], dims=DotDims((2, *taps3), (2, *taps3), (0,), (0,)), dtype=out_t)  # [G, b, og]
         return op("reshape", [op("transpose", [r], dimensions=(1, 0, 2))], shape=(b, o))
@@ -2017,7 +2029,8 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         xcat = op("concatenate", windows, dimension=0)  # [P, b, C, T...]
         rev = tuple(2 + k for k, w in enumerate(window) if w.reversal)
         wq = op("reverse", [W], dimensions=rev) if rev else W
-        r = op("dot", [xcat, wq], dims=DotDims((2, *(t + 1 for t in taps)), (1, *taps)), dtype=out_t)  # [P, b, O]
+        r = op("dot", [narrow(xcat, tx), narrow(wq, tw)], dims=DotDims((2, *(t + 1 for t in taps)), (1, *taps)),
+               dtype=out_t)  # [P, b, O]
         r = op("reshape", [r], shape=(*out_sp, b, o))
         return op("transpose", [r], dimensions=(nsp, nsp + 1, *range(nsp)))
 
@@ -2035,6 +2048,14 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
     assert out.type == node.type, (out.type, node.type)
     out.name = node.name
     return out
+
+
+def _narrowing(n: Node) -> tuple[Node, dt.DType | None]:
+    """``n``'s source and type when ``n`` casts a float to a narrower float, else ``(n, None)``."""
+    if n.op == "convert" and n.dtype.is_float and n.operands[0].dtype.is_float \
+            and n.dtype.itemsize < n.operands[0].dtype.itemsize:
+        return n.operands[0], n.dtype
+    return n, None
 
 
 def _add_body(t: dt.DType) -> Computation:

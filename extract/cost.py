@@ -612,6 +612,10 @@ class CostModel:
             rows_contiguous=rows_contiguous)
         convert = convert_x = 0.0
         w_wide = w
+        if _weight_gradient(window, fgc, result, d):
+            # device-forms' per-position dots absorb the policy's casts: they load the fp32 slices and
+            # convert the tiles (backend/conv.py _weight_gradient)
+            return self._weight_gradient_ns(x, w, result, d, window, bgc, mt)
         if mt != "f32" and x.dtype == w.dtype == "f32":
             # the precision policy's converts: an operand through VectorE and back to HBM, one trigger
             # latency of each pass hidden under its neighbour's; the implicit GEMM absorbs the weights'
@@ -620,8 +624,6 @@ class CostModel:
             convert = convert_x + self.elementwise_ns(
                 "convert", registry.VECTOR, [w], Value(w.shape, mt), [True]) - self.dma_fixed
             x, w = Value(x.shape, mt), Value(w.shape, mt)
-        if _weight_gradient(window, fgc, result, d):
-            return convert + self._weight_gradient_ns(x, w, result, d, window, bgc, mt)
         try:
             plan = conv_plan(geo, self.target)
         except (ValueError, AssertionError, ZeroDivisionError):
