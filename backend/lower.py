@@ -202,13 +202,15 @@ class Lowering:
 
     def _returned_reshaped(self, node: Node) -> Ref | None:
         """The output buffer seen in ``node``'s shape when the model returns ``node`` only through one
-        reshape (backend/elementwise.py ``sink_reshapes`` makes that): written there, not copied after."""
+        reshape (backend/elementwise.py ``sink_reshapes`` makes that), or a transpose that moves only
+        dimensions of size 1 (a swapped dot's result turned back: gpt_decoder's P.V product of one
+        token): written there, not copied after."""
         readers = self.consumers.get(node.id, set())
         if len(readers) != 1:
             return None
         (reader,) = readers
         outs = self.output_of.get(reader)
-        return outs[0].ref().reshape(*node.shape) if outs and self.node(reader).op == "reshape" else None
+        return outs[0].ref().reshape(*node.shape) if outs and reshapes(self.node(reader)) else None
 
     def results(self, node: Node) -> tuple[Ref, ...]:
         """Where each element of a tuple-valued operator's value goes (its output buffer when the model
@@ -497,3 +499,15 @@ def _origin(node: Node) -> str:
 
 def elements(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def reshapes(node: Node) -> bool:
+    """Is ``node`` a reshape, or a transpose whose dimensions of more than one element keep their order
+    (the same elements in the same memory order)?"""
+    if node.op == "reshape":
+        return True
+    if node.op != "transpose":
+        return False
+    shape = node.operands[0].shape
+    moved = [p for p in node.attrs["dimensions"] if shape[p] > 1]
+    return moved == sorted(moved)

@@ -450,3 +450,23 @@ def test_batch_dimensions_that_do_not_merge_are_read_batch_by_batch(target: str,
     lw = lower_graph(m, sim.load_target(target))
     assert not any(b.kind == "scratch" for b in lw.graph.bufs)
     assert_device_matches(m, target=target)
+
+
+def test_a_result_turned_back_through_dimensions_of_one_is_written_in_place() -> None:
+    """A swapped one-token P.V product (``dot(p, v)`` then a transpose that moves only dimensions of size
+    1, the layout set's swap turned back) is the same bytes in the same order: the dot writes the output
+    itself, where the transpose was a copy through HBM after it (1.3 us more on 4 us)."""
+    text = """HloModule pv
+
+ENTRY main {
+  v = f32[1,128,4,32] parameter(0)
+  p = f32[1,4,1,128] parameter(1)
+  d = f32[1,4,1,32] dot(p, v), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,2},
+    rhs_contracting_dims={1}
+  ROOT r = f32[1,4,32,1] transpose(d), dimensions={0,1,3,2}
+}
+"""
+    m = module_of(text)
+    assert_device_matches(m)
+    c = compile_graph(m, sim.load_target("trn1"))
+    assert not [n for n, t in c.program.tensors.items() if t.kind == "scratch"]
