@@ -534,7 +534,17 @@ class CostModel:
             store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
         tiles = B * mtiles * ntiles
-        steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
+        groups = -(-ktiles // max(1, plan.k_group))
+        if joint and groups > 1:
+            # backend/matmul.py _matmul_joint, a group of K tiles at a time: the next group loads while
+            # TensorE transposes this one, waits for the last bank's copy out of PSUM, then multiplies
+            # (a weight gradient's long contraction: TensorE the whole run, a bubble per group)
+            xn = min(M + N, t.matmul["rows"])
+            bubble = op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": max(1, t.psum_bank_bytes // 4
+                                                                                       // xn) * xn})
+            steady = max(load + store, load / groups + pe + B * groups * bubble + (act + dve) / (2 * groups))
+        else:
+            steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
         if plan.n_block and not joint:
             # the first N tile's kept moving tiles (backend/matmul.py loads each N tile's where the first
             # M tile needs them) and the first M tiles' stationary ones (one per free DMA queue) start
