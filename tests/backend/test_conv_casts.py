@@ -12,7 +12,8 @@ from nxsat import sim
 from nxsat.backend import compile_graph
 
 
-def _conv(x: str, w: str, y: str, extra: str = "", window: str = "size=3x3 pad=1_1x1_1") -> str:
+def _conv(x: str, w: str, y: str, extra: str = "", window: str = "size=3x3 pad=1_1x1_1",
+          labels: str = "b01f_01io->b01f") -> str:
     return f"""HloModule c
 
 ENTRY main {{
@@ -20,7 +21,7 @@ ENTRY main {{
   w = f32{w} parameter(1)
   xb = bf16{x} convert(x)
   wb = bf16{w} convert(w)
-  ROOT c = f32{y} convolution(xb, wb), window={{{window}}}, dim_labels=b01f_01io->b01f{extra}
+  ROOT c = f32{y} convolution(xb, wb), window={{{window}}}, dim_labels={labels}{extra}
 }}
 """
 
@@ -109,16 +110,7 @@ def test_gemm_weight_tiles_convert_on_scalare() -> None:
 
 
 def _gradient(x: str, g: str, y: str, window: str) -> str:
-    return f"""HloModule wg
-
-ENTRY main {{
-  x = f32{x} parameter(0)
-  g = f32{g} parameter(1)
-  xb = bf16{x} convert(x)
-  gb = bf16{g} convert(g)
-  ROOT c = f32{y} convolution(xb, gb), window={{{window}}}, dim_labels=fb01_io01->01bf
-}}
-"""
+    return _conv(x, g, y, window=window, labels="fb01_io01->01bf")
 
 
 GRADIENTS = {
