@@ -2016,8 +2016,10 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         pads = [PadDim(max(0, w.pad_lo), max(0, (n_out - 1) * w.stride - w.pad_lo + (w.size - 1) * w.rhs_dilation
                                               - (s - 1)))
                 for w, n_out, s in zip(window, out_sp, spatial)]  # the first window starts at -pad_lo
+        zx = zero if X.dtype == out_t else op("constant", [], value=np.zeros((), X.dtype.np),
+                                               type=TensorType(X.dtype, ()))
         Xp = X if not any(p.lo or p.hi for p in pads) else op(
-            "pad", [X, zero], padding=(PadDim(), PadDim(), *pads))
+            "pad", [X, zx], padding=(PadDim(), PadDim(), *pads))
         windows = []
         for q in np.ndindex(*out_sp):
             key = [SliceDim(0, n_), SliceDim(0, c)]

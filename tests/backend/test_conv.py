@@ -516,6 +516,11 @@ WEIGHT_GRADS = {
                             "window={size=8x8 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf"),
     "reversed_stacked": ("3,4,7,7", "3,32,5,5", "3,3,4,32",
                          "window={size=5x5 pad=0_0x1_-1 rhs_reversal=1x0}, dim_labels=fb01_io01->01bf"),
+    # bf16 activations, an fp32 gradient (the padded windows stay bf16; the dot accumulates in fp32)
+    "bf16_stacked": ("5,3,16,16", "5,32,8,8", "3,3,3,32",
+                     "window={size=8x8 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf", "bf16", "f32"),
+    "bf16_per_position": ("5,3,16,16", "5,8,8,8", "3,3,3,8",
+                          "window={size=8x8 pad=1_0x1_0 rhs_dilate=2x2}, dim_labels=fb01_io01->01bf", "bf16", "f32"),
 }
 
 
