@@ -70,6 +70,7 @@ from nxsat.extract.plan import (
     depthwise_plan,
     gradient_stacking_pays,
     out_block,
+    packed_outputs_last,
     rows_fit,
     valid_range,
     window_classes,
@@ -990,11 +991,8 @@ def _packed(cv: Conv, job: Job, taps: TapCombo) -> Ref:
     key = ("packraw", job)
     raw = cv.weights.get(key)
     W = cv.W
-    o_last = I > 1 and Og > 1 and W.ap.dims[0][1] == 1  # HWIO: a group's output channels lie together
+    o_last = packed_outputs_last(I, Og, W.ap.dims[0][1])
     if raw is None:
-        # [cp, Og, K...], or [cp, K..., Og] where the output channels are the weights' contiguous
-        # dimension: each group's rows then load in runs of Og (resnext's HWIO 3x3: 4-byte descriptors,
-        # 7 us for each group's 2.3 KB, were the second job's wait)
         shape = (cp, *W.shape[2:], Og) if o_last else (cp, Og, *W.shape[2:])
         raw = g.tile(shape, onchip_dtype(W.dtype), "sbuf", "cvw").ref()
         if I == 1:
@@ -1943,27 +1941,27 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
     # dots, each reading its slice of the wide source and converting its loaded tiles (the cast absorbed):
     # cast whole, the operand went through HBM in the narrow type, and was widened back to the result's
     # type there before the dots read it (fp32 products of rounded values, two passes more).
-    (xs0, tx), (ws0, tw) = (_narrowing(o) for o in ops[:2])
-    X = op("transpose", [xs0], dimensions=(d.input_batch, d.input_feature, *d.input_spatial))  # [N', C, S]
-    W = op("transpose", [ws0], dimensions=(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial))
-    mt = (tx or X.dtype, tw or W.dtype)  # the types the products are taken in
-    if mt[0] != mt[1] or (G > 1 and (X.shape[0] // G, W.shape[0] // G) == (1, 1)):
-        # mixed types, or products summed on VectorE: in the result's type (the casts first, as written)
-        X = op("convert", [op("convert", [X], dtype=tx) if tx else X], dtype=out_t) if mt[0] != out_t or tx else X
-        W = op("convert", [op("convert", [W], dtype=tw) if tw else W], dtype=out_t) if mt[1] != out_t or tw else W
-        tx = tw = None
-
     def narrow(n: Node, t: dt.DType | None) -> Node:
         return op("convert", [n], dtype=t) if t is not None and t != n.dtype else n
 
+    def zeros(t: dt.DType) -> Node:
+        return op("constant", [], value=np.zeros((), t.np), type=TensorType(t, ()))
+
+    (xs0, tx), (ws0, tw) = (_narrowing(o) for o in ops[:2])
+    X = op("transpose", [xs0], dimensions=(d.input_batch, d.input_feature, *d.input_spatial))  # [N', C, S]
+    W = op("transpose", [ws0], dimensions=(d.kernel_output_feature, d.kernel_input_feature, *d.kernel_spatial))
     n_, c = X.shape[0], X.shape[1]
     o = W.shape[0]
     b, og = n_ // G, o // G
+    if (tx or X.dtype) != (tw or W.dtype) or (G > 1 and b == og == 1):
+        # mixed types, or products summed on VectorE: in the result's type (the casts first, as written)
+        X, W = narrow(narrow(X, tx), out_t), narrow(narrow(W, tw), out_t)
+        tx = tw = None
     spatial = X.shape[2:]
     out_sp = tuple(node.shape[i] for i in d.output_spatial)
     nsp = len(window)
     add = _add_body(out_t)
-    zero = op("constant", [], value=np.zeros((), out_t.np), type=TensorType(out_t, ()))
+    zero = zeros(out_t)
     taps = tuple(range(2, 2 + nsp))  # the spatial dimensions of X and W (and of their slices)
 
     def position(q: tuple[int, ...]) -> Node:
@@ -2016,10 +2014,8 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
         pads = [PadDim(max(0, w.pad_lo), max(0, (n_out - 1) * w.stride - w.pad_lo + (w.size - 1) * w.rhs_dilation
                                               - (s - 1)))
                 for w, n_out, s in zip(window, out_sp, spatial)]  # the first window starts at -pad_lo
-        zx = zero if X.dtype == out_t else op("constant", [], value=np.zeros((), X.dtype.np),
-                                               type=TensorType(X.dtype, ()))
         Xp = X if not any(p.lo or p.hi for p in pads) else op(
-            "pad", [X, zx], padding=(PadDim(), PadDim(), *pads))
+            "pad", [X, zero if X.dtype == out_t else zeros(X.dtype)], padding=(PadDim(), PadDim(), *pads))
         windows = []
         for q in np.ndindex(*out_sp):
             key = [SliceDim(0, n_), SliceDim(0, c)]

@@ -53,6 +53,7 @@ from nxsat.extract.plan import (
     max_cols,
     op_ns,
     out_block,
+    packed_outputs_last,
     pe_transpose_pays,
     rows_fit,
     softmax_rows,
@@ -714,8 +715,7 @@ class CostModel:
         def weight_load(ck: int, on: int) -> tuple[float, float]:
             if plan.pack > 1:
                 og = geo.out_channels
-                # backend/conv.py _packed: a group's output channels innermost where they lie together
-                o_last = geo.in_channels > 1 and og > 1 and ws[0] == 1
+                o_last = packed_outputs_last(geo.in_channels, og, ws[0])
                 run = _run(ws, (1, og, *ksize), (1, 0, *range(2, nsp + 2))) if geo.in_channels == 1 else \
                     _run(ws, (og, 1, *ksize), (*range(2, nsp + 2), 0) if o_last else (0, *range(2, nsp + 2)))
                 return self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck)

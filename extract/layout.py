@@ -5,9 +5,9 @@ through the operators computed from it: the original class holds ``transpose(twi
 Three things about those twins are decided here, from the e-graph alone:
 
 - which new e-nodes pay the extraction's confidence margin (:func:`margined`): a twin of a loaded node
-  is the input's own operator in another layout, priced by the same formulas, and pays none (so is a
-  swapped dot's, whose class holds the loaded dot's result transposed, and the bias, scale and cast
-  carried into its orientation: the layout set's transpose-* rules);
+  is the input's own operator in another layout, priced by the same formulas, and pays none (so do the
+  bias, scale and cast carried into a swapped dot's orientation by the layout set's transpose-* rules,
+  and the swapped dot itself where they read it);
 - which are never extracted (:func:`into_channels_first`): a twin is computed from its operands' twins
   or not at all;
 - whose name and line a chosen node takes (:func:`labels`), so profiles still point at the model.
@@ -102,12 +102,11 @@ def _layout_twins(view: Any, preferred: Collection[int]) -> dict[int, int]:
     of matrices and a twin reads it."""
     _, seen_cf = _channels_last_views(view)
     views: dict[int, set[int]] = {}  # per class, the classes it holds a transpose of
+    spread: dict[int, set[int]] = {}  # per class, the values it holds broadcasts of
     for i, node in enumerate(view.nodes):
         if node.ctor == "Transpose" and node.children and len(node.slots[0]) >= 2:
             views.setdefault(view.node_class[i], set()).add(node.children[0])
-    spread: dict[int, set[int]] = {}  # per class, the values it holds broadcasts of
-    for i, node in enumerate(view.nodes):
-        if node.ctor == "Broadcast" and node.children:
+        elif node.ctor == "Broadcast" and node.children:
             spread.setdefault(view.node_class[i], set()).add(node.children[0])
 
     def same(c: int, lc: int) -> bool:

@@ -31,6 +31,7 @@ Each stage is a step with a contract (``STAGES``), timed, shown on the progress 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -40,7 +41,7 @@ import os
 import pickle
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -541,12 +542,8 @@ def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs:
         return [_attempt(fn, item) for item in batch]
     _FORKED = (fn, batch, st)
     try:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns that a process with threads (egglog's, BLAS's) may deadlock when forked: the
-            # jobs run only the backend and the simulator (Python and numpy), not the threads' libraries
-            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
-                got = pool.map(_forked_job, range(len(batch)), chunksize=1)
+        with _forking(), multiprocessing.get_context("fork").Pool(jobs) as pool:
+            got = pool.map(_forked_job, range(len(batch)), chunksize=1)
     finally:
         _FORKED = None
     for _, seconds in got:
@@ -559,13 +556,21 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
+@contextlib.contextmanager
+def _forking() -> Iterator[None]:
+    """Python 3.12+ warns that a process with threads (egglog's, BLAS's) may deadlock when forked: the
+    children run only the backend and the simulator (Python and numpy), not the threads' libraries."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+        yield
+
+
 def _in_background(fn: Callable[[], None]) -> Callable[[], None]:
     """Start ``fn`` in a forked process (it sees this one's memory as it is now); the function returned
     waits for it and raises what it raised (a user-facing error as it was, anything else as an internal
     error naming it)."""
     r, w = os.pipe()
-    with warnings.catch_warnings():  # Python 3.12+: as in _run_jobs, the child runs no other thread's library
-        warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+    with _forking():
         pid = os.fork()
     if pid == 0:  # the child: run, report, and leave without this process's exit handlers or buffers
         code = 0

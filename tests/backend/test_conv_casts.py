@@ -138,6 +138,6 @@ def test_a_weight_gradients_casts_are_absorbed_by_its_dots(case: str, target: st
     dots = [n for n in device_forms(m, t).entry.post_order() if n.op == "dot"]
     assert dots and all(o.op == "convert" and o.dtype.name == "bf16" for n in dots for o in n.operands)
     c = compile_graph(m, t)
-    written = {i.operands[0].tensor for i in c.program.instrs if i.opcode == "dma"}
-    assert not [n for n, tt in c.program.tensors.items() if tt.kind == "scratch" and n in written
-                and tt.dtype.name == "bf16" and tt.shape in ((6, 40, 12, 12), (6, 24, 12, 12))]
+    inputs = {p.type.shape for p in m.entry.params}
+    assert not [n for n, tt in c.program.tensors.items() if tt.kind == "scratch" and tt.dtype.name == "bf16"
+                and tt.shape in inputs]
