@@ -573,6 +573,9 @@ class SoftmaxEpilogue(Epilogue):
         maxima (software-pipelined as the standalone kernel is: VectorE and ScalarE work on neighbouring
         tiles)."""
         g = self.lw.graph
+        g.origin = _origin(self.host.softmax)
+        self._finish_ahead()
+        g.origin = _origin(self.node)
         x = self.inner.tile(place, res).get(self.host.source.id, res)
         assert isinstance(x, Ref), "a softmax of a constant is folded before lowering"
         g.origin = _origin(self.host.softmax)
@@ -584,9 +587,13 @@ class SoftmaxEpilogue(Epilogue):
             neg = negs[0] if len(negs) == 1 else _least(g, negs)
             self.pending.append(([(p, a, t) for p, a, t, _ in self.parts], neg))
             self.parts = []
-            while len(self.pending) > SOFTMAX_AHEAD:
-                self._finish(*self.pending.pop(0))
+            if len(self.pending[-1][0]) > 1:
+                self._finish_ahead()
         g.origin = _origin(self.node)
+
+    def _finish_ahead(self) -> None:
+        while len(self.pending) > SOFTMAX_AHEAD:
+            self._finish(*self.pending.pop(0))
 
     def flush(self) -> None:
         while self.pending:

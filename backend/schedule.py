@@ -26,7 +26,10 @@ import numpy as np
 
 from nxsat.backend.graph import Buf, Graph, Inst, Ref
 from nxsat.diagnostics import error
-from nxsat.extract.plan import PREFETCH_SBUF_FRACTION  # a load goes ahead only while SBUF stays below it
+from nxsat.extract.plan import (
+    PREFETCH_SBUF_FRACTION,  # a load goes ahead only while SBUF stays below it
+    load_queues,
+)
 from nxsat.sim.program import Access, Instr, Program, Tensor, Wait
 from nxsat.sim.target import Target
 
@@ -552,7 +555,7 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
     queues = target.dma_queues
     depended = {d.index for i in order for d in (*i.deps, *extra.get(i.index, ()))}
     background = [i for i in order if i.index not in depended and _passthrough(i, extra)]
-    load_q = list(range(0, max(1, queues * 3 // 4)))
+    load_q = list(range(load_queues(target)))
     store_q = list(range(len(load_q), queues - bool(background))) or list(range(len(load_q), queues)) or load_q
     if background:
         ids = {i.index for i in background}

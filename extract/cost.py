@@ -49,6 +49,7 @@ from nxsat.extract.plan import (
     forwarded_input,
     hosts_rows,
     layer_norm_rows,
+    load_queues,
     matmul_plan,
     max_cols,
     op_ns,
@@ -56,6 +57,7 @@ from nxsat.extract.plan import (
     packed_outputs_last,
     pe_transpose_pays,
     rows_fit,
+    segments_pay,
     softmax_rows,
 )
 from nxsat.ops import registry
@@ -439,7 +441,7 @@ class CostModel:
 
     def matmul_ns(self, B: int, M: int, K: int, N: int, mt: str, lhs: Value, rhs: Value, result: Value,
                   lhs_k_contiguous: bool = True, rhs_k_contiguous: bool = False,
-                  ahead: tuple[bool, bool] = (False, False)) -> float:
+                  ahead: tuple[bool, bool] = (False, False), k_run: int = 0, repeats: int = 1) -> float:
         """``B`` products ``[M, K] @ [K, N]`` as backend/matmul.py emits them, tiled by
         :func:`matmul_plan`: per M tile the stationary operand's K tiles (once if resident, else once
         per N tile), per (M, N) tile the moving operand's (once per N tile when the plan keeps them
@@ -448,7 +450,11 @@ class CostModel:
         contiguous dimension is K is loaded in rows and transposed on TensorE (fp32 into PSUM, copied
         out by VectorE); otherwise one DMA of rows of M (N) elements. A joint plan (both operands
         K-contiguous, one N tile) transposes them together, the moving one once. An operand whose
-        type is not the multiply type is converted on chip (VectorE) when it is loaded plainly."""
+        type is not the multiply type is converted on chip (VectorE) when it is loaded plainly.
+        ``k_run``: the length of the contraction's contiguous segments (a weight gradient's taps), which
+        the backend's K groups never cross (0: K is one segment). ``repeats``: that many such products
+        one after another (a weight gradient's output positions), each loading while the one before
+        multiplies."""
         t = self.target
         plan = matmul_plan(M, K, N, mt, t)
         factor = t.matmul_dtype_factor(mt) or 1.0
@@ -535,15 +541,28 @@ class CostModel:
             store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
         tiles = B * mtiles * ntiles
-        groups = -(-ktiles // max(1, plan.k_group))
+        seg = k_run if 0 < k_run < K and K % k_run == 0 and segments_pay(K // k_run, k_run, t) else K
+        runs = [kn * n for _, kn, n in plan.runs(seg)] * (K // seg)  # K per group (backend/matmul.py groups)
+        groups = len(runs) if joint else -(-ktiles // max(1, plan.k_group))
         if joint and groups > 1:
             # backend/matmul.py _matmul_joint, a group of K tiles at a time: the next group loads while
             # TensorE transposes this one, waits for the last bank's copy out of PSUM, then multiplies
-            # (a weight gradient's long contraction: TensorE the whole run, a bubble per group)
+            # (a weight gradient's long contraction: TensorE the whole run, a bubble per group). The
+            # groups' loads are issued together, a DMA per 128-row block and operand, one per load queue:
+            # as many groups as fill the queues share the engines (a queue whose load ends takes the next
+            # group's), and TensorE starts when the first has arrived with that share of the bandwidth
+            # (over 4 x 56 x 56: 24 us, not the 6 of its bytes alone)
             xn = min(M + N, t.matmul["rows"])
-            bubble = op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": max(1, t.psum_bank_bytes // 4
-                                                                                       // xn) * xn})
-            steady = max(load + store, load / groups + pe + B * groups * bubble + (act + dve) / (2 * groups))
+            per_bank = max(1, t.psum_bank_bytes // 4 // xn)  # K tiles one bank holds
+            bubbles = sum(op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS,
+                                                             "N": min(per_bank, -(-r // plan.k_tile)) * xn})
+                          for r in runs)
+            rows = t.matmul["rows"]
+            per_group = sum((x0 < M) + (x0 + rows > M) for x0 in range(0, M + N, rows))
+            together = max(1, load_queues(t) // per_group)
+            first = min(load, self.dma_ns(B * (M * ls + N * rs) * runs[0] * min(together, groups), min(st_run, mv_run)))
+            steady = max(repeats * (load + store), first + repeats * (pe + B * bubbles + (act + dve) / (2 * groups)))
+            return steady + 2 * self.dma_fixed
         else:
             steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
         if plan.n_block and not joint:
@@ -555,7 +574,7 @@ class CostModel:
             queues = int(t.dma["queues"]) - 2
             first = K * min(N, plan.n_tile) * rs + min(mtiles, queues) * min(M, plan.m_tile) * K * ls
             steady = max(steady, self.dma_ns(first, min(st_run, mv_run)) + pe)
-        return steady + 2 * self.dma_fixed
+        return repeats * steady + 2 * self.dma_fixed
 
     def _weight_gradient_ns(self, x: Value, w: Value, result: Value, d: Any, window: tuple, bgc: int,
                             mt: str) -> float:
@@ -575,9 +594,14 @@ class CostModel:
             return positions * max(per, moved) + 2 * self.dma_fixed
         M, N = min(b, og), max(b, og)
         lhs, rhs = Value((M, K), x.dtype), Value((K, N), w.dtype)
-        one = self.matmul_ns(bgc, M, K, N, mt, lhs, rhs, Value((M, N), result.dtype), lhs_k_contiguous=True,
-                             rhs_k_contiguous=True) - 2 * self.dma_fixed
-        return positions * one + 2 * self.dma_fixed
+        # the taps lie in runs: the innermost spatial dimensions the window covers whole, and the next's window
+        run = 1
+        for wd, i in sorted(zip(window, d.input_spatial), key=lambda wi: -wi[1]):
+            run *= min(wd.size, x.shape[i])
+            if wd.size < x.shape[i]:
+                break
+        return self.matmul_ns(bgc, M, K, N, mt, lhs, rhs, Value((M, N), result.dtype), lhs_k_contiguous=True,
+                              rhs_k_contiguous=True, k_run=run, repeats=positions)
 
     def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
                 multiply_in: str | None = None, computed: bool = False) -> float:

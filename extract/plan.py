@@ -123,6 +123,12 @@ MAX_ROWS_PER_PARTITION = 4
 STREAM_M_TILES = 64
 
 
+def load_queues(target: Target) -> int:
+    """The DMA queues the scheduler gives loads (backend/schedule.py), three quarters of them: the rest
+    take the stores, which wait on compute and would hold loads up behind them."""
+    return max(1, target.dma_queues * 3 // 4)
+
+
 def rows_per_partition(row_bytes: int, rows: int, partitions: int = 128) -> int:
     """Adjacent rows of ``row_bytes`` each (a K-contiguous operand read in whole rows) one partition
     loads, of ``rows``: as many as stay within :data:`GATHERED_ROW_BYTES` (at least one), of the whole
