@@ -141,6 +141,30 @@ def tile_params(pred: AffinePredicate, framed: Ref) -> tuple[int, int, tuple[int
     return base, per_dim[0], tuple(per_dim[1:])
 
 
+def whole_tile(cmp: str, base: int, cm: int, steps: tuple[int, ...], shape: tuple[int, ...]) -> bool | None:
+    """Whether ``base + cm * p + sum(steps[k] * i_k)  cmp  0`` holds at every position of a tile of
+    ``shape`` (True: a causal mask's tile below the diagonal) or at none (False: one above it, all
+    fill); None where it holds at some. The form is affine, so its extremes lie at the tile's corners:
+    exact for the order comparisons; for (in)equality None also where the extremes do not decide."""
+    reach = [c * (n - 1) for c, n in zip((cm, *steps), shape)]
+    lo = base + sum(min(0, r) for r in reach)
+    hi = base + sum(max(0, r) for r in reach)
+    holds = {"ge": (lo >= 0, hi < 0), "gt": (lo > 0, hi <= 0), "le": (hi <= 0, lo > 0), "lt": (hi < 0, lo >= 0),
+             "eq": (lo == hi == 0, lo > 0 or hi < 0), "ne": (lo > 0 or hi < 0, lo == hi == 0)}[cmp]
+    return True if holds[0] else False if holds[1] else None
+
+
+def rows_keep(cmp: str, base: int, cm: int, steps: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Does every row (partition) of a tile of ``shape`` have a position where the predicate holds (a
+    causal mask's rows each keep their first key)? Only the order comparisons are answered (else False)."""
+    down = base + min(0, cm * (shape[0] - 1))  # the form's least value at a row's start, over the rows
+    up = base + max(0, cm * (shape[0] - 1))
+    far = [s * (n - 1) for s, n in zip(steps, shape[1:])]
+    best_hi = down + sum(max(0, r) for r in far)  # the least, over the rows, of a row's largest value
+    best_lo = up + sum(min(0, r) for r in far)  # the largest, over the rows, of a row's least value
+    return {"ge": best_hi >= 0, "gt": best_hi > 0, "le": best_lo <= 0, "lt": best_lo < 0}.get(cmp, False)
+
+
 def virtual(node: Node) -> Ref:
     """A view of a value of ``node``'s shape that no program holds: where a tile of it would lie."""
     return Buf(f"affine_{node.name}", "scratch", dt.S32, tuple(node.shape)).ref()

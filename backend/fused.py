@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nxsat import dtypes as dt
+from nxsat.backend.affine import rows_keep, tile_params, virtual, whole_tile
 from nxsat.backend.elementwise import Kernel, elementwise, emits
 from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.graph import Graph, Ref
@@ -527,8 +529,14 @@ def _cluster_dot(lw: Lowering, x: Node) -> Node | None:
 SOFTMAX_AHEAD = 1
 
 
-# one tile of a row block: its place in the dot's result, its (b, m0, n0), its values ([P, 1, n])
-_Part = tuple[Callable[[Ref], Ref], tuple[int, ...], Ref]
+class _Part(NamedTuple):
+    """One tile of a row block: its place in the dot's result, its ``(b, m0, n0)``, its values
+    (``[P, 1, n]``; None for a tile the mask fills whole, :meth:`SoftmaxEpilogue.skips`) and its width."""
+
+    place: Callable[[Ref], Ref]
+    at: tuple[int, ...]
+    x: Ref | None
+    width: int
 
 
 class SoftmaxEpilogue(Epilogue):
@@ -554,9 +562,10 @@ class SoftmaxEpilogue(Epilogue):
             written = written_as(lw, host.softmax)
             self.dst = frame(lw.result(written))
             self.out_t = onchip_dtype(device_dtype(written.dtype))
-        self.parts: list[tuple[Callable[[Ref], Ref], tuple[int, ...], Ref, Ref]] = []  # this row block's so far
+        self.parts: list[tuple[_Part, Ref | None]] = []  # this row block's so far, with their maxima
         self.pending: list[tuple[list[_Part], Ref]] = []  # row blocks with their maxima, waiting to finish
-        self.products: tuple[tuple[int, ...], list[Ref]] | None = None  # a finished block's, for the reader
+        self.products: tuple[tuple[int, ...], list[Ref | None], list[int]] | None = None  # for the reader
+        self.zeros: dict[tuple[int, int], Ref] = {}  # a skipped tile's probabilities, stored (set once)
 
     def reads_psum(self, res_type: dt.DType) -> bool:
         """Scores that nothing else reads, in fp32, whole rows in one PSUM bank: the maxima (VectorE) and
@@ -581,15 +590,48 @@ class SoftmaxEpilogue(Epilogue):
         g.origin = _origin(self.host.softmax)
         mn, nn = res.shape
         xt = x.reshape(mn, 1, nn)
-        self.parts.append((place, at, xt, _maxima(g, xt, self.scale)))
-        if sum(p[2].shape[2] for p in self.parts) == self.row:
-            negs = [p[3] for p in self.parts]
-            neg = negs[0] if len(negs) == 1 else _least(g, negs)
-            self.pending.append(([(p, a, t) for p, a, t, _ in self.parts], neg))
-            self.parts = []
-            if len(self.pending[-1][0]) > 1:
-                self._finish_ahead()
+        self.parts.append((_Part(place, at, xt, nn), _maxima(g, xt, self.scale)))
+        self._row_done()
         g.origin = _origin(self.node)
+
+    def skips(self, place: Callable[[Ref], Ref], at: tuple[int, ...], shape: tuple[int, int]) -> bool:
+        """Is the tile at ``place`` (of ``shape``, at ``at = (b, m0, n0)``) one the mask fills whole, in rows
+        each of which keeps some score: a causal attention's tile above the diagonal? Its probabilities are
+        then zeros (exp(fill - max) underflows; the sums are the other tiles'), so the dot neither computes
+        it nor, reading the probabilities, multiplies it (flash attention's causal block skipping). Only
+        for a mask the softmax reads directly, of a fill below -1e30, the scores not stored. Non-finite
+        scores or values meet zeros where the skipped tiles' products would have been NaN."""
+        inner, src = self.inner, self.host.source
+        if src.op != "select" or self.scale <= 0 or inner.cluster is None or inner.out is not None or inner.stores:
+            return False
+        p, _, f = src.operands
+        pred, fill = inner.affine.get(p.id), inner.inputs.get(f.id)
+        if pred is None or not is_num(fill) or not float(fill) <= -1e30:
+            return False
+        whole = inner.frame(virtual(p))
+        tile, row = tile_params(pred, place(whole)), tile_params(pred, whole[at[0], at[1]:at[1] + shape[0], :])
+        return tile is not None and row is not None and whole_tile(pred.cmp, *tile, shape) is False \
+            and rows_keep(pred.cmp, *row, (shape[0], self.row))
+
+    def skip(self, place: Callable[[Ref], Ref], at: tuple[int, ...], shape: tuple[int, int]) -> None:
+        """The tile :meth:`skips` said the mask fills whole: a part of its rows with no values."""
+        g = self.lw.graph
+        g.origin = _origin(self.host.softmax)
+        self._finish_ahead()
+        self.parts.append((_Part(place, at, None, shape[1]), None))
+        self._row_done()
+        g.origin = _origin(self.node)
+
+    def _row_done(self) -> None:
+        """Once the row block's tiles are all in: the rows' bias from the tiles' maxima, the block pending."""
+        if sum(p.width for p, _ in self.parts) != self.row:
+            return
+        negs = [n for _, n in self.parts if n is not None]
+        neg = negs[0] if len(negs) == 1 else _least(self.lw.graph, negs)
+        self.pending.append(([p for p, _ in self.parts], neg))
+        self.parts = []
+        if len(self.pending[-1][0]) > 1:
+            self._finish_ahead()
 
     def _finish_ahead(self) -> None:
         while len(self.pending) > SOFTMAX_AHEAD:
@@ -613,18 +655,27 @@ class SoftmaxEpilogue(Epilogue):
     def _finish(self, parts: list[_Part], neg: Ref) -> None:
         """A row block's exponentials, sums and multiply, then its store or its reader's products."""
         g = self.lw.graph
+        ys: list[Ref | None]
         if len(parts) == 1:  # whole rows in one tile: ``[P, 1, n]``, as the standalone kernel's
-            _, _, xt = parts[0]
+            xt = parts[0].x
+            assert xt is not None, "a row keeps some score: its only tile is not skipped"
             ys = [_normalized(g, xt, neg, self.scale, self.out_t).reshape(xt.shape[0], xt.shape[2])]
         else:
-            ys = _normalized_row(g, [t for _, _, t in parts], neg, self.scale, self.out_t)
+            kept = iter(_normalized_row(g, [p.x for p in parts if p.x is not None], neg, self.scale, self.out_t))
+            ys = [None if p.x is None else next(kept) for p in parts]
         if self.reader is not None:  # its products after the next block's exponentials (one more stage)
             self._products()
-            self.products = (parts[0][1], ys)
+            self.products = (parts[0].at, ys, [p.width for p in parts])
             return
         assert self.dst is not None
-        for (place, _, _), y in zip(parts, ys):
-            g.add("dma", "dma", place(self.dst), y)
+        rows = next(y.shape[0] for y in ys if y is not None)
+        for p, y in zip(parts, ys):
+            if y is None:  # a skipped tile's probabilities: zeros
+                y = self.zeros.get((rows, p.width))
+                if y is None:
+                    y = self.zeros[(rows, p.width)] = g.tile((rows, p.width), self.out_t, "sbuf", "smzero").ref()
+                    g.add("pool", "memset", y, value=0.0)
+            g.add("dma", "dma", p.place(self.dst), y)
 
 
 class _ProbsDot:
@@ -675,23 +726,24 @@ class _ProbsDot:
                                for k0 in range(0, self.keys, rows)]}
         return self.loaded[b]
 
-    def rows(self, at: tuple[int, ...], ys: list[Ref]) -> None:
+    def rows(self, at: tuple[int, ...], ys: list[Ref | None], widths: list[int]) -> None:
         """The dot's result for the rows ``at = (b, m0, 0)`` of the hosting dot, whose probabilities are
-        the consecutive ``[rows, n]`` tiles ``ys``."""
+        the consecutive ``[rows, n]`` tiles ``ys`` of ``widths`` (None: zeros, the keys not multiplied)."""
         g = self.lw.graph
         b, m0 = at[0], at[1]
-        mn = ys[0].shape[0]
+        mn = next(y.shape[0] for y in ys if y is not None)
         shape = (self.width, mn) if self.side == 1 else (mn, self.width)
         acc = g.tile(shape, F32, "psum", "pvacc").ref()
-        tiles = self._other_tiles(b)
-        widths = [y.shape[1] for y in ys]
 
-        def block(k0: int, kn: int) -> Ref:  # the probabilities of keys k0..k0+kn (within one tile)
+        def block(k0: int, kn: int) -> Ref | None:  # the probabilities of keys k0..k0+kn (within one tile)
             t, c0 = 0, k0
             while c0 >= widths[t]:
                 c0 -= widths[t]
                 t += 1
-            return ys[t][:, c0:c0 + kn]
+            y = ys[t]
+            return None if y is None else y[:, c0:c0 + kn]
+
+        tiles = [t for t in self._other_tiles(b) if block(t[0], t[1]) is not None]
 
         # K tiles of one size transposed into one PSUM bank together and copied out at once
         per = max(1, self.lw.target.psum_bank_bytes // 4 // mn)
@@ -712,7 +764,9 @@ class _ProbsDot:
             kn = grp[0][1]
             ps = g.tile((kn, len(grp), mn), F32, "psum", "pvtp").ref()
             for i, (k0, _, _) in enumerate(grp):
-                g.add("pe", "transpose", ps[:, i, :], block(k0, kn))
+                blk = block(k0, kn)
+                assert blk is not None
+                g.add("pe", "transpose", ps[:, i, :], blk)
             if ready is not None:
                 products(*ready)
             pt = g.tile((kn, len(grp), mn), self.mt, "sbuf", "pvp").ref()

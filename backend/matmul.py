@@ -334,16 +334,25 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             # copy and the matmuls ran in series: 2,577.7 us against the weight stream's 2,417; 2,447.1 now).
             # Kept moving tiles (plan.n_block) still load after the N tile before them has started
             # (test_dot: loaded together, the first matmul waited for all of them).
+            # A tile the epilogue skips (a causal mask fills it whole) is a marker, group -1: no operands
             work = [(m0, n0, nn, gi) for m0 in range(0, M, plan.m_tile) for n0, nn in n_tiles
-                    for gi in range(len(groups))]
+                    for gi in (range(len(groups)) if not ep.skips(_place(b, m0, n0, min(plan.m_tile, M - m0), nn),
+                                                                  (b, m0, n0), (min(plan.m_tile, M - m0), nn))
+                               else (-1,))]
+            real = [w for w, item in enumerate(work) if item[3] >= 0]
+            after = {w: nxt for w, nxt in zip(real, real[1:])}  # the next computed work item
             ready: tuple[list[Ref], list[Ref]] | None = None
             acc = None
             for w, (m0, n0, nn, gi) in enumerate(work):
                 mn = min(plan.m_tile, M - m0)
+                if gi < 0:
+                    ep.skip(_place(b, m0, n0, mn, nn), (b, m0, n0), (mn, nn))
+                    continue
                 sts, mvs = ready if ready is not None else operands(m0, n0, nn, gi)
                 ready = None
-                if w + 1 < len(work) and (kept is None or work[w + 1][1] == n0):
-                    ready = operands(*work[w + 1])
+                nxt = after.get(w)
+                if nxt is not None and (kept is None or work[nxt][1] == n0):
+                    ready = operands(*work[nxt])
                 if gi == 0:
                     acc = g.tile((mn, nn), dt.F32, "psum", "acc").ref()
                 for i, (st, mv) in enumerate(zip(sts, mvs)):
@@ -418,6 +427,11 @@ class _Columns:
         self.cols, self.tile = [], None
 
 
+def _place(b: int, m0: int, n0: int, mn: int, nn: int) -> Callable[[Ref], Ref]:
+    """The ``[mn, nn]`` tile at ``[b, m0:, n0:]`` of a ``[B, M, N]`` result, as a view of it."""
+    return lambda r: r[b, m0:m0 + mn, n0:n0 + nn]
+
+
 def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t: dt.DType,
            on_act: bool | None = None) -> None:
     """A PSUM accumulator (the ``[mn, nn]`` tile at ``[b, m0:, n0:]`` of the ``[B, M, N]`` result) evacuated
@@ -427,12 +441,12 @@ def _store(lw: Lowering, ep: Epilogue, at: tuple[int, int, int], acc: Ref, out_t
     mn, nn = acc.shape
     if ep.reads_psum(out_t):  # the epilogue's first step reads the accumulator itself
         ep.evacuate_on_act(copy=False)
-        ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], acc, at)
+        ep.tile(_place(b, m0, n0, mn, nn), acc, at)
         return
     on_act = ep.evacuate_on_act() if on_act is None else on_act
     res = lw.graph.tile(acc.shape, out_t, "sbuf", "mm").ref()
     lw.graph.copy(on_act, res, acc)
-    ep.tile(lambda r: r[b, m0:m0 + mn, n0:n0 + nn], res, at)
+    ep.tile(_place(b, m0, n0, mn, nn), res, at)
 
 
 def _matmul_wide(lw: Lowering, L: Ref, R: Ref, ep: Epilogue, b: int, groups: list[tuple[int, int, int, int]],
