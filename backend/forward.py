@@ -513,7 +513,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             extra = [x for d in i.deps for x in added.get(id(d), ())]
             i.deps = set(iter(i.deps)) | set(extra)  # re-hashed: renumbered (set(a_set) keeps the old hashes)
         dead = set(iter(dead))
-    _remove(g, dead, changed)
+    g.remove(dead, changed)
     g.drop(*(bufs[key] for key in gone), *unused)
     return stats
 
@@ -591,32 +591,3 @@ def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst
 
     return undo
 
-
-def _remove(g: Graph, dead: set[Inst], changed: dict[int, Buf]) -> None:
-    """Take ``dead`` out of the graph (what waited for one of them waits for what it waited for) and bring
-    the users of the buffers they or a rewritten load touched up to date."""
-    for i in dead:
-        for r in (*i.reads, *i.writes):
-            changed[id(r.buf)] = r.buf
-    for b in list(changed.values()):
-        changed[id(b.root)] = b.root
-    for b in changed.values():
-        b.users = [u for u in b.users if u not in dead and any(r.buf is b or r.buf.root is b
-                                                               for r in (*u.reads, *u.writes))]
-    if not dead:
-        return
-    via: dict[int, set[Inst]] = {}  # a dead instruction -> the live ones it waited for, through dead ones
-    for i in sorted(dead, key=lambda x: x.index):  # what one waits for comes before it
-        via[i.index] = set().union(*(via[d.index] if d in dead else {d} for d in i.deps))
-    kept = []
-    for i in g.insts:
-        if i in dead:
-            continue
-        if not i.deps.isdisjoint(dead):
-            i.deps = {d for d in i.deps if d not in dead} | set().union(*(via[d.index] for d in i.deps if d in dead))
-        kept.append(i)
-    for k, i in enumerate(kept):
-        i.index = k
-    for i in kept:
-        i.deps = set(iter(i.deps))  # hashed by index: renumbered, so re-hashed (set(a_set) keeps old hashes)
-    g.insts = kept
