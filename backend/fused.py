@@ -120,11 +120,11 @@ def narrowing_reader(lw: Lowering, n: Node) -> Node | None:
     return c if narrowing and c.id not in lw.absorbed else None
 
 
-def _maxima(g: Graph, xt: Ref, scale: float) -> Ref:
+def _maxima(g: Graph, xt: Ref, scale: float, engine: str = "dve") -> Ref:
     """``-max(scale * x)`` of each row of ``xt`` (``[P, k, L]``): the exponential's bias, ``[P, k]`` fp32."""
     pn, k, _ = xt.shape
     mx = g.tile((pn, k), F32, "sbuf", "smmax").ref()
-    g.add("dve", "tensor_reduce", mx, xt, op="max" if scale >= 0 else "min", axes=(2,))
+    g.add(engine, "tensor_reduce", mx, xt, op="max" if scale >= 0 else "min", axes=(2,))
     neg = g.tile((pn, k), F32, "sbuf", "smneg").ref()
     g.add("dve", "tensor_scalar", neg, mx, op0="mul", scalar0=-scale)
     return neg
@@ -157,15 +157,18 @@ def _least(g: Graph, negs: list[Ref]) -> Ref:
     return neg
 
 
-def _normalized_row(g: Graph, parts: list[Ref], neg: Ref, scale: float, out_t: dt.DType) -> list[Ref]:
+def _normalized_row(g: Graph, parts: list[Ref], neg: Ref, scale: float, out_t: dt.DType, defer: bool = False
+                    ) -> tuple[list[Ref], Ref]:
     """The softmax of rows held as consecutive tiles (``[P, 1, n]`` each) given the rows' bias: ScalarE's
     exp of each tile with its sums accumulated in a column of its own, VectorE's total and reciprocals,
-    ScalarE's multiply of each tile; ``[P, n]`` tiles in ``out_t``."""
+    ScalarE's multiply of each tile; ``[P, n]`` tiles in ``out_t``, and the reciprocals (``[P, 1]``).
+    ``defer``: no multiply; the exponentials (in ``out_t``) are the tiles, and the reader scales its
+    products by the reciprocals instead (flash attention's deferred normalization)."""
     pn = parts[0].shape[0]
     sums = g.tile((pn, len(parts)), F32, "sbuf", "smsum").ref()
     ets = []
     for t, xt in enumerate(parts):
-        et = g.tile((pn, xt.shape[2]), F32, "sbuf", "smexp").ref()
+        et = g.tile((pn, xt.shape[2]), out_t if defer else F32, "sbuf", "smexp").ref()
         g.add("act", "activation", et, xt[:, 0], func="exp", scale=scale, bias=neg.reshape(pn, 1),
               accum=sums[:, t:t + 1])
         ets.append(et)
@@ -173,12 +176,14 @@ def _normalized_row(g: Graph, parts: list[Ref], neg: Ref, scale: float, out_t: d
     g.add("dve", "tensor_reduce", total, sums, op="add", axes=(1,))
     rec = g.tile((pn, 1), F32, "sbuf", "smrec").ref()
     g.add("dve", "activation", rec, total, func="reciprocal")
+    if defer:
+        return ets, rec
     out = []
     for et in ets:
         yt = g.tile(et.shape, out_t, "sbuf", "smy").ref()
         g.add("act", "activation", yt, et, scale=rec, bias=0.0)
         out.append(yt)
-    return out
+    return out, rec
 
 
 # --- layer normalization ----------------------------------------------------------------------------
@@ -564,8 +569,18 @@ class SoftmaxEpilogue(Epilogue):
             self.out_t = onchip_dtype(device_dtype(written.dtype))
         self.parts: list[tuple[_Part, Ref | None]] = []  # this row block's so far, with their maxima
         self.pending: list[tuple[list[_Part], Ref]] = []  # row blocks with their maxima, waiting to finish
-        self.products: tuple[tuple[int, ...], list[Ref | None], list[int]] | None = None  # for the reader
+        # a finished block's, for the reader: its (b, m0, 0), tiles, their widths, the rows' scales (or None)
+        self.products: tuple[tuple[int, ...], list[Ref | None], list[int], Ref | None] | None = None
         self.zeros: dict[tuple[int, int], Ref] = {}  # a skipped tile's probabilities, stored (set once)
+
+    def evacuate_on_act(self, copy: bool = True) -> bool:
+        """The scores' copies out of PSUM all on ScalarE where rows span several tiles and a dot reads the
+        probabilities: VectorE has half the transposed probabilities' copies and the rows' small steps,
+        ScalarE the exponentials (attention_s2048 422.3 -> 387.0 us; with rows of one tile, alternating
+        stays faster: transformer_layer 12.3 -> 12.9 us)."""
+        if self.reader is not None and self.row > self.lw.target.psum_bank_bytes // 4:
+            return True
+        return super().evacuate_on_act(copy)
 
     def reads_psum(self, res_type: dt.DType) -> bool:
         """Scores that nothing else reads, in fp32, whole rows in one PSUM bank: the maxima (VectorE) and
@@ -590,7 +605,10 @@ class SoftmaxEpilogue(Epilogue):
         g.origin = _origin(self.host.softmax)
         mn, nn = res.shape
         xt = x.reshape(mn, 1, nn)
-        self.parts.append((_Part(place, at, xt, nn), _maxima(g, xt, self.scale)))
+        # each tile's maxima on GpSimd, idle beside ScalarE's exponentials and VectorE's copies (mha_block
+        # 15.4 -> 14.5 us, attention_s2048 387.0 -> 376.6); on VectorE where they read PSUM, which GpSimd cannot
+        eng = "dve" if x.buf.kind == "psum" else "pool"
+        self.parts.append((_Part(place, at, xt, nn), _maxima(g, xt, self.scale, eng)))
         self._row_done()
         g.origin = _origin(self.node)
 
@@ -656,16 +674,24 @@ class SoftmaxEpilogue(Epilogue):
         """A row block's exponentials, sums and multiply, then its store or its reader's products."""
         g = self.lw.graph
         ys: list[Ref | None]
-        if len(parts) == 1:  # whole rows in one tile: ``[P, 1, n]``, as the standalone kernel's
+        # P @ V scaled once per row as its product is evacuated, not P tile by tile: ScalarE's pass over
+        # every probability saved (mha_block 16.2 -> 15.4 us). With P on the right its rows lie along the
+        # product's free axis: repeating the factors on the partitions (a transpose, a matmul, a copy)
+        # saved 0.4% on attention_s2048 and cost transformer_layer 5%
+        defer = self.reader is not None and self.reader.side == 0
+        rec = None
+        if len(parts) == 1 and not defer:  # whole rows in one tile: ``[P, 1, n]``, as the standalone kernel's
             xt = parts[0].x
             assert xt is not None, "a row keeps some score: its only tile is not skipped"
             ys = [_normalized(g, xt, neg, self.scale, self.out_t).reshape(xt.shape[0], xt.shape[2])]
         else:
-            kept = iter(_normalized_row(g, [p.x for p in parts if p.x is not None], neg, self.scale, self.out_t))
+            made, rec = _normalized_row(g, [p.x for p in parts if p.x is not None], neg, self.scale, self.out_t,
+                                        defer)
+            kept = iter(made)
             ys = [None if p.x is None else next(kept) for p in parts]
         if self.reader is not None:  # its products after the next block's exponentials (one more stage)
             self._products()
-            self.products = (parts[0].at, ys, [p.width for p in parts])
+            self.products = (parts[0].at, ys, [p.width for p in parts], rec if defer else None)
             return
         assert self.dst is not None
         rows = next(y.shape[0] for y in ys if y is not None)
@@ -726,9 +752,10 @@ class _ProbsDot:
                                for k0 in range(0, self.keys, rows)]}
         return self.loaded[b]
 
-    def rows(self, at: tuple[int, ...], ys: list[Ref | None], widths: list[int]) -> None:
+    def rows(self, at: tuple[int, ...], ys: list[Ref | None], widths: list[int], scale: Ref | None = None) -> None:
         """The dot's result for the rows ``at = (b, m0, 0)`` of the hosting dot, whose probabilities are
-        the consecutive ``[rows, n]`` tiles ``ys`` of ``widths`` (None: zeros, the keys not multiplied)."""
+        the consecutive ``[rows, n]`` tiles ``ys`` of ``widths`` (None: zeros, the keys not multiplied);
+        ``scale``: each row's factor (``[rows, 1]``: the softmax's normalization, deferred to here)."""
         g = self.lw.graph
         b, m0 = at[0], at[1]
         mn = next(y.shape[0] for y in ys if y is not None)
@@ -779,7 +806,8 @@ class _ProbsDot:
         if ready is not None:
             products(*ready)
         res = g.tile(shape, self.out_t, "sbuf", "pvo").ref()
-        g.add("act", "activation", res, acc)
+        assert scale is None or self.side == 0, "the rows' factors scale partitions"
+        g.add("act", "activation", res, acc, **({} if scale is None else {"scale": scale}))
         dst = self.out[b, :, m0:m0 + mn] if self.side == 1 else self.out[b, m0:m0 + mn, :]
         g.add("dma", "dma", dst, res)
 

@@ -259,23 +259,28 @@ class CostModel:
 
     def softmax_hosted_ns(self, x: Value) -> float:
         """The softmax a dot computes on its ``[128, n]`` result tiles (n: one PSUM bank of the row, the
-        matmul plan's N tile), as ``SoftmaxEpilogue`` emits it: per tile VectorE's maxima and ScalarE's exp
-        with accumulate and multiply; per row block VectorE's bias and reciprocal (and, for rows over
-        several tiles, the tiles' maxima gathered and reduced, the sums reduced); the probabilities stored
-        in the dot's store's place (the scores' store is not made)."""
+        matmul plan's N tile), as ``SoftmaxEpilogue`` emits it: per tile GpSimd's maxima (VectorE's when
+        they read PSUM) and ScalarE's exp with accumulate and multiply; per row block VectorE's bias and
+        reciprocal (and, for rows over several tiles, the tiles' maxima gathered and reduced, the sums
+        reduced); the probabilities stored in the dot's store's place (the scores' store is not made)."""
         L = x.shape[-1] if x.shape else 1
         blocks = -(-max(1, x.size // max(1, L)) // self.P)  # row blocks of 128 rows
         n = min(L, self.target.psum_bank_bytes // 4)
         per = -(-L // n)  # tiles per row
         tiles = blocks * per
-        dve = (self.instr_ns("dve", "tensor_reduce", tiles, N=n) + self.instr_ns("dve", "tensor_scalar", tiles, N=1)
-               + self.instr_ns("dve", "activation", blocks, N=1))
+        in_psum = x.dtype == "f32" and per == 1  # SoftmaxEpilogue.reads_psum
+        # the maxima on GpSimd, on VectorE where they read PSUM (which GpSimd cannot)
+        maxima = self.instr_ns("dve" if in_psum else "pool", "tensor_reduce", tiles, N=n)
+        dve = (self.instr_ns("dve", "tensor_scalar", tiles, N=1) + self.instr_ns("dve", "activation", blocks, N=1)
+               + (maxima if in_psum else 0.0))
+        pool = 0.0 if in_psum else maxima
         if per > 1:
             dve += (self.instr_ns("dve", "tensor_copy", tiles, N=1)
                     + 2 * self.instr_ns("dve", "tensor_reduce", blocks, N=per))
         act = 2 * self.instr_ns("act", "activation", tiles, N=n)
-        own = max(dve, act) + min(dve, act) / blocks
-        if x.dtype == "f32" and per == 1:
+        busiest = max(dve, act, pool)
+        own = busiest + (dve + act + pool - busiest) / blocks
+        if in_psum:
             # fp32 scores whose rows fit one PSUM bank are read there (SoftmaxEpilogue.reads_psum): the dot's
             # copies out of PSUM, ScalarE and VectorE in turn, are not made, and each was a step of its tile's
             # chain (matmul, copy, maxima, exp): both engines' share leaves the critical path

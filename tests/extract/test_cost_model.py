@@ -315,13 +315,8 @@ def test_fused_operator_within_tolerance(op, shape, t):
 HOSTED_CASES = [(512, "bf16", 4), (2048, "bf16", 4), (1024, "f32", 2), (384, "f32", 8), (128, "bf16", 12),
                 (1024, "bf16", 4)]
 HOSTED_XFAIL = {
-    "384-f32-x8": "the softmax's ScalarE and VectorE work runs under the dot's TensorE work (the sum adds them): "
-                  "3.3 us on top of the dot simulated, priced 6.2 (predicted/simulated 1.18)",
-    "128-bf16-x12": "one tile per head: each tile's chain evacuation -> maxima -> exp -> reciprocal -> multiply "
-                    "-> store is exposed, which the sum of prices does not see (predicted/simulated 0.83)",
-    "1024-bf16-x4": "VectorE's maxima, reciprocal and the next tile's operand copy and ScalarE's evacuation, "
-                    "exponentials and multiply wait on each other block by block (3.3 us a block for 2 us of "
-                    "either engine's work), which the sum of prices does not see (predicted/simulated 0.80)",
+    "384-f32-x8": "the softmax's ScalarE, VectorE and GpSimd work runs under the fp32 dot's TensorE work (the sum "
+                  "adds them): 2.5 us on top of the dot simulated, priced 6.2 (predicted/simulated 1.18)",
 }
 
 
