@@ -115,8 +115,8 @@ def main() -> None:
     print(f"target {args.target}, --model-type {args.model_type}, --auto-cast {args.auto_cast} "
           f"({args.auto_cast_type}); seconds (the fastest of {args.repeat} compiles), MB, us")
     print(f"{'model':<18} {'variant':>12} {'wall':>6} {'front':>6} {'satur':>6} {'extr':>6} {'lower':>6} "
-          f"{'sched':>6} {'neff':>6} {'sim':>6} {'races':>6} {'RSS':>6} {'instr':>9} {'latency':>11} {'roofline':>10} "
-          f"{'ratio':>8} {'vs first':>8} {'PE%':>5} {'DMA%':>5} {'PE&DMA%':>7}")
+          f"{'fwd':>6} {'sched':>6} {'neff':>6} {'sim':>6} {'races':>6} {'RSS':>6} {'instr':>9} {'latency':>11} "
+          f"{'roofline':>10} {'ratio':>8} {'vs first':>8} {'PE%':>5} {'DMA%':>5} {'PE&DMA%':>7}")
     xla_lines = []
     for name in args.models.split(","):
         path = MODELS.get(name, Path(name))
@@ -133,7 +133,8 @@ def main() -> None:
             first = first or r["latency_us"]
             walls.append((label, r["wall_s"]))
             print(f"{name:<18} {label:>12} {r['wall_s']:6.1f} {s['frontend']:6.2f} {s['saturate']:6.2f} "
-                  f"{s['extract']:6.2f} {s['lower']:6.2f} {s['schedule']:6.2f} {s['neff']:6.2f} {s['simulate']:6.2f} "
+                  f"{s['extract']:6.2f} {s['lower']:6.2f} {s.get('forward', 0.0):6.2f} {s['schedule']:6.2f} "
+                  f"{s['neff']:6.2f} {s['simulate']:6.2f} "
                   f"{s.get('races', 0.0):6.2f} {r['peak_rss_mb']:6.0f} {r['instructions']:9,} {r['latency_us']:11.1f} "
                   f"{r['roofline_us']:10.2f} {r['latency_over_roofline']:8.1f} {r['latency_us'] / first:8.4f} "
                   f"{r['engines']['pe']:5.1%} {r['overlap']['dma_of_run']:5.1%} {r['overlap']['pe_with_dma']:7.1%}",
