@@ -165,7 +165,8 @@ MAX_PIECES = 16
 COPY_MIN_PARTITIONS = 32  # a piece on fewer partitions is moved by an SBUF-to-SBUF DMA, not an engine copy
 
 
-def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[tuple[Inst, Ref, Ref, bool]] | None:
+def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target,
+            owners: dict[tuple, tuple[np.ndarray, np.ndarray] | None]) -> list[tuple[Inst, Ref, Ref, bool]] | None:
     """``load`` as on-chip reads of the tiles ``writes`` stored, one per piece of its destination: the
     destination cut along one dimension where the writer changes (a pooling's window over the two tiles
     of rows the convolution before it stored). Each piece is (store, destination piece, view of the
@@ -174,8 +175,23 @@ def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[
     if len(writes) > MAX_PIECES:
         return None  # a piece per writer at least
     dst, src = load.operands
-    b = addresses(src.ap)
-    written = [addresses(w.ap) for _, w in writes]
+    key = (src.ap, tuple(w.ap for _, w in writes))  # the same loads and stores recur layer after layer
+    if key not in owners:
+        owners[key] = _owners(*key)
+    got = owners[key]
+    if got is None:
+        return None
+    flat = np.arange(math.prod(dst.shape), dtype=np.int64).reshape(dst.shape)
+    # cut along one dimension, or two (a projection's [128, 2, 128] load of four heads' [64, 128] tiles)
+    out = _cut(_Cut(dst, writes, flat, *got, target), [(0, n) for n in dst.shape], 2)
+    return out if out is not None and len(out) > 1 else None
+
+
+def _owners(read: AP, writes: tuple[AP, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """For each element ``read`` reads, the write (of ``writes``) that wrote it and its place in that
+    write's order; None when some element has no writer or two."""
+    b = addresses(read)
+    written = [addresses(w) for w in writes]
     lo = min(int(a.min()) for a in written)
     hi = max(int(a.max()) for a in written) + 1
     if int(b.min()) < lo or int(b.max()) >= hi:
@@ -204,10 +220,7 @@ def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target) -> list[
             place[hit] = order[k[hit]]
     if bool((owner < 0).any()):
         return None
-    flat = np.arange(len(b), dtype=np.int64).reshape(dst.shape)
-    # cut along one dimension, or two (a projection's [128, 2, 128] load of four heads' [64, 128] tiles)
-    out = _cut(_Cut(dst, writes, flat, owner, place, target), [(0, n) for n in dst.shape], 2)
-    return out if out is not None and len(out) > 1 else None
+    return owner, place
 
 
 @dataclass
@@ -399,6 +412,8 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
         delta[last_use[key] + 1] -= tiles[key].row_bytes
     live = _Live(np.cumsum(delta))
     accepted: list[tuple[Inst, Inst, Ref, bool]] = []
+    places: dict[tuple[AP, AP], np.ndarray] = {}  # (store's access, load's access) -> _places
+    owners: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}  # (load's, stores' accesses) -> _owners
     reach_of = dict(last_use)  # tile -> the last instruction it is live to, forwarded loads included
     for key, cs in sorted(by_tile.items(), key=lambda kv: last_use[kv[0]]):
         nbytes = tiles[key].row_bytes
@@ -408,7 +423,11 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
             if ld.index > reach and live.max(reach + 1, ld.index + 1) + nbytes > limit:
                 stats.refused += len(cs) - k
                 break
-            got = _source(ld.operands[0], st, _places(w, ld.operands[1]), target)
+            key = (w.ap, ld.operands[1].ap)  # the same store and load shapes recur layer after layer
+            pos = places.get(key)
+            if pos is None:
+                pos = places[key] = _places(w, ld.operands[1])
+            got = _source(ld.operands[0], st, pos, target)
             if got is None:
                 continue
             if ld.index > reach:
@@ -426,7 +445,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
                 + sum(tiles[k].row_bytes for k in longer) > limit:
             stats.refused += 1
             continue
-        pieces = _pieces(ld, ws, target)
+        pieces = _pieces(ld, ws, target, owners)
         if pieces is None:
             continue
         for k in longer:
