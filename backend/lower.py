@@ -139,7 +139,6 @@ class Lowering:
     consumers: dict[int, set[int]] = field(default_factory=dict)  # node id -> ids of the nodes that read it
     cluster_of: dict[int, Any] = field(default_factory=dict)  # elementwise node id -> its fused cluster
     absorbed: set[int] = field(default_factory=set)  # nodes another operator's lowering does itself
-    dead: int = 0  # instructions lowered for a value nothing read in the end (Graph.drop_dead)
     deferred: dict[int, Node] = field(default_factory=dict)  # hosts waiting for a reader (run)
     plan: dict[int, Any] = field(default_factory=dict)  # node id -> what a planner decided for its lowering
     fixed: set[int] = field(default_factory=set)  # from parameters and constants alone (elementwise.fixed_values)
@@ -414,7 +413,7 @@ class Lowering:
             self.graph.origin = _origin(leaf)
             self.graph.add("dma", "dma", out.ref(), v)
         self.graph.origin = None
-        self.dead = self.graph.drop_dead()
+        self.graph.drop_dead()  # what was lowered for a reader that did not read it in the end
 
 
 def _no_empty(node: Node, t: TensorType) -> None:

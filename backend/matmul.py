@@ -335,10 +335,12 @@ def matmul(lw: Lowering, node: Node, L: Ref, R: Ref, ep: Epilogue, precision: st
             # Kept moving tiles (plan.n_block) still load after the N tile before them has started
             # (test_dot: loaded together, the first matmul waited for all of them).
             # A tile the epilogue skips (a causal mask fills it whole) is a marker, group -1: no operands
+            def groups_of(m0: int, n0: int, nn: int, b: int = b) -> range | tuple[int]:
+                mn = min(plan.m_tile, M - m0)
+                return (-1,) if ep.skips(_place(b, m0, n0, mn, nn), (b, m0, n0), (mn, nn)) else range(len(groups))
+
             work = [(m0, n0, nn, gi) for m0 in range(0, M, plan.m_tile) for n0, nn in n_tiles
-                    for gi in (range(len(groups)) if not ep.skips(_place(b, m0, n0, min(plan.m_tile, M - m0), nn),
-                                                                  (b, m0, n0), (min(plan.m_tile, M - m0), nn))
-                               else (-1,))]
+                    for gi in groups_of(m0, n0, nn)]
             real = [w for w, item in enumerate(work) if item[3] >= 0]
             after = {w: nxt for w, nxt in zip(real, real[1:])}  # the next computed work item
             ready: tuple[list[Ref], list[Ref]] | None = None

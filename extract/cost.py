@@ -546,10 +546,12 @@ class CostModel:
             store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
         tiles = B * mtiles * ntiles
-        seg = k_run if 0 < k_run < K and K % k_run == 0 and segments_pay(K // k_run, k_run, t) else K
-        runs = [kn * n for _, kn, n in plan.runs(seg)] * (K // seg)  # K per group (backend/matmul.py groups)
-        groups = len(runs) if joint else -(-ktiles // max(1, plan.k_group))
-        if joint and groups > 1:
+        runs: list[int] = []  # a joint plan's K per group, as backend/matmul.py forms the groups
+        if joint:
+            seg = k_run if 0 < k_run < K and K % k_run == 0 and segments_pay(K // k_run, k_run, t) else K
+            runs = [kn * n for _, kn, n in plan.runs(seg)] * (K // seg)
+        groups = len(runs)
+        if groups > 1:
             # backend/matmul.py _matmul_joint, a group of K tiles at a time: the next group loads while
             # TensorE transposes this one, waits for the last bank's copy out of PSUM, then multiplies
             # (a weight gradient's long contraction: TensorE the whole run, a bubble per group). The
@@ -562,14 +564,13 @@ class CostModel:
             bubbles = sum(op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS,
                                                              "N": min(per_bank, -(-r // plan.k_tile)) * xn})
                           for r in runs)
-            rows = t.matmul["rows"]
+            rows = t.matmul["rows"]  # a DMA per 128-row block and operand in it (_load_pe_transposed)
             per_group = sum((x0 < M) + (x0 + rows > M) for x0 in range(0, M + N, rows))
             together = max(1, load_queues(t) // per_group)
             first = min(load, self.dma_ns(B * (M * ls + N * rs) * runs[0] * min(together, groups), min(st_run, mv_run)))
             steady = max(repeats * (load + store), first + repeats * (pe + B * bubbles + (act + dve) / (2 * groups)))
-            return steady + 2 * self.dma_fixed
-        else:
-            steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
+            return steady + 2 * self.dma_fixed  # the first wave once, not per repeat
+        steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
         if plan.n_block and not joint:
             # the first N tile's kept moving tiles (backend/matmul.py loads each N tile's where the first
             # M tile needs them) and the first M tiles' stationary ones (one per free DMA queue) start

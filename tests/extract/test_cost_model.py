@@ -152,10 +152,6 @@ for _name, (_x, _g, _out, _win) in _WGRAD.items():
         CASES.append((f"wgrad{_name}-{_cast}", ([_x, _g], [f"r = {_out} convolution(p0, p1), window={{{_win}}}, "
                                                           "dim_labels=fb01_io01->01bf"]), _cast))
 
-# Families the model does not bring within the tolerance yet (predicted / simulated when marked).
-XFAIL: dict[str, str] = {}
-
-
 def _text(params: list[str], lines: list[str]) -> str:
     body = [f"  p{i} = {t} parameter({i})" for i, t in enumerate(params)] + [f"  {x}" for x in lines[:-1]]
     comps = ("%add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n\n"
@@ -209,12 +205,7 @@ def measure(case: tuple[list[str], list[str]], cast: str) -> tuple[float, float]
     return predicted_us(module, cast), simulated_us(module, cast)
 
 
-def _param(cid: str, case: tuple, cast: str):  # noqa: ANN202
-    marks = [pytest.mark.xfail(strict=True, reason=XFAIL[cid])] if cid in XFAIL else []
-    return pytest.param(case, cast, id=cid, marks=marks)
-
-
-@pytest.mark.parametrize("case,cast", [_param(*c) for c in CASES])
+@pytest.mark.parametrize("case,cast", [pytest.param(case, cast, id=cid) for cid, case, cast in CASES])
 def test_single_operator_within_tolerance(case, cast):
     pred, simulated = measure(case, cast)
     assert abs(pred / simulated - 1) <= TOLERANCE, f"predicted {pred:.2f} us, simulated {simulated:.2f} us"
