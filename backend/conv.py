@@ -49,7 +49,7 @@ from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
 from nxsat.backend.elementwise import Cluster, lower_cluster
 from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.graph import Graph, Ref
-from nxsat.backend.lower import Lowering, device_dtype, hosts, lowers, onchip_dtype, plans
+from nxsat.backend.lower import Lowering, _fused_source, device_dtype, hosts, lowers, onchip_dtype, plans
 from nxsat.backend.matmul import operand_type
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.builder import Builder, infer_type
@@ -640,15 +640,17 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
             _fill_direct(cv, raw, [(0, [*boxes[:-1], dense])], cin, ck, nin, nb)
             view = raw[(*[slice(None)] * (cv.nsp + 1), slice(0, dense.extent, last.step))]
             return _converted(cv, view), boxes
-        raw = cv.g.tile((nblk * ck, nb, *ext), in_t if channels_last else raw_t, "sbuf", "cvin").ref()
+        stride = _fold_stride(cv, ck, nblk)
+        raw = cv.g.tile(((nblk - 1) * stride + ck, nb, *ext), in_t if channels_last else raw_t, "sbuf",
+                        "cvin").ref()
         if channels_last:
             _fill_transposed(cv, raw, union, cin, ck, nin, nb)
         else:
             regions = []
             for b in range(nblk):
                 bx = [bx[b] if isinstance(bx, list) else bx for bx in boxes]
-                regions.append((b * ck, bx))
-            _fill_direct(cv, raw, regions, cin, ck, nin, nb)
+                regions.append((b * stride, bx))
+            _fill_direct(cv, raw, regions, cin, ck, nin, nb, zero=stride != ck)
         return _converted(cv, raw), boxes
     u = union[fd]
     fext = [len_of(b) for b in boxes]
@@ -671,6 +673,21 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
         dkey = [slice(None)] * (cv.nsp + 1)
         cv.g.add("dma", "dma", tile[(slice(b * ck, (b + 1) * ck), *dkey)], base[(slice(None), *key)])
     return _converted(cv, tile), boxes
+
+
+def _fold_stride(cv: Conv, ck: int, nblk: int) -> int:
+    """The partitions between consecutive fold blocks of ``ck`` channels: a quadrant's multiple where
+    ``ck`` is not one and the blocks still fit, else ``ck``. Engines start at partitions 0, 32, 64 and 96,
+    so a block at a quadrant's start is filled by an engine copy of a value still on chip (the forwarding
+    pass) where a block at partition 16 took an SBUF-to-SBUF DMA, 1.8 us on resnet_small's critical path
+    for a copy of 0.2. The rows between blocks are zeros in both operands (TensorE's time is the moving
+    operand's columns, not its rows). Only for inputs loaded channels-first, the fold blocks' own loads."""
+    quad = 32
+    stride = -(-ck // quad) * quad
+    if nblk < 2 or ck % quad == 0 or cv.plan.transpose_in != "dma" or \
+            (nblk - 1) * stride + ck > cv.lw.target.partitions:
+        return ck
+    return stride
 
 
 def len_of(b: Box | list[Box]) -> int:
@@ -699,11 +716,13 @@ def _memset(cv: Conv, t: Ref, value: float | int = 0) -> None:
     cv.g.add("pool", "memset", t, value=value)
 
 
-def _fill_direct(cv: Conv, tile: Ref, regions: list, cin: int, ck: int, nin: int, nb: int) -> None:
-    """DMA each region's input box (partitions from ``p0``) into ``tile``, zero where it is padding."""
+def _fill_direct(cv: Conv, tile: Ref, regions: list, cin: int, ck: int, nin: int, nb: int,
+                 zero: bool = False) -> None:
+    """DMA each region's input box (partitions from ``p0``) into ``tile``, zero where it is padding (and
+    everywhere first with ``zero``: rows between the regions)."""
     n_in = cv.geo.in_spatial
     loads = []
-    pad = False
+    pad = zero
     for p0, bxs in regions:
         dst_key: list = [slice(p0, p0 + ck), slice(None)]
         src_key: list = [slice(nin, nin + nb), slice(cin, cin + ck)]
@@ -948,12 +967,15 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
         if wt is None:
             raw_t = onchip_dtype(W.dtype)
             kshape = [W.shape[2 + d] for d in range(nsp) if d != fd]
-            raw = g.tile((len(fk) * ck, *kshape, on), raw_t, "sbuf", "cvw").ref()
+            stride = _fold_stride(cv, ck, len(fk))
+            raw = g.tile(((len(fk) - 1) * stride + ck, *kshape, on), raw_t, "sbuf", "cvw").ref()
+            if stride != ck:
+                _memset(cv, raw)  # the rows between blocks
             for b, kk in enumerate(fk):
                 src_key = [slice(o0, o0 + on), slice(c_off, c_off + ck)] + \
                     [kk if d == fd else slice(None) for d in range(nsp)]
                 src = W[tuple(src_key)]
-                g.add("dma", "dma", raw[b * ck:(b + 1) * ck], src.permute(*range(1, len(src.shape)), 0))
+                g.add("dma", "dma", raw[b * stride:b * stride + ck], src.permute(*range(1, len(src.shape)), 0))
             wt = cv.weights[key] = _weights_converted(cv, raw)
         idx = [taps[d].k for d in range(nsp) if d != fd]
         return wt[(slice(None), *idx, slice(None))]
@@ -1432,15 +1454,22 @@ def reduce_window(lw: Lowering, node: Node) -> None:
     X = [lw.ref(x) for x in xs]
     leaves = list(node.type.leaves())
     out_shape = tuple(leaves[0].shape)
+    op = _single_op(body) if n == 1 else None
     if len(leaves) == 1 and not isinstance(node.type, TupleType):
-        Ys = [lw.result(node)]
+        # a max pooling that only a cast to bf16 reads (ResNet's, before its first convolutions) writes the
+        # cast's value itself, rounding its fp32 maxima once as the cast would: the cast's own pass went
+        # through HBM twice (its tiles laid out otherwise than the pooling's and the convolution's)
+        from nxsat.backend.fused import narrowing_reader
+
+        cast = narrowing_reader(lw, node) if op is not None and node.dtype.is_float else None
+        written = cast if cast is not None and _fused_source(lw, cast) else node
+        Ys = [lw.result(written)]
     else:
         Ys = [lw.graph.buf(f"{node.name}_{k}", "scratch", device_dtype(t.dtype, node), t.shape).ref()
               for k, t in enumerate(leaves)]
         lw.set(node, tuple(Ys))
     if not out_shape and not xs[0].shape:
         window = ()
-    op = _single_op(body) if n == 1 else None
     x_t = [onchip_dtype(x.dtype) for x in X]
     plan = _window_plan(lw, X[0], window, out_shape, max(d.itemsize for d in x_t))
     in_shape = tuple(X[0].shape)
@@ -1513,8 +1542,14 @@ def _rw_single(lw: Lowering, node: Node, pack: list[WinBlock], X: Ref, Y: Ref, x
         _win_load(lw, X, b, x_t, _identity(op, x_t) if fill is None else fill, tile, k * blk.P)
     combos = blk.combos()
     acc = t.tile(acc_t)
+    # the init is the identity (XLA's -inf for a max pooling): nothing to combine, and the last step writes
+    # the result's type (a narrower float rounded once, as a cast of the fp32 result would be)
+    direct = is_num(init_v) and float(init_v) == float(_identity(op, acc_t)) and op in ("max", "min")
+    res = (acc if acc_t is out_t else t.tile(out_t)) if direct else acc
+    filled = fill is not None and any(len(tp) < w.size for tp, w in zip(blk.taps, window))
+    last = acc if filled else res  # what the window's last step writes
     if len(combos) == 1:
-        t.copy_into(acc, blk.view(tile, combos[0]))
+        t.copy_into(last, blk.view(tile, combos[0]))
     elif op in ("max", "min") and acc_t.is_float and len(combos) >= SPLIT_TAPS:
         # the window's taps in two chains, on VectorE and on GpSimd (idle in a pooling), then one step: the
         # same maximum in any order (ResNet's 3x3 max pooling: 8 dependent VectorE steps, 4.1 us of
@@ -1525,16 +1560,15 @@ def _rw_single(lw: Lowering, node: Node, pack: list[WinBlock], X: Ref, Y: Ref, x
             g.add(eng, "tensor_tensor", dst, blk.view(tile, cs[0]), blk.view(tile, cs[1]), op=op)
             for c in cs[2:]:
                 g.add(eng, "tensor_tensor", dst, dst, blk.view(tile, c), op=op)
-        t.binary_into(acc, op, acc, other)
+        t.binary_into(last, op, acc, other)
     else:
-        t.binary_into(acc, op, blk.view(tile, combos[0]), blk.view(tile, combos[1]))
-        for c in combos[2:]:
-            t.binary_into(acc, op, acc, blk.view(tile, c))
-    if fill is not None and any(len(tp) < w.size for tp, w in zip(blk.taps, window)):
-        t.binary_into(acc, op, acc, fill)
-    if acc_t is out_t and is_num(init_v) and float(init_v) == float(_identity(op, acc_t)) and op in ("max", "min"):
-        res = acc  # the init is the identity (XLA's -inf for a max pooling): nothing to combine
-    else:
+        views = [blk.view(tile, c) for c in combos]
+        t.binary_into(last if len(views) == 2 else acc, op, views[0], views[1])
+        for k, v in enumerate(views[2:], start=3):
+            t.binary_into(last if k == len(views) else acc, op, acc, v)
+    if filled:
+        t.binary_into(res, op, acc, fill)
+    if not direct:
         res = t.tile(out_t)
         t.binary_into(res, op, acc, init_v)
     for k, b in enumerate(pack):

@@ -570,6 +570,10 @@ MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
 # can (then the forwarding pass copies it on chip instead of a store and a load through HBM, ~3 us on
 # the critical path); a larger one keeps the most partitions (its engine time)
 FOLLOW_ELEMS = 16384
+# ... and does so even in a few more tiles (an instruction more per operator and tile, ~0.06 us each): a
+# [1, 256] mean whose producer holds channel ``j * 128 + p`` on partition ``p`` read as two [128, 1] tiles,
+# not one [128, 2] (resnet_small's pooled features: two round trips through HBM, 5.7 us, before the dense)
+FOLLOW_TILES = 4
 
 
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
@@ -637,7 +641,8 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
             for rows in ([len(lead) - 1] if positional else range(len(lead))):
                 n = lead[rows]
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
-                score = (scattered(k), tiles, -follows(k, b, rows, lead) if follow else 0,
+                score = (scattered(k), 0 if follow and tiles <= FOLLOW_TILES else tiles,
+                         -follows(k, b, rows, lead) if follow else 0, tiles,
                          -min(n, part, useful) if small else -min(n, part),
                          n if small and n > useful else 0)
                 if best is None or score < best[0]:

@@ -107,12 +107,22 @@ def _itemsize(name: str) -> int:
 # VectorE x2), each hop an engine-to-engine handoff the per-instruction prices do not include.
 GROUP_NORM_HOPS_NS = 1100.0  # fitted on the cost table's first four group norms; its last two are held out
 
+# What a channels-last convolution result costs more when every convolution is to be channels-first: more than
+# any program's layout could save, finite so that a convolution without a channels-first form is still chosen.
+CHANNELS_LAST_NS = 1e6
+
+
 class CostModel:
     """Prices operators for one target; ``matmul_dtype`` is the type TensorE multiplies in (what the
     precision policy gives dots under ``--auto-cast``; f32 without)."""
 
-    def __init__(self, target: Target, matmul_dtype: str = "f32", in_program: bool = False) -> None:
+    def __init__(self, target: Target, matmul_dtype: str = "f32", in_program: bool = False,
+                 channels_first: bool = False) -> None:
         self.target = target
+        # every convolution channels-first where it has such a form (``--layout channels-first``, and the
+        # program -O2 measures against the cost model's choice of layouts): a channels-last result costs
+        # CHANNELS_LAST_NS more, so it is kept only where no channels-first form exists
+        self.channels_first = channels_first
         # in a program (the extractors' view): a dot's loads of model inputs (weights) are issued ahead,
         # under earlier operators, and leave its critical path; alone (the calibrated view) they are not
         self.in_program = in_program
@@ -680,7 +690,8 @@ class CostModel:
                 cache[key] = self._depthwise_ns(geo, dw, x, w, result, xs, ys)
             else:
                 cache[key] = self._gemm_ns(geo, plan, x, w_wide, result, xs, ws, ys, on_chip)
-        return (convert if dw is not None and dw.pays else convert_x) + cache[key]
+        forced = CHANNELS_LAST_NS if self.channels_first and geo.channels_last_out else 0.0
+        return (convert if dw is not None and dw.pays else convert_x) + cache[key] + forced
 
     # -- convolution parts ------------------------------------------------------------------------------
 
@@ -693,7 +704,7 @@ class CostModel:
         """This model with TensorE multiplying fp32 operands in ``mt`` (its convolution prices cached apart)."""
         other = self._siblings.get(mt)
         if other is None:
-            other = self._siblings[mt] = CostModel(self.target, mt, self.in_program)
+            other = self._siblings[mt] = CostModel(self.target, mt, self.in_program, self.channels_first)
         return other
 
     def _xfer(self, nbytes: float, run_bytes: float, partitions: int) -> tuple[float, float]:

@@ -95,7 +95,8 @@ class MatmulPlan:
 # Kernels that write their result in the type of a narrowing cast reading it alone (backend/fused.py
 # ``written_as``; backend/lower.py ``_fused_source``), so the cast costs a dot reading it nothing
 # (extract/cost.py ``_produced``), as an elementwise pass's or a contraction's evacuation does.
-NARROW_WRITERS = frozenset({"softmax"})
+# A pooling (reduce-window) accumulates in fp32 and rounds once as it writes, which is the cast's rounding.
+NARROW_WRITERS = frozenset({"softmax", "reduce-window"})
 # The share of SBUF loads issued ahead of program order may fill (backend/schedule.py prefetches within it;
 # extract/cost.py hides a model input's load under the operators before it up to that many bytes).
 PREFETCH_SBUF_FRACTION = 0.6

@@ -127,7 +127,9 @@ def register(sub: Any) -> None:
                    help=argparse.SUPPRESS)  # the flag of the time this was opt-in: now the default
     p.add_argument("--layout", choices=LAYOUT_MODES, default="cost",
                    help="nxsat's own: cost (default: convolution regions stored channels-first where the cost "
-                        "model prices it faster) or input (the model's own layout)")
+                        "model prices it faster; at -O2/-O3 weighed against every convolution channels-first, "
+                        "both simulated), input (the model's own layout) or channels-first (every convolution "
+                        "that has such a form)")
     p.add_argument("--disable-forwarding", action="store_true",
                    help="nxsat's own: every value goes to HBM and back between operators, as lowered (by default a "
                         "load of a value still in SBUF reads it there); to see what forwarding buys")

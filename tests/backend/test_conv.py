@@ -391,6 +391,60 @@ def test_pooling_blocks_of_half_the_partitions_are_stacked() -> None:
     assert_device_matches(m, inputs, "trn1")
 
 
+def test_a_max_pooling_read_only_by_a_cast_writes_the_cast() -> None:
+    """ResNet-50's max pooling feeds its first convolutions through a cast to bf16: the pooling writes the
+    cast's value itself (its fp32 maxima rounded once as they are written, which is what the cast does), so
+    no pass of the cast's own goes through HBM; the same bits as the interpreter's, NaNs too."""
+    from nxsat.backend import compile_graph
+
+    src = window_hlo("1,64,112,112", "1,64,56,56", "maximum", "-inf",
+                     "size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1")
+    src = src.replace("ROOT y = f32[1,64,56,56]", "y = f32[1,64,56,56]").replace(
+        "to_apply=body\n}", "to_apply=body\n  ROOT c = bf16[1,64,56,56] convert(y)\n}")
+    m = module_of(src)
+    prog = compile_graph(m, sim.load_target("trn1")).program
+    assert not any("convert" in (i.origin or "") for i in prog.instrs)
+    steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
+    assert len(steps) == 8 and prog.tensors[steps[-1].operands[0].tensor].dtype.name == "bf16"
+    inputs = {k: v * 1.001 for k, v in small_ints(m, lo=-50, hi=50).items()}  # values bf16 rounds
+    x = next(iter(inputs.values()))
+    x.reshape(-1)[::97] = np.nan
+    assert_device_matches(m, inputs, "trn1")
+
+
+def test_fold_blocks_of_few_channels_start_at_quadrants(tmp_path: Path) -> None:
+    """A 3x3 convolution of 16 channels stacks its three row taps on the partitions: at 0, 32 and 64 rather
+    than 0, 16 and 32, so each block of the input computed just before (the ReLU's tiles, still in SBUF)
+    is copied there by an engine (which starts at partitions 0, 32, 64 or 96), where the block at 16 took
+    an SBUF-to-SBUF DMA. The rows between blocks are zeros in both operands: the same values."""
+    from nxsat.driver import CompileOptions, compile_model
+
+    src = """HloModule fold
+ENTRY main {
+  x = f32[1,32,16,16] parameter(0)
+  w1 = f32[16,32,1,1] parameter(1)
+  w2 = f32[16,16,3,3] parameter(2)
+  a = f32[1,16,16,16] convolution(x, w1), window={size=1x1}, dim_labels=bf01_oi01->bf01
+  z = f32[] constant(0)
+  zb = f32[1,16,16,16] broadcast(z), dimensions={}
+  r = f32[1,16,16,16] maximum(a, zb)
+  ROOT c = f32[1,16,16,16] convolution(r, w2), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_oi01->bf01
+}
+"""
+    path = tmp_path / "fold.hlo"
+    path.write_text(src)
+    report = compile_model(str(path), CompileOptions(target="trn1", optlevel=1)).report
+    assert report["forwarded"]["loads"] > 0
+    assert report["forwarded"]["copies"] == report["forwarded"]["loads"]  # no SBUF-to-SBUF DMA
+    lw = lower_graph(module_of(src), sim.load_target("trn1"))
+    fills = [i for i in lw.graph.insts if i.opcode == "dma" and i.operands[0].buf.name.startswith("cvin")
+             and i.operands[0].buf.shape[0] == 2 * 32 + 16]  # the 3x3's tile: three blocks 32 apart
+    starts = {i.operands[0].ops[0][1][0].start for i in fills}  # the partition each block's load starts at
+    assert starts == {0, 32, 64}
+    m = module_of(src)
+    assert_device_matches(m, small_ints(m), "trn1")
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 512)
