@@ -18,6 +18,7 @@ and each semaphore has one signalling stream (the verifier checks it in one pass
 from __future__ import annotations
 
 import heapq
+import itertools
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -52,12 +53,17 @@ class ScheduleOptions:
     weight_queues: int = 0
     critical: bool = False
     prefetch: float = PREFETCH_SBUF_FRACTION  # the share of SBUF loads issued ahead may fill
+    # > 0: instead, a load goes ahead while the SBUF the program holds until its tile's first use, with
+    # every load already ahead, stays within this share (``_Profile``)
+    room: float = 0.0
 
     def to_json(self) -> dict[str, int | bool | float]:
         out: dict[str, int | bool | float] = {"lookahead": self.lookahead, "weight_queues": self.weight_queues,
                                               "critical": self.critical}
         if self.prefetch != PREFETCH_SBUF_FRACTION:
             out["prefetch"] = self.prefetch
+        if self.room:
+            out["room"] = self.room
         return out
 
 
@@ -115,6 +121,19 @@ class _Gaps:
     def widest(self) -> int:
         return self.tree[1]
 
+    def last(self, need: int) -> int | None:
+        """The last slot whose gap has room for ``need`` bytes."""
+        tree = self.tree
+        if tree[1] < need:
+            return None
+        i = 1
+        while i < self.leaves:
+            i = 2 * i + 1 if tree[2 * i + 1] >= need else 2 * i
+        return i - self.leaves
+
+    def room_at(self, slot: int) -> int:
+        return self.tree[slot + self.leaves]
+
     def first(self, slot: int, need: int) -> int | None:
         """The first slot at or after ``slot`` whose gap has room for ``need`` bytes."""
         tree, i = self.tree, slot + self.leaves
@@ -129,6 +148,94 @@ class _Gaps:
         while i < self.leaves:
             i = 2 * i if tree[2 * i] >= need else 2 * i + 1
         return i - self.leaves
+
+
+def _profiles(graph: Graph, space: _Space) -> tuple[_Profile, _Profile]:
+    """Per program position: the SBUF bytes per partition held (each tile from its first instruction to its
+    last), and the largest tile placed there."""
+    n = len(graph.insts)
+    diff = [0] * (n + 1)
+    largest = [0] * n
+    for b in graph.bufs:
+        if b.kind == "sbuf" and b.base is None and b.users:
+            pos = [u.index for u in b.users]
+            need = space.need(b.row_bytes)
+            diff[min(pos)] += need
+            diff[max(pos) + 1] -= need
+            largest[min(pos)] = max(largest[min(pos)], need)
+    return _Profile(list(itertools.accumulate(diff[:n]))), _Profile(largest)
+
+
+class _Profile:
+    """The SBUF bytes per partition the program holds at each of its positions, taken in program order (each
+    tile from its first instruction to its last), plus what loads issued ahead add: a load that goes ahead
+    at position ``f`` holds its tile from there to its first use ``u``. A load may go ahead while that
+    stays within a share of SBUF over ``[f, u)``: its data then arrives early without taking the room the
+    work between needs (a fixed share does not know it: ResNet-50's weights streamed only once the share
+    of its first stages' activations fell below it, and a larger share took room those stages needed).
+    A max-tree with range increments over the positions."""
+
+    def __init__(self, values: list[int]) -> None:
+        n = len(values)
+        self.n, self.h = n, max(1, n.bit_length())
+        self.t = [0] * n + values
+        self.d = [0] * n
+        for i in range(n - 1, 0, -1):
+            self.t[i] = max(self.t[2 * i], self.t[2 * i + 1])
+
+    def _apply(self, p: int, v: int) -> None:
+        self.t[p] += v
+        if p < self.n:
+            self.d[p] += v
+
+    def _build(self, p: int) -> None:
+        t, d = self.t, self.d
+        while p > 1:
+            p >>= 1
+            t[p] = max(t[2 * p], t[2 * p + 1]) + d[p]
+
+    def _push(self, p: int) -> None:
+        d = self.d
+        for sh in range(self.h, 0, -1):
+            i = p >> sh
+            if 0 < i < self.n and d[i]:
+                self._apply(2 * i, d[i])
+                self._apply(2 * i + 1, d[i])
+                d[i] = 0
+
+    def add(self, lo: int, hi: int, v: int) -> None:
+        """``v`` more bytes held over positions ``[lo, hi)``."""
+        lo, hi = lo + self.n, hi + self.n
+        l0, r0 = lo, hi
+        while lo < hi:
+            if lo & 1:
+                self._apply(lo, v)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                self._apply(hi, v)
+            lo >>= 1
+            hi >>= 1
+        self._build(l0)
+        self._build(r0 - 1)
+
+    def most(self, lo: int, hi: int) -> int:
+        """The most bytes held at any position of ``[lo, hi)``."""
+        lo, hi = lo + self.n, hi + self.n
+        self._push(lo)
+        self._push(hi - 1)
+        out = -(1 << 62)
+        t = self.t
+        while lo < hi:
+            if lo & 1:
+                out = max(out, t[lo])
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                out = max(out, t[hi])
+            lo >>= 1
+            hi >>= 1
+        return out
 
 
 class _Space:
@@ -155,20 +262,29 @@ class _Space:
         self.gaps = _Gaps(size, align)
         self.gaps.set(0, size, True)
 
-    def alloc(self, buf: Buf, nbytes: int) -> tuple[int, list[Inst]] | None:
-        """A place for ``nbytes``, and the instructions that last used that memory."""
+    def alloc(self, buf: Buf, nbytes: int, high: bool = False) -> tuple[int, list[Inst]] | None:
+        """A place for ``nbytes``, and the instructions that last used that memory. ``high``: at the top of
+        the last gap with room (a tile loaded far ahead of its use: kept apart from the work at hand's
+        tiles, which come and go next-fit from below, so it does not cut the free memory into pieces too
+        small for them)."""
         need = self.need(nbytes)
         if need == 0:  # an empty tile takes no place (an empty place would break the order by ``hi``)
             self.place[id(buf)] = -1
             return 0, []
         if need > self.widest():
             return None
-        off = self._fit(self.cursor, need)
-        if off is None:
-            off = self._fit(0, need)
-        if off is None:
-            return None
-        self.cursor = off + need
+        if high:
+            slot = self.gaps.last(need)
+            if slot is None:
+                return None
+            off = (slot * self.align + self.gaps.room_at(slot) - need) // self.align * self.align
+        else:
+            off = self._fit(self.cursor, need)
+            if off is None:
+                off = self._fit(0, need)
+            if off is None:
+                return None
+            self.cursor = off + need
         k = bisect_right(self.used, off, key=_lo)
         prev, nxt = self._bounds(k, k)
         self.used.insert(k, (off, off + need, buf))
@@ -354,7 +470,8 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 # started ahead held them all (ResNet-50's last convolution in critical-path order)
                 res = None
             else:
-                res = space.alloc(b, b.row_bytes)
+                res = space.alloc(b, b.row_bytes, high=profile is not None and space is sbuf and i.index > frontier
+                                  and _is_load(i))
             if res is None:
                 for g, sp in got:  # undo: nothing used that memory
                     sp.unalloc(g)
@@ -385,6 +502,38 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
             is_parked[idx] = 0
             push_ready(idx)
 
+    profile, largest = _profiles(graph, sbuf) if options.room else (None, None)
+    room = options.room * sbuf.size
+    refused_at = [-1, -1]  # (load, frontier) of the last load the profile kept back
+
+    def may_go_ahead(idx: int) -> bool:
+        """May the load ``idx`` be issued now, ahead of program order? (at the frontier it always may)"""
+        if idx == frontier:
+            return True
+        if profile is None:
+            return sbuf.in_use <= options.prefetch * sbuf.size
+        if refused_at == [idx, frontier]:
+            return False
+        tiles = [b for b in new_tiles(insts[idx]) if b.kind == "sbuf"]
+        need = sum(sbuf.need(b.row_bytes) for b in tiles)
+        first = min((min(u.index for u in b.users) for b in tiles), default=idx)
+        # what is live now beyond the profile (tiles placed out of program order) is taken to stay live
+        # and the largest tile the work before its use places must still find a gap
+        if first > frontier and (sbuf.in_use + profile.most(frontier, first) - profile.most(frontier, frontier + 1)
+                                 + need > room or sbuf.widest() - need < largest.most(frontier, first)):
+            refused_at[:] = [idx, frontier]
+            return False
+        return True
+
+    def went_ahead(idx: int, new: list[Buf]) -> None:
+        """The profile holds the new tiles of a load issued ahead from the frontier to their first use."""
+        if profile is None or idx == frontier:
+            return
+        for b in new:
+            first = min(u.index for u in b.users)
+            if b.kind == "sbuf" and first > frontier:
+                profile.add(frontier, first, sbuf.need(b.row_bytes))
+
     def lowest_parked_load() -> int:
         while parked_loads and not is_parked[parked_loads[0]]:
             heapq.heappop(parked_loads)
@@ -396,9 +545,11 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         # arrives in a tile of its own while the tiles before it are still in use (double buffering).
         # (the earliest load first: when that one is parked, it would not fit)
         if ready_loads and ready_loads[0] <= frontier + options.lookahead and ready_loads[0] < lowest_parked_load() \
-                and (ready_loads[0] == frontier or sbuf.in_use <= options.prefetch * sbuf.size):
-            blocked = place(insts[ready_loads[0]], new_tiles(insts[ready_loads[0]]))
+                and may_go_ahead(ready_loads[0]):
+            new = new_tiles(insts[ready_loads[0]])
+            blocked = place(insts[ready_loads[0]], new)
             if blocked is None:
+                went_ahead(ready_loads[0], new)
                 pick = insts[heapq.heappop(ready_loads)]
             else:
                 park(heapq.heappop(ready_loads), blocked, True)

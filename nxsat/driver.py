@@ -72,6 +72,7 @@ AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
+SEARCH_ROOMS = (0.55, 0.7)  # -O3's shares of SBUF for loads ahead by the program's profile (ScheduleOptions.room)
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
 # 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)
 LEVEL1_CHECK_INSTRUCTIONS = 50_000
@@ -342,6 +343,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # loads far ahead fill SBUF in program order, and the work at hand finds room later: resnet50 under
     # unet-inference streams in 709.8 us with half the share, 790.1 with the whole (BERT-12: 1,813.8 and 1,711.5)
     half_stream = replace(stream, prefetch=stream.prefetch / 2)
+    # -O3's: loads ahead while the program's SBUF up to their use stays within a share (ScheduleOptions.room):
+    # ResNet-50 under unet-inference 656.7 us at -O2, 635.4 with 0.7 and 641.3 with 0.55 (its weights stream
+    # during the stem); BERT-12 1,711.5 with the prefetch share, 1,723.3 and 1,787.6 with these
+    rooms = [replace(stream, room=r) for r in SEARCH_ROOMS]
 
     def streams_weights() -> bool:
         """The model's inputs and constants do not all fit in the prefetch share: what it holds ahead matters."""
@@ -363,7 +368,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if len(done) == len(windows):
             found_la = {s.lookahead: latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
-                    half_stream]
+                    half_stream, *(rooms if streams_weights() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
@@ -488,8 +493,10 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         # A schedule that finds no room tries again within the smaller forwarding budgets, then (loads issued
         # far ahead hold SBUF the work at hand may need) with half the prefetch share
         compiled, failed = None, None
-        for sched in (schedule, replace(schedule, prefetch=schedule.prefetch / 2)):
-            for budget in budgets:
+        # a schedule by the profile that finds no room is one the search does without (its fragmented SBUF is
+        # not the prefetch share's to halve, and without forwarding it would only lose)
+        for sched in (schedule,) if schedule.room else (schedule, replace(schedule, prefetch=schedule.prefetch / 2)):
+            for budget in budgets[:1] if schedule.room else budgets:
                 forward_within(budget)
                 try:
                     compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, sched))
@@ -851,6 +858,8 @@ def format_report(r: dict[str, Any]) -> str:
                          f"extraction, load lookahead {t['lookahead']}"
                          + (f", weights on {t['weight_queues']} queues of their own" if t["weight_queues"] else "")
                          + (", critical-path order" if t.get("critical") else "")
+                         + (f", loads ahead within {t['room']:.0%} of SBUF by the program's profile"
+                            if t.get("room") else "")
                          + ("" if len(sr["tried"]) > 1 else f" (over {sr['limit_instructions']:,} instructions: "
                                                              "compiled once)"))
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """The scheduler: its memory allocator (`backend.schedule._Space`) against brute force (after any
 sequence of allocations and frees, an allocation fails exactly when no aligned place has room, and
-the widest free gap it keeps, its fail-fast test, is the true one), and its rule that work far ahead
-of program order takes no on-chip memory."""
+the widest free gap it keeps, its fail-fast test, is the true one), its rule that work far ahead
+of program order takes no on-chip memory, and loads ahead by the program's profile (``room``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from nxsat import dtypes as dt
 from nxsat import sim
 from nxsat.backend.graph import Buf, Graph
-from nxsat.backend.schedule import REACH, _Space, schedule
+from nxsat.backend.schedule import REACH, ScheduleOptions, _Profile, _Space, schedule
 
 
 def _gaps(space: _Space) -> list[tuple[int, int]]:
@@ -91,6 +91,89 @@ def test_the_gap_search_finds_what_a_walk_over_the_places_finds(seed: int) -> No
             start, need = rng.randrange(space.size), rng.choice([64, 128, 256, 1024, 4096])
             assert space._fit(start, need) == _walk(space, start, need), (n, start, need)
     assert len(space.used) > 2 * _Space.FAR
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_profile_tree_adds_over_ranges_and_finds_their_maxima(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.choice([1, 7, 64, 300])
+    base = [rng.randrange(1000) for _ in range(n)]
+    tree, ref = _Profile(list(base)), list(base)
+    for _ in range(400):
+        lo = rng.randrange(n)
+        hi = rng.randrange(lo, n) + 1
+        if rng.random() < 0.5:
+            v = rng.randrange(-300, 300)
+            tree.add(lo, hi, v)
+            for k in range(lo, hi):
+                ref[k] += v
+        else:
+            assert tree.most(lo, hi) == max(ref[lo:hi])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_high_allocation_takes_the_top_of_the_last_gap_with_room(seed: int) -> None:
+    rng = random.Random(seed)
+    space = _Space(16384, 64)
+    live: list[Buf] = []
+    for n in range(800):
+        if live and rng.random() < 0.4:
+            space.free(live.pop(rng.randrange(len(live))), [])
+            continue
+        nbytes = rng.choice([64, 100, 640, 2048])
+        b = Buf(f"t{n}", "sbuf", dt.F32, (128, nbytes // 4))
+        high = rng.random() < 0.5
+        want = [g for g in _gaps(space) if -(-g[0] // 64) * 64 + nbytes <= g[1]]
+        got = space.alloc(b, nbytes, high=high)
+        assert (got is not None) == bool(want)
+        if got is None:
+            continue
+        if high:
+            lo, hi = want[-1]
+            assert got[0] == (hi - nbytes) // 64 * 64 and got[0] >= lo
+        space.commit(b)
+        live.append(b)
+        assert space.in_use == sum(hi - lo for lo, hi, _ in space.used)
+
+
+def test_loads_go_ahead_while_the_programs_profile_has_room() -> None:
+    """``room``: a load goes ahead of program order while what the program holds until the load's use, with
+    the loads already ahead, stays within that share of SBUF. Three weights (20% of SBUF each) used after a
+    step that holds 40%: with 0.75 one goes ahead of it (40 + 20 + 20 is above it), with 0.35 none, with the
+    prefetch share two (it looks at what is live when the load is issued, not until its use); the same values."""
+    g = Graph()
+    t = sim.load_target("trn1")
+    cols = t.sbuf_bytes // 5 // 4
+    ws = [g.buf(f"w{k}", "input", dt.F32, (128, cols)).ref() for k in range(3)]
+    x = g.buf("x", "input", dt.F32, (128, 2 * cols)).ref()
+    y = g.buf("y", "output", dt.F32, (128, 2 * cols)).ref()
+    outs = [g.buf(f"out{k}", "output", dt.F32, (128, cols)).ref() for k in range(3)]
+    big = g.tile((128, 2 * cols), dt.F32)
+    g.add("dma", "dma", big.ref(), x)
+    g.add("act", "activation", big.ref(), big.ref(), func="exp")
+    g.add("dma", "dma", y, big.ref())
+    loads = []
+    for w, o in zip(ws, outs):
+        tile = g.tile((128, cols), dt.F32)
+        loads.append(g.add("dma", "dma", tile.ref(), w))
+        g.add("act", "activation", tile.ref(), tile.ref(), func="exp")
+        g.add("dma", "dma", o, tile.ref())
+    step = 1  # the exp over the big tile
+
+    def ahead(room: float) -> int:
+        sch = schedule(g, t, [w.buf for w in ws] + [x.buf], [y.buf] + [o.buf for o in outs],
+                       options=ScheduleOptions(lookahead=100, room=room))
+        order = [i.index for i in sch.order]
+        return sum(order.index(ld.index) < order.index(step) for ld in loads), sch
+
+    assert ahead(0.75)[0] == 1
+    assert ahead(0.35)[0] == 0
+    assert ahead(0.0)[0] == 2  # the prefetch share (0.6) sees only what is live now: 40%, then 60%
+    data = {f"w{k}": np.full((128, cols), k, np.float32) for k in range(3)}
+    data["x"] = np.zeros((128, 2 * cols), np.float32)
+    got = sim.load(sim.build_neff(ahead(0.75)[1].program, t, ahead(0.75)[1].constants), verify=True).run(data)
+    for k in range(3):
+        np.testing.assert_allclose(got[1 + k], np.exp(np.float32(k)), rtol=1e-6)
 
 
 def test_far_ahead_work_takes_no_memory_while_the_frontier_waits_for_some() -> None:
