@@ -266,9 +266,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
                 opts.saturate_infinity, () if by else TENSOR_OPS))
         return precise[key]
 
-    def level(n: int) -> tuple[Any, tuple[str, ...]]:
-        """Level ``n``'s extraction (its saturation budget, extractor and precision) of this model."""
-        lo = dataclasses.replace(opts, optlevel=n)
+    def level(n: int, layout: str | None = None) -> tuple[Any, tuple[str, ...]]:
+        """Level ``n``'s extraction (its saturation budget, extractor and precision) of this model (with
+        ``layout``: under that --layout)."""
+        lo = dataclasses.replace(opts, optlevel=n, layout=layout or opts.layout)
         by = precision_by_cost(lo)
         sat_n = st.run("saturate", lambda: saturate_module(canonical, opts.model_type, n, canonical=True,
                                                            allow_approximate=bool(by), extra_sets=by,
@@ -276,6 +277,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         return st.run("extract", lambda: extract(sat_n.egraph, sat_n.loaded, LEVEL_EXTRACTOR[n],
                                                  _cost_model(target, lo, by))), by
 
+    other = None
     if search:
         # -O3 also weighs -O2's program (its budget, its extractor), so it is never slower than -O2
         other, _ = level(2)
@@ -388,16 +390,24 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     if search and again:
         for name, ch, by in candidates[1:]:
             measure(name, ch, by, search_plan)
-    if measured and again and opts.layout == "cost" and _channels_last_convolutions(best.chosen.module):
+    if measured and again and opts.layout == "cost":
         # The layout the cost model chose for a convolution region is weighed against every convolution
         # channels-first, measured: the model prices each convolution in either layout, but not what its
         # layout costs the operators after it (a per-channel scale along the free axis is a two-input
         # VectorE pass, not a step of the evacuation). ResNet-50: three stage-1 convolutions kept
         # channels-last, 697.6 us; all channels-first 656.7. unet_diffusers: the reverse, 170.2 against 347.6.
+        # -O3 weighs -O2's channels-first program too (so it is never slower than -O2).
         first = dataclasses.replace(opts, layout="channels-first")
-        ch = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor, _cost_model(target, first, by_cost)))
-        if _structure(ch.module) != _structure(best.chosen.module):
-            measure(CHANNELS_FIRST, ch, by_cost, search_plan if search else runs[pick][2])
+        seen = {_structure(ch.module) for _, ch, _ in candidates}
+        firsts = [lambda: extract(sat.egraph, sat.loaded, extractor, _cost_model(target, first, by_cost))] \
+            if _channels_last_convolutions(chosen.module) else []
+        if other is not None and _channels_last_convolutions(other.module):
+            firsts.append(lambda: level(2, "channels-first")[0])
+        for make in firsts:
+            ch = st.run("extract", make)
+            if _structure(ch.module) not in seen:
+                seen.add(_structure(ch.module))
+                measure(CHANNELS_FIRST, ch, by_cost, search_plan if search else runs[pick][2])
     if measured and again and opts.extractor is None and best.summary["instructions"] <= LEVEL1_CHECK_INSTRUCTIONS:
         # -O1's program too (its budget, its extractor, the policy's precision) where it differs, as -O1
         # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
