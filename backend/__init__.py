@@ -41,6 +41,8 @@ def device_forms(module: Module, target: Target) -> Module:
     - elementwise chains read through a reshape computed before it
       (:func:`nxsat.backend.elementwise.sink_reshapes`);
     - casts of constants done at compile time (:func:`nxsat.backend.precision.fold_constant_casts`);
+    - an fp32 batch norm in inference as the elementwise steps of its kernel
+      (:func:`nxsat.backend.norm.expand_inference`), which then fuse with their neighbours;
     - constant dot operands stored with their contraction outermost, constant convolution kernels with
       their output channels innermost (:func:`nxsat.backend.matmul.kmajor_constants`).
 
@@ -48,11 +50,12 @@ def device_forms(module: Module, target: Target) -> Module:
     from nxsat.backend.conv import is_weight_gradient, plane_weight_gradient, weight_gradients
     from nxsat.backend.elementwise import sink_reshapes
     from nxsat.backend.matmul import kmajor_constants
+    from nxsat.backend.norm import expand_inference
     from nxsat.backend.precision import fold_constant_casts
 
     if any(is_weight_gradient(n) and not plane_weight_gradient(n) for n in module.entry.post_order()):
         module = weight_gradients(module)
-    return kmajor_constants(sink_reshapes(fold_constant_casts(module)))
+    return kmajor_constants(sink_reshapes(fold_constant_casts(expand_inference(module))))
 
 
 def lower_graph(module: Module, target: Target, options: Options | None = None) -> Lowering:

@@ -425,11 +425,34 @@ def test_batch_norm_in_both_layouts(kind: str, shape: tuple[int, ...], fi: int, 
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("kind", ["training", "grad"])
+@pytest.mark.parametrize("kind", ["training", "grad", "inference"])
 def test_batch_norm_bf16_rounds_once(kind: str, target: str) -> None:
     for shape, fi in (((8, 16, 6, 6), 1), ((8, 6, 6, 16), 3)):
         assert_device_matches(module_of(bn_hlo(kind, shape, fi, "bf16")), bn_inputs(kind, shape, fi, "bf16"),
                               target, rtol=1e-2, atol_scale=1e-2)
+
+
+def test_an_fp32_batch_norm_in_inference_becomes_its_elementwise_steps() -> None:
+    """device-forms: an fp32 batch-norm-inference is ``(x - mean) * (scale * rsqrt(var + eps)) + offset``, the
+    kernel's steps as operators, which then fuse with the elementwise pass around them (a ReLU after it: one
+    pass, no store of the batch norm's result); a bf16 one keeps the kernel (it rounds once). The values
+    match the reference's."""
+    from nxsat.backend import compile_graph, device_forms
+
+    shape, fi = (2, 40, 9, 9), 1
+    text = bn_hlo("inference", shape, fi).replace("ROOT y = f32", "y = f32")
+    text = text.replace("\n}", f"\n  z = f32[] constant(0)\n  zb = f32[{','.join(map(str, shape))}] broadcast(z), "
+                        f"dimensions={{}}\n  ROOT r = f32[{','.join(map(str, shape))}] maximum(y, zb)\n}}")
+    m = module_of(text)
+    formed = device_forms(m, sim.load_target("trn1"))
+    ops = [n.op for n in formed.entry.post_order()]
+    assert "batch-norm-inference" not in ops and {"rsqrt", "subtract", "multiply", "add", "maximum"} <= set(ops)
+    prog = compile_graph(m, sim.load_target("trn1")).program
+    big = [t for t in prog.tensors.values() if t.kind == "scratch" and tuple(t.shape) == shape]
+    assert not big  # x loaded, one pass, the result stored (only the [40] factor goes through scratch)
+    assert_device_matches(m, bn_inputs("inference", shape, fi), "trn1")
+    bf = module_of(bn_hlo("inference", shape, fi, "bf16"))
+    assert "batch-norm-inference" in [n.op for n in device_forms(bf, sim.load_target("trn1")).entry.post_order()]
 
 
 MOBILENET_BN = [("training", (96, 32, 112, 112), "trn1"), ("grad", (96, 32, 112, 112), "trn1"),
