@@ -26,10 +26,18 @@ import numpy as np
 
 from nxsat import dtypes as dt
 from nxsat.backend.epilogue import Epilogue
-from nxsat.backend.fused import require_probs_reader, softmax_epilogue
+from nxsat.backend.fused import SoftmaxEpilogue, require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
 from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
-from nxsat.extract.plan import MatmulPlan, dot_sizes, matmul_plan, pe_transpose_pays, rows_per_partition, segments_pay
+from nxsat.extract.plan import (
+    MatmulPlan,
+    dot_sizes,
+    matmul_plan,
+    pe_transpose_pays,
+    rows_per_partition,
+    segments_pay,
+    vector_dot,
+)
 from nxsat.ir import Module, Node, TensorType
 from nxsat.sim.program import AccessError
 from nxsat.sim.target import Target
@@ -93,6 +101,14 @@ def dot(lw: Lowering, node: Node) -> None:
         L = lw.view(Lp, lambda r: r.reshape(B, M, K), node)
         return int_matmul(lw, L, lw.view(Rp, lambda r: r.reshape(B, K, N), node), out)
     ep = softmax_epilogue(lw, node, lambda r: r.reshape(B, M, N))
+    if not tf32 and vector_dot(B, M, K, N) and not isinstance(ep, SoftmaxEpilogue):
+        try:
+            L = Lp.reshape(B, M, K)
+            R = Rp.reshape(B, K, N)
+        except AccessError:
+            L = R = None
+        if L is not None:
+            return _dot_on_vector(lw, L, R, ep, operand_type(*types, lw))
     split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target)
     if split is None:
         bs = [lhs.shape[d] for d in lb]
@@ -526,6 +542,41 @@ def _matmul_joint(lw: Lowering, L: Ref, R: Ref, ep: Epilogue, b: int, groups: li
 
 # Rows of L per tile and contraction elements per pass of the exact integer product.
 INT_K_CHUNK = 2048
+
+
+def _dot_on_vector(lw: Lowering, L: Ref, R: Ref, ep: Epilogue, mt: dt.DType) -> None:
+    """Many tiny products (:func:`~nxsat.extract.plan.vector_dot`) with their batches on the partitions: per
+    tile of batches, the operands loaded whole (one row of ``M * K`` and ``K * N`` elements a batch), rounded
+    to the multiply type ``mt`` as TensorE would multiply them, every product ``L[b, m, k] * R[b, k, n]``
+    in one VectorE multiply of stride-0 views and the sums over ``k`` in one reduction, in fp32 as PSUM
+    accumulates; the epilogue takes the ``[batches, M, N]`` tile."""
+    g = lw.graph
+    B, M, K = L.shape
+    N = R.shape[2]
+    P = lw.target.partitions
+    for b0 in range(0, B, P):
+        bn = min(P, B - b0)
+        ops = []
+        for src in (L[b0:b0 + bn], R[b0:b0 + bn]):
+            # loaded in its memory order (DLRM's right operand is the left one transposed: read as it lies,
+            # a row of 48 elements a batch, not 48 descriptors), seen in the product's order on chip
+            swap = len(src.ap.dims) == 3 and src.ap.dims[2][1] > src.ap.dims[1][1]
+            mem = src.permute(0, 2, 1) if swap else src
+            t = g.tile(mem.shape, onchip_dtype(src.dtype), "sbuf", "vdot").ref()
+            g.load(t, mem)
+            if t.dtype is not mt and mt is not dt.F32:  # an absorbed cast: TensorE's operand rounding
+                r = g.tile(mem.shape, mt, "sbuf", "vdotc").ref()
+                g.add("dve", "tensor_copy", r, t)
+                t = r
+            ops.append(t.permute(0, 2, 1) if swap else t)
+        a, c = ops
+        prod = g.tile((bn, M, N, K), dt.F32, "sbuf", "vdotp").ref()
+        g.add("dve", "tensor_tensor", prod, a.reshape(bn, M, 1, K).broadcast(2, N),
+              c.permute(0, 2, 1).reshape(bn, 1, N, K).broadcast(1, M), op="mul")
+        res = g.tile((bn, M, N), onchip_dtype(device_dtype(ep.node.dtype)), "sbuf", "vdotr").ref()
+        g.add("dve", "tensor_reduce", res, prod, op="add", axes=(3,))
+        ep.tile(lambda r, b0=b0, bn=bn: r[b0:b0 + bn], res)
+    ep.flush()
 
 
 def int_matmul(lw: Lowering, L: Ref, R: Ref, out: Ref) -> None:

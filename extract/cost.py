@@ -59,6 +59,7 @@ from nxsat.extract.plan import (
     rows_fit,
     segments_pay,
     softmax_rows,
+    vector_dot,
 )
 from nxsat.ops import registry
 from nxsat.rules import terms
@@ -440,12 +441,29 @@ class CostModel:
         mt = self.multiply_type(lhs.dtype, rhs.dtype)
         if multiply_in is not None and self.target.supports_matmul_dtype(multiply_in):
             mt = multiply_in
+        if vector_dot(B, M, K, N):
+            return self.vector_dot_ns(B, M, K, N, lhs, rhs, result, mt)
         # K is an operand's contiguous dimension when its contracting dimensions are its innermost ones
         lk = _inner(d.lhs_contracting, lhs.shape)
         rk = _inner(d.rhs_contracting, rhs.shape)
         flags = tuple(ahead) + (False, False)
         return self.matmul_ns(B, M, K, N, mt, lhs, rhs, result, lhs_k_contiguous=lk, rhs_k_contiguous=rk,
                               ahead=flags[:2])
+
+    def vector_dot_ns(self, B: int, M: int, K: int, N: int, lhs: Value, rhs: Value, result: Value, mt: str) -> float:
+        """Many tiny products on VectorE (backend/matmul.py ``_dot_on_vector``): per tile of 128 batches both
+        operands loaded (and rounded to ``mt`` when it is not theirs), one multiply over ``M * N * K``
+        products and one reduction, the result stored."""
+        tiles = -(-B // self.P)
+        per = M * N * K
+        compute = tiles * (self.instr_ns("dve", "tensor_tensor", 1, N=per)
+                           + self.instr_ns("dve", "tensor_reduce", 1, N=per)
+                           + sum(self.instr_ns("dve", "tensor_copy", 1, N=v.size // max(1, B))
+                                 for v in (lhs, rhs) if v.dtype != mt and mt != "f32"))
+        loads = self.dma_ns(lhs.nbytes + rhs.nbytes, lhs.nbytes / B, self.P)
+        store = self.dma_ns(result.nbytes, result.nbytes / B, self.P)
+        # the first tile's loads and the last one's store are not under the multiplies
+        return max(compute, loads + store) + (loads + store) / tiles + 2 * self.dma_fixed
 
     def multiply_type(self, lhs: str, rhs: str) -> str:
         """The type TensorE multiplies a dot's operands of these types in: fp32 ones in the model's

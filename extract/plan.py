@@ -124,6 +124,18 @@ MAX_ROWS_PER_PARTITION = 4
 STREAM_M_TILES = 64
 
 
+# A dot of many tiny products (DLRM's feature interaction: 3,616 batches of [6, 8] @ [8, 6]) runs on VectorE
+# with its batches on the partitions: every product of a tile of batches in one multiply, the sums in one
+# reduction, where TensorE took two loads, a matmul, an evacuation and a store per batch.
+VECTOR_DOT_PRODUCTS = 512  # products per batch (M * N * K) the vector path takes, one tile's free size
+VECTOR_DOT_BATCHES = 32  # batches it needs at least (fewer: TensorE's few instructions are as quick)
+
+
+def vector_dot(B: int, M: int, K: int, N: int) -> bool:
+    """Does a ``[B, M, K] @ [B, K, N]`` float dot run on VectorE, its batches on the partitions?"""
+    return B >= VECTOR_DOT_BATCHES and M * N * K <= VECTOR_DOT_PRODUCTS
+
+
 def load_queues(target: Target) -> int:
     """The DMA queues the scheduler gives loads (backend/schedule.py), three quarters of them: the rest
     take the stores, which wait on compute and would hold loads up behind them."""

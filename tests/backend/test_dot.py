@@ -470,3 +470,32 @@ ENTRY main {
     assert_device_matches(m)
     c = compile_graph(m, sim.load_target("trn1"))
     assert not [n for n, t in c.program.tensors.items() if t.kind == "scratch"]
+
+
+INTERACTION = ("HloModule interaction\n\nENTRY main {\n  x = f32[300,6,8] parameter(0)\n"
+               "  xc = bf16[300,6,8] convert(x)\n"
+               "  ROOT z = f32[300,6,6] dot(xc, xc), lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+               "rhs_batch_dims={0}, rhs_contracting_dims={2}\n}\n")
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("cast", [False, True])
+def test_many_tiny_products_run_on_vectore_with_batches_on_the_partitions(cast: bool, target: str) -> None:
+    """DLRM's feature interaction, ``X @ X.T`` for each of many batches of [6, 8]: VectorE with the batches
+    on the partitions, one multiply of stride-0 views and one reduction per tile of 128 batches, no
+    TensorE instruction; each operand loaded as it lies (the transposed one too: a row per batch, not a
+    descriptor per element); rounded to bf16 first where the dot multiplies a cast (as TensorE would).
+    The values match the reference's (the sums of eight exact products in another order)."""
+    from nxsat.extract.plan import vector_dot
+
+    text = INTERACTION if cast else INTERACTION.replace("  xc = bf16[300,6,8] convert(x)\n", "").replace(
+        "dot(xc, xc)", "dot(x, x)")
+    m = module_of(text)
+    assert vector_dot(300, 6, 8, 6) and not vector_dot(16, 6, 8, 6) and not vector_dot(300, 64, 64, 64)
+    prog = compile_graph(m, sim.load_target(target)).program
+    ops = [(i.stream, i.opcode) for i in prog.instrs]
+    assert ("pe", "matmul") not in ops and ops.count(("dve", "tensor_reduce")) == 3
+    loads = [i for i in prog.instrs if i.opcode == "dma" and prog.tensors[i.operands[1].tensor].kind == "input"]
+    assert len(loads) == 6  # two per tile of batches, each a row of 48 elements a partition
+    assert ops.count(("dve", "tensor_copy")) == (6 if cast else 0)
+    assert_device_matches(m, target=target)
