@@ -102,9 +102,9 @@ def dot(lw: Lowering, node: Node) -> None:
         return int_matmul(lw, L, lw.view(Rp, lambda r: r.reshape(B, K, N), node), out)
     ep = softmax_epilogue(lw, node, lambda r: r.reshape(B, M, N))
     if not tf32 and vector_dot(B, M, K, N) and not isinstance(ep, SoftmaxEpilogue):
-        try:
-            L = Lp.reshape(B, M, K)
-            R = Rp.reshape(B, K, N)
+        try:  # batch dimensions that merge into one stride (the access patterns resolved here)
+            L, R = Lp.reshape(B, M, K), Rp.reshape(B, K, N)
+            L.ap, R.ap  # noqa: B018
         except AccessError:
             L = R = None
         if L is not None:

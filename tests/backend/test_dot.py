@@ -499,3 +499,15 @@ def test_many_tiny_products_run_on_vectore_with_batches_on_the_partitions(cast: 
     assert len(loads) == 6  # two per tile of batches, each a row of 48 elements a partition
     assert ops.count(("dve", "tensor_copy")) == (6 if cast else 0)
     assert_device_matches(m, target=target)
+
+
+def test_many_tiny_products_whose_batches_do_not_merge_take_tensore() -> None:
+    """Batch dimensions with a free dimension between them (64 batches of [8, 6] @ [6, 5], the batches
+    ``(0, 2)`` of ``[4, 8, 16, 6]``) do not merge into one stride: the vector path does not apply, and the
+    dot runs on TensorE batch by batch (it was an internal error); same values."""
+    text = _dot("f32[4,8,16,6]", "f32[4,6,16,5]", "f32[4,16,8,5]",
+                "lhs_batch_dims={0,2}, lhs_contracting_dims={3}, rhs_batch_dims={0,2}, rhs_contracting_dims={1}")
+    m = module_of(text)
+    prog = compile_graph(m, sim.load_target("trn1")).program
+    assert any(i.opcode == "matmul" for i in prog.instrs)
+    assert_device_matches(m, target="trn1")
