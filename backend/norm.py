@@ -515,6 +515,7 @@ def expand_inference(module: Module) -> Module:
     batch norm and ReLU) a step of the residual add's pass, where the kernel read its input from HBM and
     stored its result there (Relay's ResNet-50: 30 MB of its 98 MB of spill)."""
     from nxsat.backend.elementwise import is_elementwise
+    from nxsat.backend.precision import folded
     from nxsat.builder import infer_type
     from nxsat.passes import rewrite_module
 
@@ -550,18 +551,10 @@ def expand_inference(module: Module) -> Module:
                  dimensions=())
         factor = mk("multiply", [scale, mk("rsqrt", [mk("add", [var, eps], node)], node)], node)
         if scale.op == "constant" and var.op == "constant":  # a Relay model's: computed now, not at run time
-            factor = _folded(factor)
+            factor = folded(factor)
         centred = mk("subtract", [x, spread(mean)], node)
         out = mk("add", [mk("multiply", [centred, spread(factor)], node), spread(offset)], node)
         return Node(out.op, list(out.operands), dict(out.attrs), out.type, node.name, node.loc)
 
     return rewrite_module(module, expand)
 
-
-def _folded(value: Node) -> Node:
-    """``value``, computed from constants alone, as a constant (by the reference semantics)."""
-    from nxsat.interpreter import Interpreter
-    from nxsat.ir import Computation
-
-    got = Interpreter().call(Computation("fold", [], value), [])
-    return Node("constant", [], {"value": np.asarray(got), "type": value.type}, value.type, "", value.loc)

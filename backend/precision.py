@@ -225,7 +225,6 @@ def fold_constant_casts(module: Module) -> Module:
     semantics, so nothing reads the wide value and writes the narrow one at run time, and the narrow
     one is what the NEFF holds (a Relay model's fp32 weights cast to bf16 by --auto-cast: half the bytes
     a convolution or a dense loads)."""
-    from nxsat.interpreter import Interpreter
     from nxsat.passes import rewrite_module
 
     casts = {n.id for n in module.entry.post_order()
@@ -237,10 +236,17 @@ def fold_constant_casts(module: Module) -> Module:
     def expand(rw: Any, node: Node, ops: list[Node], attrs: dict[str, Any]) -> Node | None:
         if node.id not in casts or ops[0].op != "constant":
             return None
-        src = ops[0]
-        cast = Node(node.op, [src], attrs, node.type)
-        value = Interpreter().call(Computation("fold", [], cast, [src, cast]), [])
-        return Node("constant", [], {"value": np.asarray(value), "type": node.type}, node.type,
-                    node.name, node.loc)
+        return folded(Node(node.op, [ops[0]], attrs, node.type), node)
 
     return rewrite_module(module, expand)
+
+
+def folded(value: Node, like: Node | None = None) -> Node:
+    """``value``, computed from constants alone, as a constant (named and placed as ``like``, else a new
+    constant where ``value`` is), by the reference semantics: what the device would compute at run time,
+    at compile time."""
+    from nxsat.interpreter import Interpreter
+
+    got = Interpreter().call(Computation("fold", [], value), [])
+    name, loc = (like.name, like.loc) if like is not None else ("", value.loc)
+    return Node("constant", [], {"value": np.asarray(got), "type": value.type}, value.type, name, loc)
