@@ -21,7 +21,9 @@ import heapq
 import itertools
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +58,9 @@ class ScheduleOptions:
     # > 0: instead, a load goes ahead while the SBUF the program holds until its tile's first use, with
     # every load already ahead, stays within this share (``_Profile``)
     room: float = 0.0
+    # with ``critical``: ready instructions taken by the time each could start (``_Clock``), the longest
+    # chain first among those that could start at once
+    timed: bool = False
 
     def to_json(self) -> dict[str, int | bool | float]:
         out: dict[str, int | bool | float] = {"lookahead": self.lookahead, "weight_queues": self.weight_queues,
@@ -64,6 +69,8 @@ class ScheduleOptions:
             out["prefetch"] = self.prefetch
         if self.room:
             out["room"] = self.room
+        if self.timed:
+            out["timed"] = True
         return out
 
 
@@ -421,18 +428,20 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     reuse: dict[int, list[Inst]] = {}
 
     ready_loads: list[int] = []
-    ready_other: list[int] = []
     # The order ready instructions are taken in (loads apart, by program position): program order, or with
     # ``critical`` the longest chain of work still behind each first (see ScheduleOptions).
     by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
     rank = by_rank if not options.critical else _inverse(by_rank)
 
+    clock = _Clock(target) if options.timed and options.critical else None
+    ready_other = _Ready(insts, rank, by_rank, clock)
+
     def push_ready(idx: int) -> None:
-        """Loads by program position, the rest by ``rank``."""
+        """Loads by program position, the rest by ``rank`` (``_Ready``)."""
         if _is_load(insts[idx]):
             heapq.heappush(ready_loads, idx)
         else:
-            heapq.heappush(ready_other, rank[idx])
+            ready_other.push(idx)
 
     for i in insts:
         if indeg[i.index] == 0:
@@ -560,11 +569,8 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 for space in (sbuf, psum):
                     unpark(space, everything=True)
             while ready_loads or ready_other:
-                h = ready_loads if not ready_other or (ready_loads and rank[ready_loads[0]] < ready_other[0]) \
-                    else ready_other
-                idx = heapq.heappop(h)
-                if h is ready_other:
-                    idx = by_rank[idx]
+                load = not ready_other or (ready_loads and rank[ready_loads[0]] < rank[ready_other.peek()])
+                idx = heapq.heappop(ready_loads) if load else ready_other.pop()
                 new = new_tiles(insts[idx])
                 if new and idx > frontier + REACH:
                     heapq.heappush(deferred, idx)
@@ -573,10 +579,10 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 if blocked is None:
                     pick = insts[idx]
                     break
-                park(idx, blocked, h is ready_loads)
+                park(idx, blocked, bool(load))
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
-            cands = (*ready_loads, *(by_rank[k] for k in ready_other), *waiting)
+            cands = (*ready_loads, *ready_other, *waiting)
 
             def most_needed(kind: str, cands: tuple[int, ...] = cands) -> tuple[int, int]:
                 return max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == kind), i)
@@ -593,6 +599,8 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                         hint="the model's tiles are too large for this target")
         scheduled[pick.index] = True
         order.append(pick)
+        if clock is not None:
+            clock.issue(pick)
         while frontier < n and scheduled[frontier]:
             frontier += 1
         while deferred and deferred[0] <= frontier + REACH:
@@ -613,6 +621,153 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         raise error("NCC_IINT001", "internal compiler error: the instruction graph has a cycle")
     return _emit(graph, target, order, extra, inputs, outputs, flags, lnc, sbuf.peak, psum.peak,
                  options.weight_queues)
+
+
+class _Ready:
+    """The ready instructions other than loads, highest ``rank`` first. With a clock (``timed``), per engine:
+    its highest-ranked step, unless another fits, by the clock, in the gap before that one can start (its
+    inputs still on their way: backfilling never delays it); and of the engines' next steps, the one that
+    can start first. An engine runs its stream in order, so program or chain order alone queues it behind a
+    step whose inputs are late (mha_block: every head's transposes ahead of the first head's scores)."""
+
+    def __init__(self, insts: list[Inst], rank: list[int], by_rank: list[int], clock: _Clock | None) -> None:
+        self.insts, self.rank, self.by_rank, self.clock = insts, rank, by_rank, clock
+        self.heaps: dict[str, list[int]] = defaultdict(list)  # ranks, per engine (one heap without a clock)
+        self.by_ready: dict[str, list[tuple[float, int]]] = defaultdict(list)  # (inputs there, rank)
+        self.live: set[int] = set()
+
+    def _key(self, idx: int) -> str:
+        return self.insts[idx].engine if self.clock is not None else ""
+
+    def push(self, idx: int) -> None:
+        r = self.rank[idx]
+        self.live.add(r)
+        heapq.heappush(self.heaps[self._key(idx)], r)
+        if self.clock is not None and self.insts[idx].engine != "dma":
+            heapq.heappush(self.by_ready[self._key(idx)], (self.clock.ready(self.insts[idx]), r))
+
+    def __bool__(self) -> bool:
+        return bool(self.live)
+
+    def __iter__(self) -> Iterator[int]:
+        return (self.by_rank[r] for r in self.live)
+
+    def _top(self, h: list) -> Any:
+        while h and (h[0][1] if isinstance(h[0], tuple) else h[0]) not in self.live:
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    def peek(self) -> int:
+        """The instruction :meth:`pop` takes."""
+        if self.clock is None:
+            return self.by_rank[self._top(self.heaps[""])]
+        best: tuple[float, int] | None = None
+        for e, h in self.heaps.items():
+            r = self._top(h)
+            if r is None:
+                continue
+            c = self.insts[self.by_rank[r]]
+            choice = (self.clock.could_start(c), r)
+            x = self._top(self.by_ready[e]) if e != "dma" else None
+            if x is not None and x[1] != r:
+                filler = self.insts[self.by_rank[x[1]]]
+                start = self.clock.could_start(filler)
+                if start + self.clock.duration(filler) <= choice[0]:
+                    choice = (start, x[1])
+            if best is None or choice < best:
+                best = choice
+        assert best is not None
+        return self.by_rank[best[1]]
+
+    def pop(self) -> int:
+        idx = self.peek()
+        self.live.discard(self.rank[idx])
+        return idx
+
+
+class _Clock:
+    """When each scheduled instruction would start and end, roughly (``ScheduleOptions.timed``): list
+    scheduling in time. Every engine runs its stream in order, so a step whose inputs are late holds up
+    every step after it on its engine; taking the ready steps by when they could start (the longest chain
+    first among those that could start at once) keeps an engine on work whose inputs are there. Durations
+    follow the target's cost table in shape (a pass of N elements per partition, a matmul of N moving
+    columns); a DMA takes the fixed latency and its bytes over the engines its descriptors keep busy,
+    all transfers sharing the core's DMA engines."""
+
+    PASS = {"tensor_tensor": 2.0, "select": 2.0}  # cycles per element where not one
+
+    def __init__(self, target: Target) -> None:
+        self.ghz = {k: e.clock_ghz for k, e in target.engines.items()}
+        dma = target.dma
+        self.latency = float(dma["fixed_latency_ns"])
+        self.engine_bpns = float(dma["engine_gbps"])
+        self.engines = int(dma["engines"])
+        self.per_engine = int(dma["partitions_per_engine"])
+        self.overhead = float(dma["descriptor_overhead_ns"])
+        self.stall = float(target.spec["latency"]["dependent_stall_cycles"]) / self.ghz.get("act", 1.4)
+        self.min_ii = float(target.constants.get("MIN_II", 64))
+        self.free: dict[str, float] = defaultdict(float)
+        self.end: dict[int, float] = {}
+        self.dma_pool = 0.0  # when the DMA engines' share of the transfers issued so far is done
+
+    def ready(self, i: Inst) -> float:
+        return max((self.end[d.index] + (self.stall if d.engine != i.engine else 0.0) for d in i.deps),
+                   default=0.0)
+
+    def could_start(self, i: Inst) -> float:
+        t = self.ready(i)
+        return t if i.engine == "dma" else max(t, self.free[i.engine])
+
+    def duration(self, i: Inst) -> float:
+        """An engine step's ns."""
+        return self._cycles(i) / self.ghz.get(i.engine, 1.4)
+
+    def issue(self, i: Inst) -> None:
+        t = self.could_start(i)
+        if i.engine == "dma":
+            end = self._transfer(i, t)
+        else:
+            end = t + self.duration(i)
+            self.free[i.engine] = end
+        self.end[i.index] = end
+
+    def _cycles(self, i: Inst) -> float:
+        chip = [r for r in i.operands if r.buf.onchip]
+        n = max((r.ap.free_elems for r in chip), default=1)
+        if i.engine == "pe":
+            moving = i.operands[-1] if i.operands else None
+            cols = moving.ap.free_elems if moving is not None and moving.buf.onchip else n
+            return max(self.min_ii, cols) * (4.0 if any(r.dtype.name == "f32" for r in i.operands[1:]) else 1.0)
+        return max(self.min_ii, self.PASS.get(i.opcode, 1.0) * n)
+
+    def _transfer(self, i: Inst, t: float) -> float:
+        if not i.operands:
+            return t + self.latency
+        dst = i.operands[0]
+        nbytes = dst.ap.free_elems * (dst.ap.part[1] if dst.ap.part else 1) * dst.dtype.itemsize
+        chip = next((r for r in i.operands if r.buf.onchip), None)
+        parts = chip.ap.part[1] if chip is not None and chip.ap.part else 1
+        hbm = next((r for r in i.operands if not r.buf.onchip), None)
+        run = _contiguous(hbm.ap.dims) if hbm is not None else nbytes
+        row = max(1, nbytes // max(1, parts))
+        desc = max(1, min(row, run * (hbm.dtype.itemsize if hbm is not None else 1)))
+        work = nbytes * (1.0 / self.engine_bpns + self.overhead / desc)  # engine-ns
+        k = max(1, min(self.engines, -(-parts // self.per_engine)))
+        begin = t + self.latency
+        self.dma_pool = max(self.dma_pool, begin) + work / self.engines
+        return max(begin + work / k, self.dma_pool)
+
+
+def _contiguous(dims: tuple[tuple[int, int], ...]) -> int:
+    """Elements in the innermost contiguous run of an access."""
+    run = 1
+    for size, stride in reversed(dims):
+        if size == 1:
+            continue
+        if stride != run:
+            break
+        run *= size
+    return run
 
 
 # The weight of a DMA against an engine instruction's 1 in a chain's length (``_critical_order``): its ~1.3 us

@@ -235,37 +235,42 @@ def test_o3_measures_its_candidates_and_keeps_the_fastest(tmp_path: Path, capsys
     # in program order and in critical-path order (its weights fit in the prefetch share: no fifth), and
     # -O1's program, which differs (its precision policy casts every dot; -O2 leaves four in fp32 by cost)
     tried2 = reports[2]["search"]["tried"]
-    assert [(t["lookahead"], t["weight_queues"], t["critical"]) for t in tried2 if t["program"] == "dag"] == \
-        [(48, 0, False), (4800, 8, False), (48, 0, True), (4800, 8, True)]
+    assert [(t["lookahead"], t["weight_queues"], t["critical"], t.get("timed", False)) for t in tried2
+            if t["program"] == "dag"] == \
+        [(48, 0, False, False), (4800, 8, False, False), (48, 0, True, False), (4800, 8, True, False),
+         (4800, 8, True, True)]
     assert [t["program"] for t in tried2 if t["program"] != "dag"] == ["-O1 (greedy)"]
     assert reports[2]["latency_us"] == min(t["latency_us"] for t in reports[2]["search"]["tried"])
     search = reports[3]["search"]
     tried = [t["latency_us"] for t in search["tried"]]
     assert {t["lookahead"] for t in search["tried"]} == {24, 48, 96, 4800}
     # per program: four lookaheads, the best of the first three with the weights apart, and -O2's schedules:
-    # the streaming one, both in critical-path order, and the streaming one with half the prefetch share
-    per_program = [(t["lookahead"], t["weight_queues"], t["critical"]) for t in search["tried"]
-                   if t["program"] == "ilp"]
-    assert len(per_program) == 9
-    assert per_program[-4:] == [(4800, 8, False), (48, 0, True), (4800, 8, True), (4800, 8, False)]
-    assert per_program[-5][0] in (24, 48, 96) and per_program[-5][1] == 8
-    assert sum(w > 0 for _, w, _ in per_program) == 4
+    # the streaming one, both in critical-path order, the streaming one also in time, and the streaming one
+    # with half the prefetch share
+    per_program = [(t["lookahead"], t["weight_queues"], t["critical"], t.get("timed", False))
+                   for t in search["tried"] if t["program"] == "ilp"]
+    assert len(per_program) == 10
+    assert per_program[-5:] == [(4800, 8, False, False), (48, 0, True, False), (4800, 8, True, False),
+                                (4800, 8, True, True), (4800, 8, False, False)]
+    assert per_program[-6][0] in (24, 48, 96) and per_program[-6][1] == 8
+    assert sum(w > 0 for _, w, _, _ in per_program) == 5
     assert reports[3]["latency_us"] == tried[search["chosen"]] == min(tried) <= reports[2]["latency_us"]
     assert "schedules tried, the fastest kept" in out
 
 
 def test_o2_streams_weights_that_do_not_fit_with_half_the_prefetch_share_too() -> None:
     """BERT-2's weights (over 100 MB) do not fit in the prefetch share of SBUF: -O2 measures its streaming
-    schedule once more with half the share (it ran with the whole), and keeps the fastest of the five."""
+    schedule once more with half the share (it ran with the whole), and keeps the fastest of the six."""
     from nxsat import driver
     from nxsat.backend.schedule import PREFETCH_SBUF_FRACTION
 
     rep = driver.compile_model(str(DATA / "bert" / "bert_base_l2.hlo"), driver.CompileOptions(
         target="trn1", optlevel=2, auto_cast="matmult")).report
     tried = rep["search"]["tried"]
-    assert [(t["lookahead"], t["weight_queues"], t["critical"], t.get("prefetch")) for t in tried] == [
-        (48, 0, False, None), (4800, 8, False, None), (48, 0, True, None), (4800, 8, True, None),
-        (4800, 8, False, PREFETCH_SBUF_FRACTION / 2)]
+    assert [(t["lookahead"], t["weight_queues"], t["critical"], t.get("timed", False), t.get("prefetch"))
+            for t in tried] == [
+        (48, 0, False, False, None), (4800, 8, False, False, None), (48, 0, True, False, None),
+        (4800, 8, True, False, None), (4800, 8, True, True, None), (4800, 8, False, False, PREFETCH_SBUF_FRACTION / 2)]
     assert rep["latency_us"] == min(t["latency_us"] for t in tried)
 
 
@@ -380,7 +385,7 @@ def test_a_searched_schedule_that_does_not_fit_is_skipped(monkeypatch: pytest.Mo
 
     res = _compile_where_schedules_fail(monkeypatch, lambda options: options.lookahead > 1000)
     tried = res.report["search"]["tried"]
-    assert [t.get("failed") for t in tried] == [None, "NCC_EOOM001", None, "NCC_EOOM001"]
+    assert [t.get("failed") for t in tried] == [None, "NCC_EOOM001", None, "NCC_EOOM001", "NCC_EOOM001"]
     assert res.report["search"]["chosen"] in (0, 2)
     assert res.report["latency_us"] == min(tried[0]["latency_us"], tried[2]["latency_us"])
 

@@ -301,8 +301,9 @@ def test_critical_path_order_takes_the_longest_chain_first() -> None:
 
 def test_critical_path_order_overlaps_an_attentions_heads() -> None:
     """mha_block (12 heads): in program order every engine works on one head at a time; taking the longest
-    chain first, TensorE starts the next head's scores while ScalarE and VectorE finish this one's softmax.
-    Faster, the same bits."""
+    chain first, TensorE starts the next head's scores while ScalarE and VectorE finish this one's softmax;
+    in time (``timed``), it also starts them before the later heads' inputs have arrived. Faster, the
+    same bits."""
     from harness import DATA, module_of
 
     from nxsat.backend import compile_graph
@@ -314,13 +315,23 @@ def test_critical_path_order_overlaps_an_attentions_heads() -> None:
     inputs = {f"in{i}": dt.cast(rng.standard_normal(p.type.shape), p.type.dtype)
               for i, p in enumerate(module.entry.params)}
     runs = []
-    for critical in (False, True):
-        c = compile_graph(module, target, schedule=ScheduleOptions(critical=critical))
+    for options in (ScheduleOptions(), ScheduleOptions(critical=True), ScheduleOptions(critical=True, timed=True)):
+        c = compile_graph(module, target, schedule=options)
         model = sim.load(sim.build_neff(c.program, target, c.constants), verify=True)
-        runs.append((model.run(inputs), model.profile()[1].latency))
-    (plain, t_plain), (crit, t_crit) = runs
+        runs.append((model.run(inputs), model.profile()[1].latency, c.program))
+    (plain, t_plain, _), (crit, t_crit, p_crit), (timed, t_timed, p_timed) = runs
     assert t_crit < 0.95 * t_plain
     assert all(np.array_equal(a, b) for a, b in zip(plain, crit, strict=True))
+    assert all(np.array_equal(a, b) for a, b in zip(plain, timed, strict=True))
+
+    def pe(prog: object) -> list[str]:
+        return [i.opcode for i in prog.instrs if i.stream == "pe"]
+
+    # Chain order alone queued every head's transposes (ready, their loads issued) ahead of the first
+    # head's scores on TensorE; in time, the scores of the heads whose inputs are there go first.
+    assert pe(p_crit).index("matmul") == 24  # q and k of all 12 heads transposed first
+    assert pe(p_timed).index("matmul") < 24
+    assert t_timed < t_crit
 
 
 LAST_CONV = """HloModule last_conv
