@@ -58,8 +58,8 @@ class ScheduleOptions:
     # > 0: instead, a load goes ahead while the SBUF the program holds until its tile's first use, with
     # every load already ahead, stays within this share (``_Profile``)
     room: float = 0.0
-    # with ``critical``: ready instructions taken by the time each could start (``_Clock``), the longest
-    # chain first among those that could start at once
+    # ready instructions taken in time (``_Clock``, ``_Ready``): per engine the first by rank (program order,
+    # or with ``critical`` the longest chain) unless another fits in the gap before it can start
     timed: bool = False
 
     def to_json(self) -> dict[str, int | bool | float]:
@@ -433,7 +433,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
     rank = by_rank if not options.critical else _inverse(by_rank)
 
-    clock = _Clock(target) if options.timed and options.critical else None
+    clock = _Clock(target) if options.timed else None
     ready_other = _Ready(insts, rank, by_rank, clock)
 
     def push_ready(idx: int) -> None:
@@ -472,7 +472,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         got: list[tuple[Buf, _Space]] = []
         for b in new:
             space = sbuf if b.kind == "sbuf" else psum
-            if space is psum and options.critical and i.index != frontier and \
+            if space is psum and (options.critical or options.timed) and i.index != frontier and \
                     psum.size - psum.in_use - psum.need(b.row_bytes) < target.psum_bank_bytes:
                 # out of program order, an accumulator may not take the last bank: the work it waits for may
                 # need one (an epilogue's per-channel column, transposed on TensorE), and eight accumulators

@@ -348,6 +348,9 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # loads far ahead fill SBUF in program order, and the work at hand finds room later: resnet50 under
     # unet-inference streams in 709.8 us with half the share, 790.1 with the whole (BERT-12: 1,813.8 and 1,711.5)
     half_stream = replace(stream, prefetch=stream.prefetch / 2)
+    # and in time, in program order: ResNet-50 under unet-inference 655.6 -> 632.6 us (in critical-path order
+    # its tiles live longer: 670.9, 5.6 MB of spill)
+    timed_half = replace(half_stream, timed=True)
     # -O3's: loads ahead while the program's SBUF up to their use stays within a share (ScheduleOptions.room):
     # ResNet-50 under unet-inference 656.7 us at -O2, 635.4 with 0.7 and 641.3 with 0.55 (its weights stream
     # during the stem); BERT-12 1,711.5 with the prefetch share, 1,723.3 and 1,787.6 with these
@@ -373,18 +376,18 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if len(done) == len(windows):
             found_la = {s.lookahead: latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
-                    half_stream, *(rooms if streams_weights() else [])]
+                    half_stream, timed_half, *(rooms if streams_weights() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
-        """-O2's: the default schedule and the streaming one, each also in critical-path order; then the
-        streaming one with half the prefetch share where it ran with the whole of it and the weights do not
-        all fit in it."""
+        """-O2's: the default schedule and the streaming one, each also in critical-path order, the streaming
+        one also in time; then the streaming one with half the prefetch share, in program order and in time,
+        where it ran with the whole of it and the weights do not all fit in it."""
         if not done:
             return [DEFAULT_SCHEDULE, stream, *critical] if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
         if len(done) == 2 + len(critical) and not isinstance(out := done[1][1], NxsatError) \
                 and "prefetch" not in out[0]["schedule"] and streams_weights():
-            return [half_stream]
+            return [half_stream, timed_half]
         return []
 
     measure(*candidates[0], search_plan if search else streaming_plan if streaming else DEFAULT_SCHEDULE)
@@ -871,7 +874,7 @@ def format_report(r: dict[str, Any]) -> str:
                          f"extraction, load lookahead {t['lookahead']}"
                          + (f", weights on {t['weight_queues']} queues of their own" if t["weight_queues"] else "")
                          + (", critical-path order" if t.get("critical") else "")
-                         + (" in time (backfilled)" if t.get("timed") else "")
+                         + (", in time" if t.get("timed") else "")
                          + (f", loads ahead within {t['room']:.0%} of SBUF by the program's profile"
                             if t.get("room") else "")
                          + ("" if len(sr["tried"]) > 1 else f" (over {sr['limit_instructions']:,} instructions: "

@@ -249,18 +249,19 @@ def test_o3_measures_its_candidates_and_keeps_the_fastest(tmp_path: Path, capsys
     # with half the prefetch share
     per_program = [(t["lookahead"], t["weight_queues"], t["critical"], t.get("timed", False))
                    for t in search["tried"] if t["program"] == "ilp"]
-    assert len(per_program) == 10
-    assert per_program[-5:] == [(4800, 8, False, False), (48, 0, True, False), (4800, 8, True, False),
-                                (4800, 8, True, True), (4800, 8, False, False)]
-    assert per_program[-6][0] in (24, 48, 96) and per_program[-6][1] == 8
-    assert sum(w > 0 for _, w, _, _ in per_program) == 5
+    assert len(per_program) == 11
+    assert per_program[-6:] == [(4800, 8, False, False), (48, 0, True, False), (4800, 8, True, False),
+                                (4800, 8, True, True), (4800, 8, False, False), (4800, 8, False, True)]
+    assert per_program[-7][0] in (24, 48, 96) and per_program[-7][1] == 8
+    assert sum(w > 0 for _, w, _, _ in per_program) == 6
     assert reports[3]["latency_us"] == tried[search["chosen"]] == min(tried) <= reports[2]["latency_us"]
     assert "schedules tried, the fastest kept" in out
 
 
 def test_o2_streams_weights_that_do_not_fit_with_half_the_prefetch_share_too() -> None:
     """BERT-2's weights (over 100 MB) do not fit in the prefetch share of SBUF: -O2 measures its streaming
-    schedule once more with half the share (it ran with the whole), and keeps the fastest of the six."""
+    schedule once more with half the share (it ran with the whole), in program order and in time, and keeps the
+    fastest of the seven."""
     from nxsat import driver
     from nxsat.backend.schedule import PREFETCH_SBUF_FRACTION
 
@@ -270,7 +271,8 @@ def test_o2_streams_weights_that_do_not_fit_with_half_the_prefetch_share_too() -
     assert [(t["lookahead"], t["weight_queues"], t["critical"], t.get("timed", False), t.get("prefetch"))
             for t in tried] == [
         (48, 0, False, False, None), (4800, 8, False, False, None), (48, 0, True, False, None),
-        (4800, 8, True, False, None), (4800, 8, True, True, None), (4800, 8, False, False, PREFETCH_SBUF_FRACTION / 2)]
+        (4800, 8, True, False, None), (4800, 8, True, True, None), (4800, 8, False, False, PREFETCH_SBUF_FRACTION / 2),
+        (4800, 8, False, True, PREFETCH_SBUF_FRACTION / 2)]
     assert rep["latency_us"] == min(t["latency_us"] for t in tried)
 
 
