@@ -471,6 +471,8 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
     forwarded_stores = {id(st) for st, _, _, _ in accepted} | {id(st) for _, ps in pieced for st, _, _, _ in ps}
     in_place = {id(ld): m for st, ld, view, copy in accepted
                 if copy and (m := _in_place(ld, view, target, forwarded_stores)) is not None}
+    in_place.update({id(ld): m for ld, ps in pieced
+                     if (m := _in_place_pieces(ld, ps, target, forwarded_stores)) is not None})
     stats.undo = _undo(g, accepted + [(st, ld, view, copy) for ld, ps in pieced for st, _, view, copy in ps], dead,
                        [u for m in in_place.values() for u in m])
 
@@ -518,6 +520,27 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
     for ld, ps in pieced:
         changed[id(ld.operands[1].buf)] = ld.operands[1].buf
         waits = ld.deps - {st for st, _, _, _ in ps}
+        m = in_place.get(id(ld))
+        if m is not None:
+            # no copies: each reader reads the stored tile of the piece it reads (ResNet-50's 1x1
+            # convolutions read their input tile row block by row block, each block one tile the layer
+            # before stored: GpSimd copied it into the tile and TensorE read it back as it was)
+            ld.deps = waits | {d for st, _, _, _ in ps for d in st.deps}
+            dead.add(ld)
+            for u, swap in m.items():
+                u.operands = tuple(swap.get(id(r), r) for r in u.operands)
+                u.reads = [swap.get(id(r), r) for r in u.reads]
+                u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
+                for r in swap.values():
+                    uses(u, r.buf, r.buf.root)
+                    changed[id(r.buf)] = r.buf
+            changed[id(ld.operands[0].buf)] = ld.operands[0].buf
+            unused.append(ld.operands[0].buf)
+            for _, dst, _, _ in ps:
+                counted(dst, True)
+            stats.in_place += len(ps)
+            stats.split += 1
+            continue
         first, *rest = ps
         more = [Inst(ld.engine, ld.opcode, ld.operands, dict(ld.attrs), ld.origin, ld.index) for _ in rest]
         for inst, (st, dst, view, copy) in zip([ld, *more], ps):
@@ -570,6 +593,49 @@ def _in_place(ld: Inst, view: Ref, target: Target, forwarded_stores: set[int]) -
             new = Ref(base.buf, base.ops + r.ops, None)
             try:
                 if new.ap.part[0] + view.buf.root.partition != r.ap.part[0] + tile.partition or new.shape != r.shape:
+                    return None
+            except (AccessError, ValueError, IndexError):
+                return None
+            if u.engine != "dma" and not _engine_ok(new, target):
+                return None
+            swap[id(r)] = new
+        if not swap:
+            return None
+        out[u] = swap
+    return out or None
+
+
+def _in_place_pieces(ld: Inst, pieces: list[tuple[Inst, Ref, Ref, bool]], target: Target,
+                     forwarded_stores: set[int]) -> dict[Inst, dict[int, Ref]] | None:
+    """:func:`_in_place` for a load read in pieces: every reader of its tile reads exactly one piece
+    (the same elements in the same order), which it may read in its stored tile instead; every piece an
+    engine copy, and the stored tiles together no larger than the tile. None otherwise: the copies stay."""
+    dst = ld.operands[0]
+    tile = dst.buf
+    if tile is not tile.root or dst.ops or dst.as_type is not None or not all(copy for *_, copy in pieces) \
+            or sum(v.buf.root.row_bytes for _, _, v, _ in pieces) > tile.row_bytes \
+            or any(v.as_type is not None or v.dtype is not dst.dtype for _, _, v, _ in pieces):
+        return None
+    by_ap = {(p.ap.offset, p.ap.dims, p.ap.part): (p, v) for _, p, v, _ in pieces}
+    out: dict[Inst, dict[int, Ref]] = {}
+    for u in tile.users:
+        if u is ld:
+            continue
+        if id(u) in forwarded_stores or any(r.buf.root is tile for r in u.writes):
+            return None
+        swap: dict[int, Ref] = {}
+        for r in (*u.reads, *(v for v in u.attrs.values() if isinstance(v, Ref))):
+            if r.buf.root is not tile:
+                continue
+            if r.buf is not tile or r.as_type is not None:
+                return None
+            try:
+                got = by_ap.get((r.ap.offset, r.ap.dims, r.ap.part))
+                if got is None:
+                    return None
+                piece, view = got
+                new = view if view.shape == r.shape else view.reshape(*r.shape)
+                if new.ap.part[0] + view.buf.root.partition != r.ap.part[0] + tile.partition:
                     return None
             except (AccessError, ValueError, IndexError):
                 return None
