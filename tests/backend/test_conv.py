@@ -374,16 +374,17 @@ def test_a_max_pooling_window_runs_in_two_chains() -> None:
 
 
 def test_pooling_blocks_of_half_the_partitions_are_stacked() -> None:
-    """ResNet-50's max pooling: two blocks of 64 channels (28 output rows each) share one tile of 128
-    partitions, so every step of the window is one instruction for both, each block loaded into and
-    stored from its half; padding and NaNs as before."""
+    """ResNet-50's max pooling: four blocks of 64 channels (14 output rows each), two by two in tiles of
+    128 partitions, so every step of the window is one instruction for two blocks, each block loaded into
+    and stored from its half (and the first pack runs while the layer before still writes the rows of the
+    second); padding and NaNs as before."""
     from nxsat.backend import compile_graph
 
     m = module_of(window_hlo("1,64,112,112", "1,64,56,56", "maximum", "-inf",
                              "size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1"))
     prog = compile_graph(m, sim.load_target("trn1")).program
     steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
-    assert len(steps) == 8  # the window's two chains and their join, once for both blocks
+    assert len(steps) == 16  # the window's two chains and their join, once per pack of two blocks
     assert all(prog.tensors[i.operands[0].tensor].shape[0] == 128 and not i.operands[0].index for i in steps)
     inputs = small_ints(m, lo=-50, hi=50)
     x = next(iter(inputs.values()))
@@ -405,7 +406,7 @@ def test_a_max_pooling_read_only_by_a_cast_writes_the_cast() -> None:
     prog = compile_graph(m, sim.load_target("trn1")).program
     assert not any("convert" in (i.origin or "") for i in prog.instrs)
     steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
-    assert len(steps) == 8 and prog.tensors[steps[-1].operands[0].tensor].dtype.name == "bf16"
+    assert len(steps) == 16 and prog.tensors[steps[-1].operands[0].tensor].dtype.name == "bf16"
     inputs = {k: v * 1.001 for k, v in small_ints(m, lo=-50, hi=50).items()}  # values bf16 rounds
     x = next(iter(inputs.values()))
     x.reshape(-1)[::97] = np.nan
@@ -457,13 +458,18 @@ def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch
 def test_a_stem_loads_its_image_as_rows(dtype: str) -> None:
     """A 3-channel channels-last image: its channel vectors are 6 or 12 bytes, one DMA descriptor each
     (ResNet-50's stem: 85 us of its critical path). It loads as whole rows instead and TensorE transposes
-    each channel into the positions-on-partitions tile the fold's transposes read; same values."""
+    each channel into the positions-on-partitions tile the fold's transposes read; same values. The folded
+    tile's padding columns are zeroed, not the whole tile the transposes write."""
     from nxsat.backend import lower_graph
 
     m = module_of(CONVS["stem_wide"].replace("f32[", f"{dtype}["))
     lw = lower_graph(m, sim.load_target("trn1"))
     loads = [i for i in lw.graph.insts if i.opcode == "dma" and any(r.buf.name == "x" for r in i.reads)]
     assert loads and all(i.operands[0].buf.name.startswith("cvrows") for i in loads)
+    # the folded tiles' padding is three columns each side (pad 3): only those are zeroed, not whole tiles
+    zeroed = [i.operands[0] for i in lw.graph.insts
+              if i.opcode == "memset" and i.operands[0].buf.name.startswith("cvin")]
+    assert zeroed and all(r.shape[-1] <= 3 < r.buf.shape[-1] for r in zeroed)
     assert_device_matches(m, small_ints(m), "trn1")
 
 
