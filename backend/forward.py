@@ -569,40 +569,19 @@ def _in_place(ld: Inst, view: Ref, target: Target, forwarded_stores: set[int]) -
     keeping it live up to the last reader holds no more SBUF than the tile the copy made). None
     otherwise: the copy stays."""
     dst = ld.operands[0]
-    tile = dst.buf
-    if tile is not tile.root or dst.ops or dst.as_type is not None or view.as_type is not None \
-            or view.dtype is not dst.dtype or view.buf.root.row_bytes > tile.row_bytes:
+    if view.as_type is not None or view.dtype is not dst.dtype or view.buf.root.row_bytes > dst.buf.row_bytes:
         return None
     try:
         base = view if view.shape == dst.shape else view.reshape(*dst.shape)
         base.ap  # noqa: B018 - resolves: raises where the stored tile cannot be read in the tile's shape
     except (AccessError, ValueError):
         return None
-    out: dict[Inst, dict[int, Ref]] = {}
-    for u in tile.users:
-        if u is ld:
-            continue
-        if id(u) in forwarded_stores or any(r.buf.root is tile for r in u.writes):
-            return None
-        swap: dict[int, Ref] = {}
-        for r in (*u.reads, *(v for v in u.attrs.values() if isinstance(v, Ref))):
-            if r.buf.root is not tile:
-                continue
-            if r.buf is not tile or r.as_type is not None:
-                return None
-            new = Ref(base.buf, base.ops + r.ops, None)
-            try:
-                if new.ap.part[0] + view.buf.root.partition != r.ap.part[0] + tile.partition or new.shape != r.shape:
-                    return None
-            except (AccessError, ValueError, IndexError):
-                return None
-            if u.engine != "dma" and not _engine_ok(new, target):
-                return None
-            swap[id(r)] = new
-        if not swap:
-            return None
-        out[u] = swap
-    return out or None
+
+    def stored(r: Ref) -> Ref | None:
+        new = Ref(base.buf, base.ops + r.ops, None)
+        return new if new.shape == r.shape and _same_partitions(new, r) else None
+
+    return _readers_in_place(ld, stored, target, forwarded_stores)
 
 
 def _in_place_pieces(ld: Inst, pieces: list[tuple[Inst, Ref, Ref, bool]], target: Target,
@@ -611,12 +590,36 @@ def _in_place_pieces(ld: Inst, pieces: list[tuple[Inst, Ref, Ref, bool]], target
     (the same elements in the same order), which it may read in its stored tile instead; every piece an
     engine copy, and the stored tiles together no larger than the tile. None otherwise: the copies stay."""
     dst = ld.operands[0]
-    tile = dst.buf
-    if tile is not tile.root or dst.ops or dst.as_type is not None or not all(copy for *_, copy in pieces) \
-            or sum(v.buf.root.row_bytes for _, _, v, _ in pieces) > tile.row_bytes \
+    if not all(copy for *_, copy in pieces) or sum(v.buf.root.row_bytes for _, _, v, _ in pieces) > dst.buf.row_bytes \
             or any(v.as_type is not None or v.dtype is not dst.dtype for _, _, v, _ in pieces):
         return None
-    by_ap = {(p.ap.offset, p.ap.dims, p.ap.part): (p, v) for _, p, v, _ in pieces}
+    by_ap = {(p.ap.offset, p.ap.dims, p.ap.part): v for _, p, v, _ in pieces}
+
+    def stored(r: Ref) -> Ref | None:
+        view = by_ap.get((r.ap.offset, r.ap.dims, r.ap.part))
+        if view is None:
+            return None
+        new = view if view.shape == r.shape else view.reshape(*r.shape)
+        return new if _same_partitions(new, r) else None
+
+    return _readers_in_place(ld, stored, target, forwarded_stores)
+
+
+def _same_partitions(new: Ref, r: Ref) -> bool:
+    """Does ``new`` lie on the partitions ``r`` reads (both tiles placed where they are)?"""
+    return new.ap.part[0] + new.buf.root.partition == r.ap.part[0] + r.buf.partition
+
+
+def _readers_in_place(ld: Inst, stored: Callable[[Ref], Ref | None], target: Target,
+                      forwarded_stores: set[int]) -> dict[Inst, dict[int, Ref]] | None:
+    """Each reader of load ``ld``'s tile with its accesses of the tile as ``stored`` reads them in the stored
+    tile(s), when every one may: ``ld`` writes the whole tile and nothing else does, every reader reads it
+    through the tile itself (no other type's view), in access patterns the engines accept, and none is a
+    store another forwarded load reads the tile in place of. None otherwise."""
+    dst = ld.operands[0]
+    tile = dst.buf
+    if tile is not tile.root or dst.ops or dst.as_type is not None:
+        return None
     out: dict[Inst, dict[int, Ref]] = {}
     for u in tile.users:
         if u is ld:
@@ -630,16 +633,10 @@ def _in_place_pieces(ld: Inst, pieces: list[tuple[Inst, Ref, Ref, bool]], target
             if r.buf is not tile or r.as_type is not None:
                 return None
             try:
-                got = by_ap.get((r.ap.offset, r.ap.dims, r.ap.part))
-                if got is None:
-                    return None
-                piece, view = got
-                new = view if view.shape == r.shape else view.reshape(*r.shape)
-                if new.ap.part[0] + view.buf.root.partition != r.ap.part[0] + tile.partition:
-                    return None
+                new = stored(r)
             except (AccessError, ValueError, IndexError):
                 return None
-            if u.engine != "dma" and not _engine_ok(new, target):
+            if new is None or (u.engine != "dma" and not _engine_ok(new, target)):
                 return None
             swap[id(r)] = new
         if not swap:

@@ -748,7 +748,7 @@ class _Clock:
         chip = next((r for r in i.operands if r.buf.onchip), None)
         parts = chip.ap.part[1] if chip is not None and chip.ap.part else 1
         hbm = next((r for r in i.operands if not r.buf.onchip), None)
-        run = _contiguous(hbm.ap.dims) if hbm is not None else nbytes
+        run = hbm.ap.contiguous_run() if hbm is not None else nbytes
         row = max(1, nbytes // max(1, parts))
         desc = max(1, min(row, run * (hbm.dtype.itemsize if hbm is not None else 1)))
         work = nbytes * (1.0 / self.engine_bpns + self.overhead / desc)  # engine-ns
@@ -756,18 +756,6 @@ class _Clock:
         begin = t + self.latency
         self.dma_pool = max(self.dma_pool, begin) + work / self.engines
         return max(begin + work / k, self.dma_pool)
-
-
-def _contiguous(dims: tuple[tuple[int, int], ...]) -> int:
-    """Elements in the innermost contiguous run of an access."""
-    run = 1
-    for size, stride in reversed(dims):
-        if size == 1:
-            continue
-        if stride != run:
-            break
-        run *= size
-    return run
 
 
 # The weight of a DMA against an engine instruction's 1 in a chain's length (``_critical_order``): its ~1.3 us
