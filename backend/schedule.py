@@ -2,8 +2,9 @@
 dependences into semaphores, and the result as a device program.
 
 A memory-aware list scheduler: an instruction is ready when everything it depends on is scheduled;
-among the ready ones it takes the earliest in program order, except that a DMA load may go ahead
-of its turn (within a window, and while SBUF has room) so that data arrives before it is needed.
+among the ready ones it takes the earliest in program order (or, as -O2 and -O3 also try, the one with
+the longest chain of work behind it, and either in time: ``ScheduleOptions``), except that a DMA load may
+go ahead of its turn (within a window, and while SBUF has room) so that data arrives before it is needed.
 An on-chip tile gets its place when its first instruction is scheduled and gives it back after its
 last one; an instruction whose tile does not fit waits until enough is freed. A tile placed where
 an earlier one lived also waits for that tile's last users (the reuse is a dependence too).
@@ -686,13 +687,12 @@ class _Ready:
 
 
 class _Clock:
-    """When each scheduled instruction would start and end, roughly (``ScheduleOptions.timed``): list
-    scheduling in time. Every engine runs its stream in order, so a step whose inputs are late holds up
-    every step after it on its engine; taking the ready steps by when they could start (the longest chain
-    first among those that could start at once) keeps an engine on work whose inputs are there. Durations
-    follow the target's cost table in shape (a pass of N elements per partition, a matmul of N moving
-    columns); a DMA takes the fixed latency and its bytes over the engines its descriptors keep busy,
-    all transfers sharing the core's DMA engines."""
+    """When each scheduled instruction would start and end, roughly (``ScheduleOptions.timed``), for
+    :class:`_Ready` to take the steps in time. Durations follow the target's cost table in shape, not to
+    the cycle (a pass of N elements per partition, two-input passes at 2N; a matmul of N moving columns,
+    fp32 at four passes), a step on another engine than its input's producer waits the dependent-step
+    stall; a DMA takes the fixed latency, then its bytes over the engines its descriptors keep busy, every
+    transfer in flight sharing the core's DMA engines. What the simulator measures is what -O2 keeps."""
 
     PASS = {"tensor_tensor": 2.0, "select": 2.0}  # cycles per element where not one
 
