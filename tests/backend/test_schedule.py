@@ -374,3 +374,39 @@ def test_critical_path_order_leaves_the_frontier_a_psum_bank() -> None:
               for i, p in enumerate(module.entry.params)}
     plain = assert_device_matches(module, inputs)
     assert all(np.array_equal(a, b) for a, b in zip(plain.run(inputs), model.run(inputs), strict=True))
+
+
+def test_in_time_a_step_whose_inputs_are_there_fills_the_gap_before_one_whose_are_not() -> None:
+    """``timed``: ScalarE's first step in program order waits for a 4 MB load; a short step whose tile is
+    there goes first (it fits, by the clock, in the gap before the load lands), a step longer than that gap
+    does not (backfilling never delays the step ranked first); program order queues both behind the
+    load. Either way the same values."""
+    t = sim.load_target("trn1")
+
+    def program() -> tuple[Graph, list[Buf], list[Buf]]:
+        g = Graph()
+        x = g.buf("x", "input", dt.F32, (128, 8192))
+        ys = [g.buf(f"y{k}", "output", dt.F32, shape) for k, shape in enumerate(((128, 8192), (128, 16), (128, 32768)))]
+        late, short, long_ = (g.tile(y.shape, dt.F32, "sbuf", name) for y, name in zip(ys, ("late", "short", "long")))
+        g.add("dma", "dma", late.ref(), x.ref())
+        g.add("act", "activation", late.ref(), late.ref(), func="exp")  # waits for the load
+        g.add("pool", "memset", short.ref(), value=1.0)
+        g.add("act", "activation", short.ref(), short.ref(), func="exp")  # 64 cycles: fits before the load lands
+        g.add("pool", "memset", long_.ref(), value=2.0)
+        g.add("act", "activation", long_.ref(), long_.ref(), func="exp")  # 23 us: longer than the load's ~17
+        for y, tile in zip(ys, (late, short, long_)):
+            g.add("dma", "dma", y.ref(), tile.ref())
+        return g, [x], ys
+
+    def act_order(timed: bool) -> tuple[list[str], dict]:
+        g, ins, outs = program()
+        sch = schedule(g, t, ins, outs, options=ScheduleOptions(timed=timed))
+        names = [i.operands[0].buf.name for i in sch.order if i.engine == "act"]
+        model = sim.load(sim.build_neff(sch.program, t, sch.constants), verify=True)
+        return names, model.run({"x": np.linspace(-1, 1, 128 * 8192, dtype=np.float32).reshape(128, 8192)})
+
+    plain, out_plain = act_order(False)
+    timed, out_timed = act_order(True)
+    assert plain == ["late", "short", "long"]
+    assert timed == ["short", "late", "long"]
+    assert all(np.array_equal(a, b) for a, b in zip(out_plain, out_timed, strict=True))
