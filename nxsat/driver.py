@@ -381,15 +381,16 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
-        also in time; then, where the weights do not all fit in the prefetch share, the streaming one with
-        half of it in time. The streaming schedule in program order and with half the share in program
-        order, which -O2 measured before the schedules in time, won on none of the eleven models of
-        bench/model_types.py in either family (nor did the default, kept as the one schedule of a program
-        too large to compile again): four schedules at once, then one, as many rounds on two cores."""
+        also in time; then the streaming one in program order and, where the weights do not all fit in the
+        prefetch share, with half of it in time. Four schedules at once, then one or two: three rounds on
+        two cores. (The streaming one with half the share in program order won on none of the eleven
+        models of bench/model_types.py in either family once the schedules in time were measured: -O3
+        still tries it; gemma3_1b under transformer keeps the streaming one in program order, 7,973.9 us
+        against 8,916.9 without it.)"""
         if not done:
             return [DEFAULT_SCHEDULE, *critical] if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
-        if len(done) == 1 + len(critical) and streams_weights():
-            return [timed_half]
+        if len(done) == 1 + len(critical):
+            return [stream, *([timed_half] if streams_weights() else [])]
         return []
 
     measure(*candidates[0], search_plan if search else streaming_plan if streaming else DEFAULT_SCHEDULE)
