@@ -106,8 +106,8 @@ def dot(lw: Lowering, node: Node) -> None:
             L, R = Lp.reshape(B, M, K), Rp.reshape(B, K, N)
             L.ap, R.ap  # noqa: B018
         except AccessError:
-            L = R = None
-        if L is not None:
+            pass  # TensorE, batch by batch
+        else:
             return _dot_on_vector(lw, L, R, ep, operand_type(*types, lw))
     split = _split_contraction(Lp, Rp, B, M, N, [lhs.shape[d] for d in lc], lw.target)
     if split is None:

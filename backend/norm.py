@@ -506,7 +506,6 @@ class Cols(Norm):
             g.add("dma", "dma", self.view(-1, p, c0), gx)
 
 
-
 def expand_inference(module: Module) -> Module:
     """An fp32 ``batch-norm-inference`` as the elementwise operators its kernel runs (device-forms):
     ``(x - mean) * (scale * rsqrt(var + eps)) + offset`` in fp32, the same steps in the same order. As
@@ -557,4 +556,3 @@ def expand_inference(module: Module) -> Module:
         return Node(out.op, list(out.operands), dict(out.attrs), out.type, node.name, node.loc)
 
     return rewrite_module(module, expand)
-

@@ -24,7 +24,6 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -570,7 +569,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 for space in (sbuf, psum):
                     unpark(space, everything=True)
             while ready_loads or ready_other:
-                load = not ready_other or (ready_loads and rank[ready_loads[0]] < rank[ready_other.peek()])
+                load = not ready_other or bool(ready_loads) and rank[ready_loads[0]] < rank[ready_other.peek()]
                 idx = heapq.heappop(ready_loads) if load else ready_other.pop()
                 new = new_tiles(insts[idx])
                 if new and idx > frontier + REACH:
@@ -580,7 +579,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 if blocked is None:
                     pick = insts[idx]
                     break
-                park(idx, blocked, bool(load))
+                park(idx, blocked, load)
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
             cands = (*ready_loads, *ready_other, *waiting)
@@ -653,23 +652,28 @@ class _Ready:
     def __iter__(self) -> Iterator[int]:
         return (self.by_rank[r] for r in self.live)
 
-    def _top(self, h: list) -> Any:
-        while h and (h[0][1] if isinstance(h[0], tuple) else h[0]) not in self.live:
+    def _top_rank(self, h: list[int]) -> int | None:
+        while h and h[0] not in self.live:  # taken already (entries are left behind, not removed)
+            heapq.heappop(h)
+        return h[0] if h else None
+
+    def _top_ready(self, h: list[tuple[float, int]]) -> tuple[float, int] | None:
+        while h and h[0][1] not in self.live:
             heapq.heappop(h)
         return h[0] if h else None
 
     def peek(self) -> int:
         """The instruction :meth:`pop` takes."""
         if self.clock is None:
-            return self.by_rank[self._top(self.heaps[""])]
+            return self.by_rank[self._top_rank(self.heaps[""])]
         best: tuple[float, int] | None = None
         for e, h in self.heaps.items():
-            r = self._top(h)
+            r = self._top_rank(h)
             if r is None:
                 continue
             c = self.insts[self.by_rank[r]]
             choice = (self.clock.could_start(c), r)
-            x = self._top(self.by_ready[e]) if e != "dma" else None
+            x = self._top_ready(self.by_ready[e]) if e != "dma" else None
             if x is not None and x[1] != r:
                 filler = self.insts[self.by_rank[x[1]]]
                 start = self.clock.could_start(filler)
@@ -741,8 +745,6 @@ class _Clock:
         return max(self.min_ii, self.PASS.get(i.opcode, 1.0) * n)
 
     def _transfer(self, i: Inst, t: float) -> float:
-        if not i.operands:
-            return t + self.latency
         dst = i.operands[0]
         nbytes = dst.ap.free_elems * (dst.ap.part[1] if dst.ap.part else 1) * dst.dtype.itemsize
         chip = next((r for r in i.operands if r.buf.onchip), None)
