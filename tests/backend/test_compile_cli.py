@@ -285,9 +285,13 @@ def test_o2_measures_o1s_program_where_it_differs() -> None:
     o1, o2 = (driver.compile_model(path, driver.CompileOptions(target="trn1", optlevel=n, auto_cast="matmult"))
               for n in (1, 2))
     tried = o2.report["search"]["tried"]
-    # its own schedules, the program with every convolution channels-first (measured: faster here), -O1's
-    assert [t["program"] for t in tried] == ["dag"] * (len(tried) - 2) + ["channels-first", "-O1 (greedy)"] \
-        and len(tried) in (6, 7)
+    # its own schedules, the program with every convolution channels-first (measured: faster here) under the
+    # two fastest of them, -O1's
+    assert [t["program"] for t in tried] == ["dag"] * (len(tried) - 3) + ["channels-first"] * 2 + ["-O1 (greedy)"] \
+        and len(tried) in (7, 8)
+    key = ("lookahead", "weight_queues", "critical", "timed", "prefetch")
+    own = sorted((t for t in tried if t["program"] == "dag"), key=lambda t: t["latency_us"])
+    assert [[t.get(k) for k in key] for t in tried[-3:-1]] == [[t.get(k) for k in key] for t in own[:2]]
     assert tried[-1]["latency_us"] == o1.report["latency_us"]
     assert o2.report["latency_us"] == min(t["latency_us"] for t in tried) <= o1.report["latency_us"]
     # -O3 weighs every program -O2 does, -O1's included, so it is never slower than -O2 (unet_diffusers:

@@ -93,7 +93,9 @@ def test_every_convolution_channels_first_is_measured_against_the_cost_models_la
     o2 = _compile(path)
     d = o2["decisions"]
     assert d["layout"] == "measured" and d["channels_first"] == 1  # of 2: the other has no channels-first form
-    tried = {t["program"]: t["latency_us"] for t in o2["search"]["tried"]}
+    tried: dict[str, float] = {}
+    for t in o2["search"]["tried"]:
+        tried[t["program"]] = min(t["latency_us"], tried.get(t["program"], t["latency_us"]))
     assert tried["channels-first"] == o2["latency_us"] < min(v for k, v in tried.items() if k != "channels-first")
     forced = _compile(path, optlevel=1, layout="channels-first")
     assert forced["decisions"]["channels_first"] == 1
