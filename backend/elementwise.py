@@ -588,15 +588,17 @@ MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
 # can (then the forwarding pass copies it on chip instead of a store and a load through HBM, ~3 us on
 # the critical path); a larger one keeps the most partitions (its engine time)
 FOLLOW_ELEMS = 16384
-# ... and does so even in a few more tiles (an instruction more per operator and tile, ~0.06 us each): a
-# [1, 256] mean whose producer holds channel ``j * 128 + p`` on partition ``p`` read as two [128, 1] tiles,
-# not one [128, 2] (resnet_small's pooled features: two round trips through HBM, 5.7 us, before the dense)
-FOLLOW_TILES = 4
+# ... and does so even in more tiles, while their extra steps (an instruction per operator and tile, ~0.06
+# us each) cost less than the round trip through HBM they save (a store and a load, ~3 us): a [1, 256] mean
+# whose producer holds channel ``j * 128 + p`` on partition ``p`` read as two [128, 1] tiles, not one
+# [128, 2] (resnet_small's pooled features: two round trips through HBM, 5.7 us, before the dense);
+# ResNet-50's [1, 2048] mean divided and converted in 16 (4 tiles at most: 604.0 -> 596.1 us)
+FOLLOW_STEPS = 32
 
 
 def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], part: int,
                 positional: bool = False, of_params: bool = False,
-                stored: tuple[tuple[int, int], ...] = ()) -> Layout:
+                stored: tuple[tuple[int, int], ...] = (), steps: int = 1) -> Layout:
     """The tiling with the fewest tiles (then the most partitions per tile) over the runs of ``shape``: the
     free axis the innermost runs (the outermost of them maybe split), the partitions any other axis (with
     ``positional``, the one just outside the free axis). First of all, the fewest operands read element by
@@ -659,7 +661,7 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
             for rows in ([len(lead) - 1] if positional else range(len(lead))):
                 n = lead[rows]
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
-                score = (scattered(k), 0 if follow and tiles <= FOLLOW_TILES else tiles,
+                score = (scattered(k), 0 if follow and tiles * steps <= FOLLOW_STEPS else tiles,
                          -follows(k, b, rows, lead) if follow else 0, tiles,
                          -min(n, part, useful) if small else -min(n, part),
                          n if small and n > useful else 0)
@@ -738,7 +740,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     stored = tuple((a, st) for a, r in enumerate(views[:len(views) - len(stores)])
                    if (st := stored_stride(r)) is not None)
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params,
-                      stored)
+                      stored, len(members))
     nf = lay.nfree
     view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
     # inputs repeated along the free axes (a per-row value): a column per tile

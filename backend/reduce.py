@@ -58,7 +58,7 @@ BODY_CHUNK = 512  # elements per partition of one tile when a body is evaluated 
 PSUM_COLS = 512  # fp32 columns of one PSUM bank: the kept elements one matmul combine produces
 MAX_OUT_TILE = 2048  # kept elements per partition held in one output tile (stored with one DMA)
 FMAX = float(np.finfo(np.float32).max)
-INTERLEAVE_MARGIN = 0.85  # an interleaved layout's price over a blocked one's that chooses it (choose_layout)
+INTERLEAVE_MARGIN = 1.0  # an interleaved layout's price over a blocked one's that chooses it (choose_layout)
 ACT_SPLIT = 8  # kept elements per tile up to which a float sum may run on ScalarE (one activation each)
 
 # Body operator -> tensor_reduce / ALU operation, for floats and integers.
@@ -352,8 +352,9 @@ def choose_layout(groups: list[Group], red: Reducer, itemsize: int, target_exact
                 dma += kept * (1 - 1 / B) * 12 / engines
             compute = total / A * (8 if red.body is not None else 1)
             extra = {"": 0, "matmul": 500, "transpose": 500, "transpose_fix": 1500, "regroup": 3000}[cross]
-            # interleaved only where it clearly pays: the forwarding pass's copies and the layout the
-            # readers then get are not priced (ResNet-50's average pool, 49 elements a row: 6 us slower)
+            # by price alone: with a margin of 0.85 (the forwarding pass's copies and the layout the readers
+            # then get not priced), ResNet-50's mean went to HBM and back twice; its readers now follow the
+            # interleaved layout (backend/elementwise.py FOLLOW_STEPS): 604.0 -> 596.1 us
             cost = (round((max(dma, compute) + extra) / (INTERLEAVE_MARGIN if inter else 1), 6), round(dma, 6))
             if best is None or cost < best[0]:
                 best = (cost, i, lay)

@@ -710,14 +710,16 @@ def test_a_small_cluster_follows_its_producer_even_in_a_few_more_tiles() -> None
     """resnet_small's pooled features, [1, 256], held by the reduction as channel ``j * 128 + p`` on partition
     ``p``: the mean's cluster reads them so, in two [128, 1] tiles (an instruction more per operator), where
     one [128, 2] tile read them across partitions, through HBM (two round trips before the dense, 5.7 us).
-    Where following takes more than FOLLOW_TILES tiles, the fewest tiles win."""
-    from nxsat.backend.elementwise import FOLLOW_TILES, plan_layout
+    ResNet-50's [1, 2048] mean, divided and converted (two steps), follows in 16 tiles. Where following
+    takes more steps than FOLLOW_STEPS (an operator's step per tile), the fewest tiles win."""
+    from nxsat.backend.elementwise import FOLLOW_STEPS, plan_layout
 
     flat = [((256, 1),), ((256, 1),)]
     assert plan_layout((256,), flat, 128).axes == (128, 2)
     assert plan_layout((256,), flat, 128, stored=((0, 1),)).axes == (256, 1)
-    n = 128 * (FOLLOW_TILES + 1)
-    assert plan_layout((n,), [((n, 1),)], 128, stored=((0, 1),)).axes == (128, FOLLOW_TILES + 1)
+    assert plan_layout((2048,), [((2048, 1),)], 128, stored=((0, 1),), steps=2).axes == (2048, 1)
+    n = 128 * (FOLLOW_STEPS // 2 + 1)
+    assert plan_layout((n,), [((n, 1),)], 128, stored=((0, 1),), steps=2).axes == (128, FOLLOW_STEPS // 2 + 1)
 
 
 def test_following_the_producers_partitions_forwards_more_and_runs_faster(monkeypatch: pytest.MonkeyPatch) -> None:

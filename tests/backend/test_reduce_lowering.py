@@ -335,15 +335,18 @@ def test_rows_a_producer_left_on_the_partitions_are_reduced_there(monkeypatch: p
 
 def test_without_a_producer_in_sbuf_rows_go_in_blocks() -> None:
     """A model's input has no partitions to keep: each partition reads 12 consecutive rows (long runs); short
-    rows stay in blocks too (the interleaved results, a descriptor each, cost what the load saved)."""
+    rows too, unless their producer holds them interleaved."""
     from nxsat.backend import reduce as rd
 
     groups = [rd.Group((0, 1), 1536, 128, True), rd.Group((2,), 128, 1, False)]
     red = rd.Reducer(None, None, alu="max", acc=[dt.F32])  # type: ignore[arg-type] - layout pricing reads no graph
     assert not rd.choose_layout(groups, red, 4, True).interleave
     assert rd.choose_layout(groups, red, 4, True, [([128, 1], 128)], 1).interleave
-    short = [rd.Group((0,), 2048, 49, True), rd.Group((1,), 49, 1, False)]  # ResNet-50's average pool
-    assert not rd.choose_layout(short, red, 4, True, [([49, 1], 49)], 1).interleave
+    # ResNet-50's average pool over the tiles its last convolution left (channel j * 128 + p on partition
+    # p): interleaved so, its readers (the mean's division, FOLLOW_STEPS) following, no round trip
+    short = [rd.Group((0,), 2048, 49, True), rd.Group((1,), 49, 1, False)]
+    assert not rd.choose_layout(short, red, 4, True).interleave
+    assert rd.choose_layout(short, red, 4, True, [([49, 1], 49)], 1).interleave
     assert not rd.choose_layout(groups, red, 4, True, [([128, 1], 1536)], 1).interleave
 
 
