@@ -53,12 +53,13 @@ class Forwarded:
     refused: int = 0  # loads of a value still in its tile that would have kept too much SBUF live
     split: int = 0  # loads read in pieces, one per tile that stored part of what they read
     in_place: int = 0  # of the copies, those not made: their readers read the stored tile itself
+    written_in_place: int = 0  # of the copies, those not made: the stored tile's writer wrote the copy's place
     undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)  # the graph as it was
 
     def to_json(self) -> dict[str, int]:
         return {"loads": self.loads, "copies": self.copies, "bytes": self.bytes, "stores": self.stores,
                 "tensors": self.tensors, "refused_for_sbuf": self.refused, "split": self.split,
-                "read_in_place": self.in_place}
+                "read_in_place": self.in_place, "written_in_place": self.written_in_place}
 
 
 def addresses(ap: AP) -> np.ndarray:
@@ -488,9 +489,12 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
         stats.copies += copy
         stats.bytes += int(np.prod(dst.shape)) * dst.dtype.itemsize
 
+    copies: list[Inst] = []
+
     def read_on_chip(ld: Inst, st: Inst, dst: Ref, view: Ref, copy: bool, waits: set[Inst]) -> None:
         if copy:
             ld.engine, ld.opcode, ld.attrs = COPY_ENGINE, "tensor_copy", {}
+            copies.append(ld)
         ld.operands, ld.reads, ld.writes = (dst, view), [view], [dst]
         ld.deps = waits | st.deps
         uses(ld, view.buf, view.buf.root, dst.buf, dst.buf.root)
@@ -557,6 +561,11 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
         dead = set(iter(dead))
     g.remove(dead, changed)
     g.drop(*(bufs[key] for key in gone), *unused)
+    written = _write_in_place(g, [ld for ld in copies if ld.opcode == "tensor_copy"], target)
+    if written:
+        undo, redo = stats.undo, written[1]
+        stats.undo = lambda: (redo(), undo())  # type: ignore[misc, func-returns-value]
+        stats.written_in_place = written[0]
     return stats
 
 
@@ -603,6 +612,78 @@ def _in_place_pieces(ld: Inst, pieces: list[tuple[Inst, Ref, Ref, bool]], target
         return new if _same_partitions(new, r) else None
 
     return _readers_in_place(ld, stored, target, forwarded_stores)
+
+
+ELEMENTWISE_WRITERS = ("activation", "tensor_scalar", "tensor_tensor", "tensor_copy")
+
+
+def _write_in_place(g: Graph, copies: list[Inst], target: Target) -> tuple[int, Callable[[], None]] | None:
+    """Copies not made: where a forwarded copy reads the whole of a tile that one elementwise instruction
+    wrote and nothing else reads, that instruction writes the copy's place instead (ResNet-50's stem and
+    1x1 convolutions wrote their result tiles and GpSimd copied each into the padded input tile of the
+    pooling or 3x3 convolution after it: 50 us of GpSimd, beside VectorE's SBUF port). Only on the same
+    partitions (an engine's lane reads and writes its own), in access patterns the engines accept; the writer
+    then waits for what the copy waited for. The count and what puts the writers back (the graph's lists and
+    dependences are the pass's own undo's)."""
+    done: list[tuple[Inst, tuple, list, list, dict]] = []
+    dead: set[Inst] = set()
+    changed: dict[int, Buf] = {}
+    for c in copies:
+        dst, view = c.operands
+        tile = view.buf
+        if tile is not tile.root or view.as_type is not None or dst.as_type is not None or dst.dtype is not view.dtype:
+            continue
+        ws = [u for u in tile.users if u is not c]
+        if len(ws) != 1:
+            continue
+        w = ws[0]
+        if w.engine not in ("act", "dve", "pool") or w.opcode not in ELEMENTWISE_WRITERS or "accum" in w.attrs \
+                or len(w.writes) != 1 or w.writes[0].buf is not tile or w.operands[0] is not w.writes[0] \
+                or any(r.buf.root is tile for r in w.reads) or w in dead:
+            continue
+        out = w.writes[0]
+        # what the copy waited for besides the writer (the place's earlier writes: a memset of the padded
+        # tile) the writer now waits for; one after it in program order must not wait for anything after
+        # the writer itself (no cycle)
+        others = c.deps - {w}
+        if w not in c.deps or any(d.index > w.index and any(e.index >= w.index for e in d.deps) for d in others):
+            continue
+        try:
+            full = tile.ref().reshape(*out.shape)
+            whole = view.reshape(*out.shape) if view.shape != out.shape else view
+            if whole.ap != full.ap or out.ap != full.ap:
+                continue
+            swap: dict[int, Ref] = {id(out): dst}
+            for r in (*w.operands[1:], *(v for v in w.attrs.values() if isinstance(v, Ref))):
+                if r.shape == out.shape:
+                    swap[id(r)] = r.reshape(*dst.shape) if r.shape != dst.shape else r
+            if not (_same_partitions(dst, out) and _engine_ok(dst, target)
+                    and all(_engine_ok(v, target) for v in swap.values() if v.buf.onchip)):
+                continue
+        except (AccessError, ValueError, IndexError):
+            continue
+        done.append((w, w.operands, w.reads, w.writes, w.attrs))
+        w.operands = tuple(swap.get(id(r), r) for r in w.operands)
+        w.reads = [swap.get(id(r), r) for r in w.reads]
+        w.writes = [dst]
+        w.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in w.attrs.items()}
+        w.deps = w.deps | others
+        if not any(u is w for u in dst.buf.users):
+            dst.buf.users.append(w)
+        if dst.buf.root is not dst.buf and not any(u is w for u in dst.buf.root.users):
+            dst.buf.root.users.append(w)
+        dead.add(c)
+        changed[id(tile)] = tile
+    if not done:
+        return None
+    g.remove(dead, changed)
+    g.drop(*{id(v.buf): v.buf for c in dead for v in c.operands[1:]}.values())
+
+    def redo() -> None:
+        for w, *was in done:
+            w.operands, w.reads, w.writes, w.attrs = was
+
+    return len(done), redo
 
 
 def _same_partitions(new: Ref, r: Ref) -> bool:
