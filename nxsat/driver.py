@@ -73,6 +73,10 @@ SEARCH_LOOKAHEAD_FACTORS = (1.0, 0.5, 2.0, 100.0)
 SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9,165.7 us; 4: 9,210.7, 6: 9,232.8)
 SEARCH_MAX_INSTRUCTIONS = 200_000
 SEARCH_ROOMS = (0.55, 0.7)  # -O3's shares of SBUF for loads ahead by the program's profile (ScheduleOptions.room)
+# -O3's further prefetch shares for the streaming schedule in time, in program order (-O2's takes half of
+# PREFETCH_SBUF_FRACTION): ResNet-50 under unet-inference 584.1 us at 0.3, 582.8 at 0.4, 574.0 at 0.5, 594.9
+# at 0.6 (generic 646.9, 654.2, 664.8): no share wins everywhere, so -O3 measures them
+SEARCH_TIMED_SHARES = (0.4, 0.5)
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
 # 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)
 LEVEL1_CHECK_INSTRUCTIONS = 50_000
@@ -355,6 +359,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # ResNet-50 under unet-inference 656.7 us at -O2, 635.4 with 0.7 and 641.3 with 0.55 (its weights stream
     # during the stem); BERT-12 1,711.5 with the prefetch share, 1,723.3 and 1,787.6 with these
     rooms = [replace(stream, room=r) for r in SEARCH_ROOMS]
+    shares = [replace(timed_half, prefetch=p) for p in SEARCH_TIMED_SHARES]
 
     def streams_weights() -> bool:
         """The model's inputs and constants do not all fit in the prefetch share: what it holds ahead matters."""
@@ -368,7 +373,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     def search_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O3's: the load windows; then the weights apart at the best window and with every load far
         ahead (-O2's streaming schedules, with the whole and half the prefetch share, and its critical-path
-        ones: -O3 is never slower than -O2), the windows compared without the
+        ones: -O3 is never slower than -O2; where the weights stream, by the program's profile and at more
+        shares in time), the windows compared without the
         streaming one (BERT-12: 4,800 won without the weights apart, 2,034.7 us, and lost with them,
         2,001.1, to 24 with them, 1,991.7). A program too large to compile again: its default only."""
         if not done:
@@ -376,7 +382,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if len(done) == len(windows):
             found_la = {s.lookahead: latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
-                    half_stream, timed_half, *(rooms if streams_weights() else [])]
+                    half_stream, timed_half, *(rooms + shares if streams_weights() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
