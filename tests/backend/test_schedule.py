@@ -320,7 +320,9 @@ def test_critical_path_order_overlaps_an_attentions_heads() -> None:
         model = sim.load(sim.build_neff(c.program, target, c.constants), verify=True)
         runs.append((model.run(inputs), model.profile()[1].latency, c.program))
     (plain, t_plain, _), (crit, t_crit, p_crit), (timed, t_timed, p_timed) = runs
-    assert t_crit < 0.95 * t_plain
+    # (the softmax's reductions on chip since its row statistics follow the scores' tiles: 46.7 against
+    # 45.8 us; with them through HBM, program order waited more and chain order gained over 5%)
+    assert t_crit < t_plain
     assert all(np.array_equal(a, b) for a, b in zip(plain, crit, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(plain, timed, strict=True))
 
