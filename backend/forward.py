@@ -344,9 +344,10 @@ class _Live:
         self.blocks[b0:b1] = self.v[b0 * self.BLOCK:b1 * self.BLOCK].reshape(-1, self.BLOCK).max(axis=1)
 
 
-def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarded:
+def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_place: bool = True) -> Forwarded:
     """Turn the loads of values still on chip into on-chip reads, and drop the stores and scratch tensors
-    left without readers (the graph is edited in place; instruction indices are renumbered)."""
+    left without readers (the graph is edited in place; instruction indices are renumbered); with
+    ``write_in_place``, a copy's source tile written where the copy would put it (:func:`_write_in_place`)."""
     stats = Forwarded()
     n = len(g.insts)
     first_use: dict[int, int] = {}  # tile root -> its first and last instruction, and its last writer
@@ -561,7 +562,8 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET) -> Forwarde
         dead = set(iter(dead))
     g.remove(dead, changed)
     g.drop(*(bufs[key] for key in gone), *unused)
-    written = _write_in_place(g, [ld for ld in copies if ld.opcode == "tensor_copy"], target)
+    written = _write_in_place(g, [ld for ld in copies if ld.opcode == "tensor_copy"], target) if write_in_place \
+        else None
     if written:
         undo, redo = stats.undo, written[1]
         stats.undo = lambda: (redo(), undo())  # type: ignore[misc, func-returns-value]

@@ -288,7 +288,13 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if _structure(other.module) != _structure(chosen.module):
             candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other, by_cost))
 
-    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any) -> list[tuple[Any, _Built | NxsatError]]:
+    # -O1 keeps its evacuations' own tiles (backend/forward.py ``_write_in_place``): written into their
+    # copies' places, the instructions are unlike each other and the NEFF stage and the replay take them one
+    # by one (BERT-12: 0.25 s of -O1's 3.2); -O2 weighs -O1's program as -O1 builds it
+    in_place = opts.optlevel >= 2
+
+    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place
+              ) -> list[tuple[Any, _Built | NxsatError]]:
         """The program of extraction ``ch`` (precision by cost with ``by``, else the policy's) scheduled
         as ``plan`` asks (or with the one ScheduleOptions ``plan`` is): the report's pieces and the NEFF of
         each schedule, or the error that stopped it."""
@@ -310,7 +316,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
         # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
         with no_cycle_collection():
-            outcomes = _backend(st, formed, target, opts, found, plan, keep_model)
+            outcomes = _backend(st, formed, target, opts, found, plan, keep_model, in_place)
         return [(schedule, out if isinstance(out, NxsatError) else _Built(ch, prec, sharding, found, *out))
                 for schedule, out in outcomes]
 
@@ -319,16 +325,16 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     measured = search or streaming
     workdir, st.workdir = st.workdir, (None if measured else st.workdir)
     tried: list[dict[str, Any]] = []
-    runs: list[tuple[Any, tuple[str, ...], Any]] = []  # (extraction, precision sets, schedule)
+    runs: list[tuple[Any, tuple[str, ...], Any, bool]] = []  # (extraction, precision sets, schedule, in place)
     best: _Built | None = None
     pick = 0
 
-    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any) -> None:
+    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place) -> None:
         nonlocal best, pick
         if measured:
             progress.stage(f"search: {name}'s schedules")
-        for schedule, built in build(ch, by, plan):
-            runs.append((ch, by, schedule))
+        for schedule, built in build(ch, by, plan, in_place):
+            runs.append((ch, by, schedule, in_place))
             if isinstance(built, NxsatError):
                 # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand
                 # needs: gemma3 generic at lookahead 4,800): skipped. The first schedule's failure is the
@@ -445,7 +451,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         low, by1 = level(1)
         mine = {_structure(precise_of(ch, by)[0]) for _, ch, by in candidates}
         if _structure(precise_of(low, by1)[0]) not in mine:
-            measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE)
+            measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE, False)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
         best = build(*runs[pick])[0][1]
@@ -490,7 +496,8 @@ _FORKED: tuple[Callable[[Any], Outcome], list[Any], _Stages] | None = None  # wh
 
 
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
-             plan: Plan | Any, keep_model: bool = False) -> list[tuple[Any, Outcome | NxsatError]]:
+             plan: Plan | Any, keep_model: bool = False, in_place: bool = True
+             ) -> list[tuple[Any, Outcome | NxsatError]]:
     """Lower once, then schedule, build the NEFF and replay it for each schedule ``plan`` asks for (or
     the one schedule ``plan`` is): the timing summary, constants, I/O sizes, the bytes and
     (``keep_model``) the simulator's model of each. The schedules of a batch are independent: up to
@@ -519,7 +526,8 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
             return
         if forwarded.undo is not None:
             forwarded.undo()
-        forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget)) if budget \
+        forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget,
+                                              write_in_place=in_place)) if budget \
             else Forwarded(refused=forwarded.loads + forwarded.refused)
         within = budget
         st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
