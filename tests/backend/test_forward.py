@@ -430,17 +430,10 @@ ENTRY main {
 """
 
 
-def test_a_pooling_reads_its_window_from_fifteen_tiles_on_chip() -> None:
-    """ResNet-50's stem and max pooling: the convolution stores its output four rows a tile (one PSUM bank),
-    each half of the pooling reads 57 rows (with the window's overlap) from fifteen of those tiles, all
-    on chip (``MAX_PIECES``): the convolution's output never reaches HBM."""
-    from nxsat.backend import device_forms, lower_graph
+def _matches_interpreter(m: object, lw: object) -> None:
+    """The lowered (and forwarded) graph ``lw`` of module ``m``, scheduled and run, gives the interpreter's output."""
     from nxsat.interpreter import run_module
 
-    m = module_of(STEM_POOL)
-    lw = lower_graph(device_forms(m, TARGET), TARGET)
-    f = forward_stores(lw.graph, TARGET)
-    assert f.split >= 2 and not any(b.kind == "scratch" for b in lw.graph.bufs if b.users)
     sch = schedule(lw.graph, TARGET, lw.inputs, lw.outputs)
     rng = np.random.default_rng(4)
     ins = [dt.cast(rng.standard_normal(p.type.shape), p.type.dtype) for p in m.entry.params]
@@ -450,13 +443,25 @@ def test_a_pooling_reads_its_window_from_fifteen_tiles_on_chip() -> None:
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
 
+def test_a_pooling_reads_its_window_from_fifteen_tiles_on_chip() -> None:
+    """ResNet-50's stem and max pooling: the convolution stores its output four rows a tile (one PSUM bank),
+    each half of the pooling reads 57 rows (with the window's overlap) from fifteen of those tiles, all
+    on chip (``MAX_PIECES``): the convolution's output never reaches HBM."""
+    from nxsat.backend import device_forms, lower_graph
+
+    m = module_of(STEM_POOL)
+    lw = lower_graph(device_forms(m, TARGET), TARGET)
+    f = forward_stores(lw.graph, TARGET)
+    assert f.split >= 2 and not any(b.kind == "scratch" for b in lw.graph.bufs if b.users)
+    _matches_interpreter(m, lw)
+
+
 def test_the_stems_tiles_are_written_where_the_pooling_reads_them() -> None:
     """The stem's evacuations write its output tiles and the pooling reads them into its padded tile: where
     a tile is read by that one copy alone, on its own partitions, the evacuation writes the pooling's tile
     itself and the copy goes (ResNet-50: 76 GpSimd copies fewer, 596.1 -> 584.1 us under unet-inference).
     The outputs do not change, and the undo puts the writers back. -O1 does not (its compile time)."""
     from nxsat.backend import device_forms, lower_graph
-    from nxsat.interpreter import run_module
 
     m = module_of(STEM_POOL)
     lw = lower_graph(device_forms(m, TARGET), TARGET)
@@ -468,13 +473,7 @@ def test_the_stems_tiles_are_written_where_the_pooling_reads_them() -> None:
     direct = [i for i in lw.graph.insts if i.writes and i.writes[0].buf.root.name in pool_tiles
               and any(r.buf.kind == "psum" for r in i.reads)]  # evacuations writing the pooling's tiles
     assert len(direct) == f.written_in_place
-    sch = schedule(lw.graph, TARGET, lw.inputs, lw.outputs)
-    rng = np.random.default_rng(4)
-    ins = [dt.cast(rng.standard_normal(p.type.shape), p.type.dtype) for p in m.entry.params]
-    got = sim.load(sim.build_neff(sch.program, TARGET, sch.constants), verify=True).run(
-        {f"in{i}": v for i, v in enumerate(ins)})
-    (want,) = run_module(m, ins)
-    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    _matches_interpreter(m, lw)
     lw = lower_graph(device_forms(m, TARGET), TARGET)
     forward_stores(lw.graph, TARGET).undo()
     assert _fingerprint(lw.graph) == lowered
