@@ -74,8 +74,8 @@ SEARCH_WEIGHT_QUEUES = 8  # of the 12 load queues (measured: gemma3 9,503.7 -> 9
 SEARCH_MAX_INSTRUCTIONS = 200_000
 SEARCH_ROOMS = (0.55, 0.7)  # -O3's shares of SBUF for loads ahead by the program's profile (ScheduleOptions.room)
 # -O3's further prefetch shares for the streaming schedule in time, in program order (-O2's takes half of
-# PREFETCH_SBUF_FRACTION): ResNet-50 under unet-inference 584.1 us at 0.3, 582.8 at 0.4, 574.0 at 0.5, 594.9
-# at 0.6 (generic 646.9, 654.2, 664.8): no share wins everywhere, so -O3 measures them
+# PREFETCH_SBUF_FRACTION): ResNet-50 under unet-inference, -O2's program, 584.1 us at 0.3, 582.8 at 0.4,
+# 574.0 at 0.5, 594.9 at 0.6 (generic 646.9, 654.2, 664.8): no share wins everywhere, so -O3 measures them
 SEARCH_TIMED_SHARES = (0.4, 0.5)
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
 # 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)

@@ -459,7 +459,7 @@ def test_a_pooling_reads_its_window_from_fifteen_tiles_on_chip() -> None:
 def test_the_stems_tiles_are_written_where_the_pooling_reads_them() -> None:
     """The stem's evacuations write its output tiles and the pooling reads them into its padded tile: where
     a tile is read by that one copy alone, on its own partitions, the evacuation writes the pooling's tile
-    itself and the copy goes (ResNet-50: 76 GpSimd copies fewer, 596.1 -> 584.1 us under unet-inference).
+    itself and the copy goes (ResNet-50: 76 GpSimd copies fewer, 596.1 -> 588.3 us at -O2 under unet-inference).
     The outputs do not change, and the undo puts the writers back. -O1 does not (its compile time)."""
     from nxsat.backend import device_forms, lower_graph
 
