@@ -130,7 +130,7 @@ def lowering_order(order: list[Node], fixed: set[int] | None = None) -> list[Nod
             depth[n.id] = 1 + max((depth.get(o.id, 0) for o in n.operands), default=0)
     # ... each :data:`HOIST` places ahead of its first reader outside them (as side computations are), not
     # all ahead of the first: ResNet-50's 53 batch-norm scales and shifts held the stem's image rows behind
-    # ~380 parameter loads and its first steps behind 200 VectorE steps (unet-inference 636.0 -> 607.4 us)
+    # ~380 parameter loads and its first steps behind 200 VectorE steps (unet-inference 636.0 -> 604.0 us)
     pos = {n.id: k for k, n in enumerate(order)}
     due: dict[int, int] = {}
     for n in reversed(order):

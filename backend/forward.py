@@ -480,11 +480,6 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
 
     changed: dict[int, Buf] = {}  # buffers some instruction no longer touches
 
-    def uses(inst: Inst, *bs: Buf) -> None:
-        for b in {id(b): b for b in bs}.values():
-            if not any(u is inst for u in b.users):
-                b.users.append(inst)
-
     def counted(dst: Ref, copy: bool) -> None:
         stats.loads += 1
         stats.copies += copy
@@ -498,7 +493,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
             copies.append(ld)
         ld.operands, ld.reads, ld.writes = (dst, view), [view], [dst]
         ld.deps = waits | st.deps
-        uses(ld, view.buf, view.buf.root, dst.buf, dst.buf.root)
+        _uses(ld, view.buf, view.buf.root, dst.buf, dst.buf.root)
         counted(dst, copy)
 
     unused: list[Buf] = []
@@ -515,7 +510,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
             u.operands = tuple(swap.get(id(r), r) for r in u.operands)
             u.reads = [swap.get(id(r), r) for r in u.reads]
             u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
-            uses(u, view.buf, view.buf.root)
+            _uses(u, view.buf, view.buf.root)
         changed[id(view.buf)] = view.buf
         changed[id(ld.operands[0].buf)] = ld.operands[0].buf
         unused.append(ld.operands[0].buf)
@@ -537,7 +532,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
                 u.reads = [swap.get(id(r), r) for r in u.reads]
                 u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
                 for r in swap.values():
-                    uses(u, r.buf, r.buf.root)
+                    _uses(u, r.buf, r.buf.root)
                     changed[id(r.buf)] = r.buf
             changed[id(ld.operands[0].buf)] = ld.operands[0].buf
             unused.append(ld.operands[0].buf)
@@ -565,10 +560,23 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
     written = _write_in_place(g, [ld for ld in copies if ld.opcode == "tensor_copy"], target) if write_in_place \
         else None
     if written:
-        undo, redo = stats.undo, written[1]
-        stats.undo = lambda: (redo(), undo())  # type: ignore[misc, func-returns-value]
-        stats.written_in_place = written[0]
+        stats.written_in_place, put_back = written
+        undo = stats.undo
+        assert undo is not None
+
+        def undo_all() -> None:
+            put_back()
+            undo()
+
+        stats.undo = undo_all
     return stats
+
+
+def _uses(inst: Inst, *bs: Buf) -> None:
+    """``inst`` among the users of each buffer ``bs`` names (once)."""
+    for b in {id(b): b for b in bs}.values():
+        if not any(u is inst for u in b.users):
+            b.users.append(inst)
 
 
 def _in_place(ld: Inst, view: Ref, target: Target, forwarded_stores: set[int]) -> dict[Inst, dict[int, Ref]] | None:
@@ -670,10 +678,7 @@ def _write_in_place(g: Graph, copies: list[Inst], target: Target) -> tuple[int, 
         w.writes = [dst]
         w.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in w.attrs.items()}
         w.deps = w.deps | others
-        if not any(u is w for u in dst.buf.users):
-            dst.buf.users.append(w)
-        if dst.buf.root is not dst.buf and not any(u is w for u in dst.buf.root.users):
-            dst.buf.root.users.append(w)
+        _uses(w, dst.buf, dst.buf.root)
         dead.add(c)
         changed[id(tile)] = tile
     if not done:
@@ -681,11 +686,11 @@ def _write_in_place(g: Graph, copies: list[Inst], target: Target) -> tuple[int, 
     g.remove(dead, changed)
     g.drop(*{id(v.buf): v.buf for c in dead for v in c.operands[1:]}.values())
 
-    def redo() -> None:
+    def put_back() -> None:
         for w, *was in done:
             w.operands, w.reads, w.writes, w.attrs = was
 
-    return len(done), redo
+    return len(done), put_back
 
 
 def _same_partitions(new: Ref, r: Ref) -> bool:

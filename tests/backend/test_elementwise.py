@@ -815,7 +815,7 @@ ENTRY main {
 def test_a_value_from_the_parameters_is_computed_ahead_of_its_reader_not_first(monkeypatch) -> None:
     """A scale goes ``HOIST`` places ahead of its first reader, not to the front: ResNet-50's 53 batch
     norms' scales and shifts, all computed first, held its stem's image rows behind ~380 parameter loads
-    (636.0 -> 607.4 us under unet-inference). With ``HOIST`` 3 here, the second scale goes just ahead of
+    (636.0 -> 604.0 us under unet-inference). With ``HOIST`` 3 here, the second scale goes just ahead of
     the last dot (three places before the product reading it: the dot, the scale, its broadcast)."""
     from nxsat.backend import elementwise, families  # noqa: F401 - registers every operator's tile form
 
