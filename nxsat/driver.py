@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import time
@@ -293,11 +294,13 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # by one (BERT-12: 0.25 s of -O1's 3.2); -O2 weighs -O1's program as -O1 builds it
     in_place = opts.optlevel >= 2
 
-    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place
-              ) -> list[tuple[Any, _Built | NxsatError]]:
+    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place, to_beat: float = math.inf,
+              meanwhile: Callable[[int], object] | None = None) -> list[tuple[Any, _Built | NxsatError]]:
         """The program of extraction ``ch`` (precision by cost with ``by``, else the policy's) scheduled
-        as ``plan`` asks (or with the one ScheduleOptions ``plan`` is): the report's pieces and the NEFF of
-        each schedule, or the error that stopped it."""
+        as ``plan`` asks (or with the one ScheduleOptions ``plan`` is): the report's pieces of each schedule,
+        or the error that stopped it, and the NEFF of the fastest where it is faster than ``to_beat``
+        (``meanwhile``: work for this process while others run the schedules, given the lowered program's
+        instructions)."""
         extracted = ch.module
         st.dump("04-extraction.json", lambda: json.dumps(ch.to_json(), indent=1))
         st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
@@ -316,7 +319,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
         # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
         with no_cycle_collection():
-            outcomes = _backend(st, formed, target, opts, found, plan, keep_model, in_place)
+            outcomes = _backend(st, formed, target, opts, found, plan, keep_model, in_place, to_beat, meanwhile)
         return [(schedule, out if isinstance(out, NxsatError) else _Built(ch, prec, sharding, found, *out))
                 for schedule, out in outcomes]
 
@@ -329,11 +332,13 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     best: _Built | None = None
     pick = 0
 
-    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place) -> None:
+    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place,
+                meanwhile: Callable[[int], object] | None = None) -> None:
         nonlocal best, pick
         if measured:
             progress.stage(f"search: {name}'s schedules")
-        for schedule, built in build(ch, by, plan, in_place):
+        for schedule, built in build(ch, by, plan, in_place, best.summary["latency_ns"] if best else math.inf,
+                                     meanwhile):
             runs.append((ch, by, schedule, in_place))
             if isinstance(built, NxsatError):
                 # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand
@@ -348,6 +353,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             tried.append({"program": name, **built.summary["schedule"], "latency_us": round(lat / 1000, 3)})
             if best is None or lat < best.summary["latency_ns"]:
                 best, pick = built, len(runs) - 1
+        assert best is None or best.data is not None, "the fastest schedule is the one the backend finished"
 
     stream = ScheduleOptions(round(LOOKAHEAD * SEARCH_LOOKAHEAD_FACTORS[-1]), SEARCH_WEIGHT_QUEUES)
     windows = [DEFAULT_SCHEDULE] + [ScheduleOptions(round(LOOKAHEAD * f)) for f in SEARCH_LOOKAHEAD_FACTORS[1:]]
@@ -399,13 +405,29 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         models of bench/model_types.py in either family once the schedules in time were measured: -O3
         still tries it; gemma3_1b under transformer keeps the streaming one in program order, 7,973.9 us
         against 8,916.9 without it.)"""
-        if not done:
-            return [DEFAULT_SCHEDULE, *critical] if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
-        if len(done) == 1 + len(critical):
-            return [stream, *([timed_half] if streams_weights() else [])]
-        return []
+        if done:
+            return []
+        if n > SEARCH_MAX_INSTRUCTIONS:
+            return [DEFAULT_SCHEDULE]
+        return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half] if streams_weights() else [])]
 
-    measure(*candidates[0], search_plan if search else streaming_plan if streaming else DEFAULT_SCHEDULE)
+    made: list[tuple[Any, tuple[str, ...], frozenset[str]]] = []
+
+    def level1() -> tuple[Any, tuple[str, ...], frozenset[str]]:
+        """-O1's extraction of this model, its precision sets and its program's structure, made once."""
+        if not made:
+            low, by1 = level(1)
+            made.append((low, by1, _structure(precise_of(low, by1)[0])))
+        return made[0]
+
+    def level1_meanwhile(n: int) -> None:
+        """-O1's program, made while the first program's schedules run in other processes (BERT-12: 0.5 s
+        of -O2's 8 saved), where -O1's program will be weighed (the lowered program is small enough)."""
+        if measured and opts.extractor is None and n <= LEVEL1_CHECK_INSTRUCTIONS:
+            level1()
+
+    measure(*candidates[0], search_plan if search else streaming_plan if streaming else DEFAULT_SCHEDULE,
+            meanwhile=level1_meanwhile)
     assert best is not None
     again = best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS  # small enough to compile again
     if search and again:
@@ -448,9 +470,9 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
         # -O2's own 327.841), and -O3, which weighs every program -O2 does, never slower than -O2
         # (unet_diffusers: -O2 kept -O1's program, 324.6 us, where -O3's own were 324.7)
-        low, by1 = level(1)
+        low, by1, theirs = level1()
         mine = {_structure(precise_of(ch, by)[0]) for _, ch, by in candidates}
-        if _structure(precise_of(low, by1)[0]) not in mine:
+        if theirs not in mine:
             measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE, False)
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
@@ -484,29 +506,36 @@ class _Built(NamedTuple):
     summary: dict[str, Any]
     constants: dict[str, Any]
     io: list[tuple[int, int | None]]
-    data: bytes
+    data: bytes | None  # None: a schedule slower than one measured before, never finished
     model: Any
 
 
-# One lowered program's schedules, measured: (schedule, its outcome or the error that stopped it)
-Outcome = tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], bytes, Any]
+# One lowered program's schedules, measured: (the timing summary, constants, I/O sizes, the NEFF bytes and
+# the simulator's model; the last two only for the schedule finished: the fastest, where it beats the others)
+Outcome = tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], "bytes | None", Any]
 # (the lowered graph's instructions, the schedules measured so far) -> the next ones to measure (none: done)
 Plan = Callable[[int, list[tuple[Any, "Outcome | NxsatError"]]], list[Any]]
-_FORKED: tuple[Callable[[Any], Outcome], list[Any], _Stages] | None = None  # what a forked job runs
+# a measured schedule and what finishing it needs (its linked program and constants): (outcome, kept)
+Measured = tuple[Outcome, Any]
 
 
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
-             plan: Plan | Any, keep_model: bool = False, in_place: bool = True
-             ) -> list[tuple[Any, Outcome | NxsatError]]:
-    """Lower once, then schedule, build the NEFF and replay it for each schedule ``plan`` asks for (or
-    the one schedule ``plan`` is): the timing summary, constants, I/O sizes, the bytes and
-    (``keep_model``) the simulator's model of each. The schedules of a batch are independent: up to
-    ``--num-parallel-jobs`` run at once, each in a process forked from the lowered graph (the same
-    program, byte for byte, as one at a time)."""
+             plan: Plan | Any, keep_model: bool = False, in_place: bool = True, to_beat: float = math.inf,
+             meanwhile: Callable[[int], object] | None = None) -> list[tuple[Any, Outcome | NxsatError]]:
+    """Lower once, then schedule, link and replay in time each schedule ``plan`` asks for (or the one
+    schedule ``plan`` is): the timing summary, constants and I/O sizes of each. The fastest (the first on
+    a tie), where it is faster than ``to_beat``, is then finished: its race check and its NEFF bytes (and
+    with ``keep_model`` the simulator's model); the others' bytes are never made. The schedules of a batch
+    are independent: up to ``--num-parallel-jobs`` run at once, each in a process forked from the lowered
+    graph (the same program, byte for byte, as one at a time), which keeps what it measured until the
+    fastest is known; this process runs ``meanwhile`` of the lowered graph's instructions (before them where
+    none fork)."""
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
     from nxsat.backend.forward import BUDGETS as FORWARD_BUDGETS
     from nxsat.backend.forward import Forwarded, forward_stores
+    from nxsat.sim.report import summarize
     from nxsat.sim.runtime import encode
+    from nxsat.sim.timing import simulate
     from nxsat.sim.verify import check_races, link
 
     options = Options(opts.mixed_precision_accumulation, opts.saturate_infinity)
@@ -535,8 +564,30 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     single = not callable(plan)
     if single:
         plan = partial(_once, plan)
+    # the race check (more than half of the NEFF stage's time on BERT) runs beside the encoding (and, where
+    # the schedule is finished at once, the simulation) where a second CPU is free
+    beside = opts.num_parallel_jobs > 1 and _cpus() > 1 and _can_fork()
 
-    def one(schedule: Any, keep: bool) -> Outcome:
+    def checked(linked: Any) -> Callable[[], None]:
+        """Start the race check of ``linked``; the function returned waits for it (raising what it found)."""
+        if beside:
+            return _in_background(partial(check_races, linked))
+        st.run("races", partial(check_races, linked))
+        return lambda: None
+
+    def finish(kept: Any, run: Callable[[], dict[str, Any]] | None = None) -> tuple[bytes, Any, Any]:
+        """The race check and the NEFF bytes of a linked program (and ``run``'s summary, made meanwhile)."""
+        linked, constants = kept
+        races = checked(linked)
+        try:
+            data, model = st.run("neff", lambda: encode(linked, constants))
+            summary = run() if run is not None else None
+        finally:  # a race is what is wrong first: its error wins over the simulation's
+            st.run("races", races)
+        st.dump("07-program.nxs", lambda: model.text)
+        return data, model if keep_model else None, summary
+
+    def one(schedule: Any, now: bool) -> Measured:
         # A schedule that finds no room tries again within the smaller forwarding budgets, then (loads issued
         # far ahead hold SBUF the work at hand may need) with half the prefetch share
         compiled, failed = None, None
@@ -569,30 +620,40 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         compiled = None
         if single:  # freed now, not after the NEFF and the simulation (mobilenet_v2's graph is gigabytes)
             lowering.graph.release()
-        # the race check (more than half of the NEFF's time on BERT) runs beside the encoding and the simulation
-        beside = opts.num_parallel_jobs > 1 and _cpus() > 1 and _can_fork()
-        linked = st.run("neff", lambda: link(program, target, races=not beside))
+        linked = st.run("neff", lambda: link(program, target, races=False))
         program = None
-        races = _in_background(partial(check_races, linked)) if beside else None
-        try:
-            data, model = st.run("neff", lambda: encode(linked, constants))
-            summary = st.run("simulate", lambda: model.profile()[0])
-        finally:  # a race is what is wrong first: its error wins over the simulation's
-            if races is not None:
-                st.run("races", races)
+
+        def run() -> dict[str, Any]:
+            return st.run("simulate", lambda: summarize(linked, simulate(linked)))
+        data, model = None, None
+        if now:  # the one schedule, finished whatever it measures: the simulation runs beside the race check
+            data, model, summary = finish((linked, constants), run)
+        else:
+            summary = run()
         summary["forwarded"] = forwarding
         summary["schedule"] = sched.to_json()  # as run: its prefetch share may be the halved one
-        st.dump("07-program.nxs", lambda: model.text)
         st.dump("08-profile.json", json.dumps(summary, indent=1))
-        return summary, constants, io, data, model if keep else None
+        return (summary, constants, io, data, model), (linked, constants)
 
     done: list[tuple[Any, Outcome | NxsatError]] = []
-    while batch := plan(len(lowering.graph.insts), done):
-        forward_within(budgets[0])  # what each schedule starts from (and what a forked job copies)
-        jobs = 1 if keep_model else min(opts.num_parallel_jobs, len(batch), _cpus())
-        done.extend(zip(batch, _run_jobs(st, partial(one, keep=keep_model), batch, jobs)))
+    now = single and to_beat == math.inf
+    jobs = 1 if keep_model or single else min(opts.num_parallel_jobs, _cpus())
+    with _Jobs(st, partial(one, now=now), lambda kept: finish(kept)[:2], jobs) as pool:
+        while batch := plan(len(lowering.graph.insts), done):
+            forward_within(budgets[0])  # what each schedule starts from (and what a forked job copies)
+            done.extend(zip(batch, pool.run(batch, meanwhile and partial(meanwhile, len(lowering.graph.insts)))))
+            meanwhile = None
+        k = pool.fastest()
+        if not now and k is not None and _latency(done[k][1]) < to_beat:
+            data, model = pool.finish(k)
+            summary, constants, io, _, _ = done[k][1]
+            done[k] = (done[k][0], (summary, constants, io, data, model))
     lowering.graph.release()
     return done
+
+
+def _latency(out: Outcome | NxsatError) -> float:
+    return math.inf if isinstance(out, NxsatError) else out[0]["latency_ns"]
 
 
 def _once(schedule: Any, n: int, done: list[Any]) -> list[Any]:
@@ -600,23 +661,146 @@ def _once(schedule: Any, n: int, done: list[Any]) -> list[Any]:
     return [] if done else [schedule]
 
 
-def _run_jobs(st: _Stages, fn: Callable[[Any], Outcome], batch: list[Any], jobs: int) -> list[Outcome | NxsatError]:
-    """``fn`` of each of ``batch``, in order: a user-facing error is the item's outcome (the caller decides
-    whether it stops the compile). With ``jobs`` > 1, in forked processes (where the platform forks);
-    their stage times are added to this one's."""
-    global _FORKED
-    if jobs <= 1 or not _can_fork():
-        return [_attempt(fn, item) for item in batch]
-    _FORKED = (fn, batch, st)
+class _Jobs:
+    """Runs ``measure`` on each item of the batches it is given, in order: a user-facing error is the item's
+    outcome (the caller decides whether it stops the compile). With ``jobs`` > 1 (where the platform
+    forks), in that many worker processes forked from this one as it is at the first batch; their stage
+    times are added to this one's. Whoever measured an item keeps what ``finish`` needs of it while it is
+    the fastest that one measured (the first on a tie), so that the fastest of all is finished by the
+    process that holds it, and the rest are never finished (BERT-12 at -O2: five race checks and NEFF
+    encodings of six saved)."""
+
+    def __init__(self, st: _Stages, measure: Callable[[Any], Measured], finish: Callable[[Any], Any],
+                 jobs: int) -> None:
+        self.st, self.measure, self.finish_fn = st, measure, finish
+        self.jobs = jobs if jobs > 1 and _can_fork() else 1
+        self.latencies: list[float] = []  # of every item so far, in order
+        self.where: list[int] = []  # the worker that measured each item (-1: this process)
+        self.kept: tuple[float, int, Any] | None = None  # this process's fastest: (latency, item, kept)
+        self.workers: list[tuple[Any, Any]] = []  # (process, connection)
+
+    def __enter__(self) -> _Jobs:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        for proc, conn in self.workers:
+            if kind is None:
+                with contextlib.suppress(OSError):  # one that died has said so (EOFError) already
+                    conn.send(None)
+            else:  # a worker may be busy, and blocked sending what nobody will read
+                proc.kill()
+            conn.close()
+            proc.join()
+        self.workers = []
+
+    def _keep(self, out: Measured | NxsatError, k: int) -> Outcome | NxsatError:
+        if isinstance(out, NxsatError):
+            self.latencies.append(math.inf)
+            return out
+        outcome, kept = out
+        lat = _latency(outcome)
+        self.latencies.append(lat)
+        if self.kept is None or lat < self.kept[0]:
+            self.kept = (lat, k, kept)
+        return outcome
+
+    def _serve(self, conn: Any) -> None:
+        """A worker: measure items and finish the one asked for until told to stop."""
+        self.st.seconds, self.st.progress = {}, Progress(enabled=False)
+        while (msg := conn.recv()) is not None:
+            what, k, item = msg
+            self.st.seconds = {}
+            try:
+                if what == "measure":
+                    reply: Any = self._keep(_attempt(self.measure, item), k)
+                else:
+                    assert self.kept is not None and self.kept[1] == k
+                    reply = self.finish_fn(self.kept[2])
+            except NxsatError as e:
+                reply = e
+            except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+                reply = RuntimeError(f"in a forked job: {type(e).__name__}: {e}")
+            conn.send((reply, self.st.seconds))
+
+    def _ask(self, w: int, msg: tuple[str, int, Any]) -> None:
+        self.workers[w][1].send(msg)
+
+    def _answer(self, w: int) -> Any:
+        try:
+            reply, seconds = self.workers[w][1].recv()
+        except EOFError:
+            raise RuntimeError("a forked job ended without a report") from None
+        for name, v in seconds.items():
+            self.st.seconds[name] = round(self.st.seconds.get(name, 0.0) + v, 4)
+        if isinstance(reply, RuntimeError):
+            raise reply
+        return reply
+
+    def run(self, batch: list[Any], meanwhile: Callable[[], object] | None = None) -> list[Outcome | NxsatError]:
+        """The outcomes of ``batch``, and ``meanwhile`` run in this process: while workers run them, or
+        first (what it makes is made at the same point of the compile either way: the same bytes)."""
+        first = len(self.latencies)
+        if self.jobs <= 1:
+            if meanwhile is not None:
+                meanwhile()
+            out = []
+            for item in batch:
+                self.where.append(-1)
+                out.append(self._keep(_attempt(self.measure, item), len(self.latencies)))
+            return out
+        if not self.workers:
+            ctx = multiprocessing.get_context("fork")
+            with _forking():
+                for _ in range(self.jobs):
+                    mine, theirs = ctx.Pipe()
+                    proc = ctx.Process(target=self._serve, args=(theirs,), daemon=True)
+                    proc.start()
+                    theirs.close()
+                    self.workers.append((proc, mine))
+        got: dict[int, Outcome | NxsatError] = {}
+        busy: dict[Any, tuple[int, int]] = {}  # connection -> (worker, item)
+        todo = list(range(len(batch)))
+        self.where.extend([-1] * len(batch))
+        while todo or busy:
+            for w, (_, conn) in enumerate(self.workers):
+                if todo and conn not in busy:
+                    j = todo.pop(0)
+                    self._ask(w, ("measure", first + j, batch[j]))
+                    busy[conn] = (w, j)
+            if meanwhile is not None:
+                meanwhile()
+                meanwhile = None
+            for conn in multiprocessing.connection.wait(list(busy)):
+                w, j = busy.pop(conn)
+                got[j] = self._answer(w)
+                self.where[first + j] = w
+        out = [got[j] for j in range(len(batch))]
+        self.latencies.extend(_latency(o) for o in out)
+        return out
+
+    def fastest(self) -> int | None:
+        """The item measured fastest (the first on a tie), or None where every one failed."""
+        best = min(range(len(self.latencies)), key=lambda k: (self.latencies[k], k), default=None)
+        return None if best is None or self.latencies[best] == math.inf else best
+
+    def finish(self, k: int) -> Any:
+        """``finish`` of what item ``k``'s process kept of it."""
+        w = self.where[k]
+        if w < 0:
+            assert self.kept is not None and self.kept[1] == k
+            return self.finish_fn(self.kept[2])
+        self._ask(w, ("finish", k, None))
+        reply = self._answer(w)
+        if isinstance(reply, NxsatError):
+            raise reply
+        return reply
+
+
+def _attempt(fn: Callable[[Any], Any], item: Any) -> Any:
     try:
-        with _forking(), multiprocessing.get_context("fork").Pool(jobs) as pool:
-            got = pool.map(_forked_job, range(len(batch)), chunksize=1)
-    finally:
-        _FORKED = None
-    for _, seconds in got:
-        for k, v in seconds.items():
-            st.seconds[k] = round(st.seconds.get(k, 0.0) + v, 4)
-    return [out for out, _ in got]
+        return fn(item)
+    except NxsatError as e:
+        return e
 
 
 def _can_fork() -> bool:
@@ -675,21 +859,6 @@ def _cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # no affinity on this platform
         return os.cpu_count() or 1
-
-
-def _attempt(fn: Callable[[Any], Outcome], item: Any) -> Outcome | NxsatError:
-    try:
-        return fn(item)
-    except NxsatError as e:
-        return e
-
-
-def _forked_job(k: int) -> tuple[Outcome | NxsatError, dict[str, float]]:
-    """Job ``k`` of the batch the parent set up before forking: its outcome and its stage times."""
-    assert _FORKED is not None
-    fn, batch, st = _FORKED
-    st.seconds, st.progress = {}, Progress(enabled=False)
-    return _attempt(fn, batch[k]), st.seconds
 
 
 def _structure(module: Module) -> frozenset[str]:
