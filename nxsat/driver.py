@@ -249,7 +249,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
               "stop_reason": rep.stop_reason, "model_type_rules": _model_type_matches(opts.model_type, rep.matches)}
-    st.dump("03-egraph.json", json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
+    st.dump("03-egraph.json", lambda: json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
                                          sort_keys=True))
     extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
     cost = _cost_model(target, opts, by_cost)
@@ -306,11 +306,11 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         st.dump("04-extracted.hlo", lambda: print_module(extracted, large_constants=False))
         narrowed, prec = precise_of(ch, by)
         st.dump("05-precision.hlo", lambda: print_module(narrowed, large_constants=False))
-        st.dump("05-precision.json", json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
+        st.dump("05-precision.json", lambda: json.dumps({**prec.to_json(), "decisions": prec.decisions}, indent=1))
         parted, sharding = st.run("partition", lambda: partition(narrowed, target, matmul_precision(opts)))
         if sharding.ranks > 1:
             st.dump("05-partition.hlo", lambda: print_module(parted, large_constants=False))
-            st.dump("05-partition.json", json.dumps(sharding.to_json(), indent=1))
+            st.dump("05-partition.json", lambda: json.dumps(sharding.to_json(), indent=1))
         formed = st.run("device-forms", lambda: device_forms(parted, target))
         if formed is not parted:
             st.dump("05-device-forms.hlo", lambda: print_module(formed, large_constants=False))
@@ -400,8 +400,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
         also in time; then the streaming one in program order and, where the weights do not all fit in the
-        prefetch share, with half of it in time. Four schedules at once, then one or two: three rounds on
-        two cores. (The streaming one with half the share in program order won on none of the eleven
+        prefetch share, with half of it in time: five or six at once, on as many CPUs as there are
+        (BERT-12: three each on two). (The streaming one with half the share in program order won on none of the eleven
         models of bench/model_types.py in either family once the schedules in time were measured: -O3
         still tries it; gemma3_1b under transformer keeps the streaming one in program order, 7,973.9 us
         against 8,916.9 without it.)"""
@@ -559,7 +559,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
                                               write_in_place=in_place)) if budget \
             else Forwarded(refused=forwarded.loads + forwarded.refused)
         within = budget
-        st.dump("06-forwarded.json", json.dumps(forwarded.to_json(), indent=1))
+        st.dump("06-forwarded.json", lambda: json.dumps(forwarded.to_json(), indent=1))
 
     single = not callable(plan)
     if single:
@@ -632,7 +632,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
             summary = run()
         summary["forwarded"] = forwarding
         summary["schedule"] = sched.to_json()  # as run: its prefetch share may be the halved one
-        st.dump("08-profile.json", json.dumps(summary, indent=1))
+        st.dump("08-profile.json", lambda: json.dumps(summary, indent=1))
         return (summary, constants, io, data, model), (linked, constants)
 
     done: list[tuple[Any, Outcome | NxsatError]] = []
