@@ -61,6 +61,10 @@ class ScheduleOptions:
     # ready instructions taken in time (``_Clock``, ``_Ready``): per engine the first by rank (program order,
     # or with ``critical`` the longest chain) unless another fits in the gap before it can start
     timed: bool = False
+    # forwarding (backend/forward.py) writes an elementwise result straight into the place of the copy that
+    # was its only reader (``_write_in_place``); -O1 does not: its instructions then stay alike, and the NEFF
+    # stage and the replay take them by template (BERT-12: 0.25 s of -O1's 3.2)
+    write_in_place: bool = True
 
     def to_json(self) -> dict[str, int | bool | float]:
         out: dict[str, int | bool | float] = {"lookahead": self.lookahead, "weight_queues": self.weight_queues,
@@ -71,10 +75,13 @@ class ScheduleOptions:
             out["room"] = self.room
         if self.timed:
             out["timed"] = True
+        if not self.write_in_place:
+            out["write_in_place"] = False
         return out
 
 
-DEFAULT_SCHEDULE = ScheduleOptions()  # -O1's and -O2's
+DEFAULT_SCHEDULE = ScheduleOptions()  # -O2's
+LEVEL1_SCHEDULE = ScheduleOptions(write_in_place=False)  # -O1's
 
 
 @dataclass

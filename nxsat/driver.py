@@ -209,7 +209,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     from nxsat.backend import device_forms
     from nxsat.backend.partition import partition
     from nxsat.backend.precision import TENSOR_OPS, apply_precision
-    from nxsat.backend.schedule import DEFAULT_SCHEDULE, LOOKAHEAD, ScheduleOptions
+    from nxsat.backend.schedule import DEFAULT_SCHEDULE, LEVEL1_SCHEDULE, LOOKAHEAD, ScheduleOptions
     from nxsat.extract import ILP_SECONDS, LEVEL_EXTRACTOR, extract
     from nxsat.frontend import load
     from nxsat.modelinfo import model_info
@@ -289,12 +289,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if _structure(other.module) != _structure(chosen.module):
             candidates.append((f"-O2 ({LEVEL_EXTRACTOR[2]})", other, by_cost))
 
-    # -O1 keeps its evacuations' own tiles (backend/forward.py ``_write_in_place``): written into their
-    # copies' places, the instructions are unlike each other and the NEFF stage and the replay take them one
-    # by one (BERT-12: 0.25 s of -O1's 3.2); -O2 weighs -O1's program as -O1 builds it
-    in_place = opts.optlevel >= 2
-
-    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place, to_beat: float = math.inf,
+    def build(ch: Any, by: tuple[str, ...], plan: Plan | Any, to_beat: float = math.inf,
               meanwhile: Callable[[int], object] | None = None) -> list[tuple[Any, _Built | NxsatError]]:
         """The program of extraction ``ch`` (precision by cost with ``by``, else the policy's) scheduled
         as ``plan`` asks (or with the one ScheduleOptions ``plan`` is): the report's pieces of each schedule,
@@ -319,7 +314,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # instruction graph's cycles are broken when it is dropped): the cycle collector stays paused until
         # they are freed. Its passes over them cost mobilenet_v2's compile about 20 s.
         with no_cycle_collection():
-            outcomes = _backend(st, formed, target, opts, found, plan, keep_model, in_place, to_beat, meanwhile)
+            outcomes = _backend(st, formed, target, opts, found, plan, keep_model, to_beat, meanwhile)
         return [(schedule, out if isinstance(out, NxsatError) else _Built(ch, prec, sharding, found, *out))
                 for schedule, out in outcomes]
 
@@ -328,18 +323,17 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     measured = search or streaming
     workdir, st.workdir = st.workdir, (None if measured else st.workdir)
     tried: list[dict[str, Any]] = []
-    runs: list[tuple[Any, tuple[str, ...], Any, bool]] = []  # (extraction, precision sets, schedule, in place)
+    runs: list[tuple[Any, tuple[str, ...], Any]] = []  # (extraction, precision sets, schedule)
     best: _Built | None = None
     pick = 0
 
-    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any, in_place: bool = in_place,
+    def measure(name: str, ch: Any, by: tuple[str, ...], plan: Plan | Any,
                 meanwhile: Callable[[int], object] | None = None) -> None:
         nonlocal best, pick
         if measured:
             progress.stage(f"search: {name}'s schedules")
-        for schedule, built in build(ch, by, plan, in_place, best.summary["latency_ns"] if best else math.inf,
-                                     meanwhile):
-            runs.append((ch, by, schedule, in_place))
+        for schedule, built in build(ch, by, plan, best.summary["latency_ns"] if best else math.inf, meanwhile):
+            runs.append((ch, by, schedule))
             if isinstance(built, NxsatError):
                 # a schedule the search tries may not fit (loads far ahead holding SBUF the work at hand
                 # needs: gemma3 generic at lookahead 4,800): skipped. The first schedule's failure is the
@@ -426,7 +420,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if measured and opts.extractor is None and n <= LEVEL1_CHECK_INSTRUCTIONS:
             level1()
 
-    measure(*candidates[0], search_plan if search else streaming_plan if streaming else DEFAULT_SCHEDULE,
+    measure(*candidates[0], search_plan if search else streaming_plan if streaming
+            else DEFAULT_SCHEDULE if opts.optlevel >= 2 else LEVEL1_SCHEDULE,
             meanwhile=level1_meanwhile)
     assert best is not None
     again = best.summary["instructions"] <= SEARCH_MAX_INSTRUCTIONS  # small enough to compile again
@@ -469,11 +464,13 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         # -O1's program too (its budget, its extractor, the policy's precision) where it differs, as -O1
         # schedules it: -O2 is then never slower than -O1 (unet_diffusers: -O1's program 327.784 us,
         # -O2's own 327.841), and -O3, which weighs every program -O2 does, never slower than -O2
-        # (unet_diffusers: -O2 kept -O1's program, 324.6 us, where -O3's own were 324.7)
+        # (unet_diffusers: -O2 kept -O1's program, 324.6 us, where -O3's own were 324.7); and as -O2
+        # schedules it, writing in place, at once: Relay's ResNet-50 407.4 -> 397.6 us
         low, by1, theirs = level1()
         mine = {_structure(precise_of(ch, by)[0]) for _, ch, by in candidates}
         if theirs not in mine:
-            measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, DEFAULT_SCHEDULE, False)
+            measure(f"-O1 ({LEVEL_EXTRACTOR[1]})", low, by1, lambda n, done: [] if done else
+                    [LEVEL1_SCHEDULE, DEFAULT_SCHEDULE])
     st.workdir = workdir
     if measured and workdir is not None:  # the dumps are the chosen program's
         best = build(*runs[pick])[0][1]
@@ -520,7 +517,7 @@ Measured = tuple[Outcome, Any]
 
 
 def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, warnings: Warnings,
-             plan: Plan | Any, keep_model: bool = False, in_place: bool = True, to_beat: float = math.inf,
+             plan: Plan | Any, keep_model: bool = False, to_beat: float = math.inf,
              meanwhile: Callable[[int], object] | None = None) -> list[tuple[Any, Outcome | NxsatError]]:
     """Lower once, then schedule, link and replay in time each schedule ``plan`` asks for (or the one
     schedule ``plan`` is): the timing summary, constants and I/O sizes of each. The fastest (the first on
@@ -547,18 +544,19 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     # Forwarding keeps tiles live longer; where the scheduler, ordering differently, then finds no room, the
     # pass is undone and run again within a smaller budget, and at last not at all. Every schedule starts
     # from the graph forwarded within the first budget.
-    forwarded, within = Forwarded(), None  # the pass's outcome, and the budget the graph is forwarded within
+    # the pass's outcome, and the budget (and whether it wrote in place) the graph is forwarded within
+    forwarded, within = Forwarded(), None
 
-    def forward_within(budget: float) -> None:
+    def forward_within(budget: float, in_place: bool) -> None:
         nonlocal forwarded, within
-        if within == budget:
+        if within == (budget, in_place):
             return
         if forwarded.undo is not None:
             forwarded.undo()
         forwarded = st.run("forward", partial(forward_stores, lowering.graph, target, budget,
                                               write_in_place=in_place)) if budget \
             else Forwarded(refused=forwarded.loads + forwarded.refused)
-        within = budget
+        within = (budget, in_place)
         st.dump("06-forwarded.json", lambda: json.dumps(forwarded.to_json(), indent=1))
 
     single = not callable(plan)
@@ -595,7 +593,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         # not the prefetch share's to halve, and without forwarding it would only lose)
         for sched in (schedule,) if schedule.room else (schedule, replace(schedule, prefetch=schedule.prefetch / 2)):
             for budget in budgets[:1] if schedule.room else budgets:
-                forward_within(budget)
+                forward_within(budget, schedule.write_in_place)
                 try:
                     compiled = st.run("schedule", partial(schedule_graph, lowering, target, opts.flags, sched))
                     break
@@ -640,7 +638,8 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     jobs = 1 if keep_model or single else min(opts.num_parallel_jobs, _cpus())
     with _Jobs(st, partial(one, now=now), lambda kept: finish(kept)[:2], jobs) as pool:
         while batch := plan(len(lowering.graph.insts), done):
-            forward_within(budgets[0])  # what each schedule starts from (and what a forked job copies)
+            # what each schedule starts from (and what a forked job copies)
+            forward_within(budgets[0], batch[0].write_in_place)
             done.extend(zip(batch, pool.run(batch, meanwhile and partial(meanwhile, len(lowering.graph.insts)))))
             meanwhile = None
         k = pool.fastest()
