@@ -440,7 +440,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
     rank = by_rank if not options.critical else _inverse(by_rank)
 
-    clock = _Clock(target) if options.timed else None
+    clock = _Clock(target, _Queues(target, options.weight_queues, False), extra) if options.timed else None
     ready_other = _Ready(insts, rank, by_rank, clock)
 
     def push_ready(idx: int) -> None:
@@ -703,11 +703,15 @@ class _Clock:
     the cycle (a pass of N elements per partition, two-input passes at 2N; a matmul of N moving columns,
     fp32 at four passes), a step on another engine than its input's producer waits the dependent-step
     stall; a DMA takes the fixed latency, then its bytes over the engines its descriptors keep busy, every
-    transfer in flight sharing the core's DMA engines. What the simulator measures is what -O2 keeps."""
+    transfer in flight sharing the core's DMA engines, after the transfer before it on its queue (the queue
+    ``_emit`` will give it: a queue runs its transfers one after the other). What the simulator measures is
+    what -O2 keeps."""
 
     PASS = {"tensor_tensor": 2.0, "select": 2.0}  # cycles per element where not one
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, queues: _Queues, extra: dict[int, list[Inst]]) -> None:
+        self.queues, self.extra = queues, extra
+        self.queue_free: dict[int, float] = defaultdict(float)  # when each DMA queue's last transfer ends
         self.ghz = {k: e.clock_ghz for k, e in target.engines.items()}
         dma = target.dma
         self.latency = float(dma["fixed_latency_ns"])
@@ -762,9 +766,11 @@ class _Clock:
         desc = max(1, min(row, run * (hbm.dtype.itemsize if hbm is not None else 1)))
         work = nbytes * (1.0 / self.engine_bpns + self.overhead / desc)  # engine-ns
         k = max(1, min(self.engines, -(-parts // self.per_engine)))
-        begin = t + self.latency
+        q = self.queues.pick(i, self.extra)
+        begin = max(t + self.latency, self.queue_free[q])  # the latency overlaps the queue's transfer before
         self.dma_pool = max(self.dma_pool, begin) + work / self.engines
-        return max(begin + work / k, self.dma_pool)
+        end = self.queue_free[q] = max(begin + work / k, self.dma_pool)
+        return end
 
 
 # The weight of a DMA against an engine instruction's 1 in a chain's length (``_critical_order``): its ~1.3 us
@@ -807,6 +813,34 @@ def _passthrough(i: Inst, extra: dict[int, list[Inst]]) -> bool:
     checks that nothing waits for it: a KV cache copied before its update is not one)."""
     return (i.engine == "dma" and not i.deps and not extra.get(i.index) and bool(i.writes)
             and all(w.buf.kind == "output" for w in i.writes) and _of_inputs(i))
+
+
+class _Queues:
+    """Which DMA queue each transfer goes on, taken in issue order (``_emit``; the clock of a timed schedule
+    asks the same): loads round-robin over the load queues (the model's inputs, with ``weight_queues``, over
+    that many of their own), and copies that wait for nothing with them (they cannot hold a queue up);
+    the store queues are for what waits on compute (gemma3: 2.6% faster with its HBM-to-HBM copies among
+    the loads). With ``background`` transfers (copies of inputs into outputs), the last queue is theirs."""
+
+    def __init__(self, target: Target, weight_queues: int, background: bool) -> None:
+        queues = target.dma_queues
+        load_q = list(range(load_queues(target)))
+        self.store_q = list(range(len(load_q), queues - background)) or list(range(len(load_q), queues)) or load_q
+        self.background = queues - 1
+        self.split = 0 < weight_queues < len(load_q)
+        self.weight_q, self.other_q = (load_q[:weight_queues], load_q[weight_queues:]) if self.split \
+            else (load_q, load_q)
+        self.nl = self.ns = self.nw = 0
+
+    def pick(self, i: Inst, extra: dict[int, list[Inst]]) -> int:
+        if self.split and _is_load(i) and _of_inputs(i):
+            self.nw += 1
+            return self.weight_q[(self.nw - 1) % len(self.weight_q)]
+        if _is_load(i) or not i.deps and not extra.get(i.index):
+            self.nl += 1
+            return self.other_q[(self.nl - 1) % len(self.other_q)]
+        self.ns += 1
+        return self.store_q[(self.ns - 1) % len(self.store_q)]
 
 
 def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list[Inst]], inputs: list[Buf],
@@ -855,36 +889,18 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
     # depend on nothing and nothing depends on them: they go first, on a queue of their own, and flow
     # under the whole run instead of after it.
     stream: dict[int, str] = {}
-    queues = target.dma_queues
     depended = {d.index for i in order for d in (*i.deps, *extra.get(i.index, ()))}
     background = [i for i in order if i.index not in depended and _passthrough(i, extra)]
-    load_q = list(range(load_queues(target)))
-    store_q = list(range(len(load_q), queues - bool(background))) or list(range(len(load_q), queues)) or load_q
+    queue = _Queues(target, weight_queues, bool(background))
     if background:
         ids = {i.index for i in background}
         order = background + [i for i in order if i.index not in ids]
         for i in background:
-            stream[i.index] = f"q{queues - 1}"
-    # loads of the model's inputs on the first ``weight_queues`` load queues, others on the rest
-    split = 0 < weight_queues < len(load_q)
-    weight_q, other_q = (load_q[:weight_queues], load_q[weight_queues:]) if split else (load_q, load_q)
-    nl = ns = nw = 0
+            stream[i.index] = f"q{queue.background}"
     for i in order:
         if i.index in stream:
             continue
-        if i.engine != "dma":
-            stream[i.index] = i.engine
-        elif split and _is_load(i) and _of_inputs(i):
-            stream[i.index] = f"q{weight_q[nw % len(weight_q)]}"
-            nw += 1
-        elif _is_load(i) or not i.deps and not extra.get(i.index):
-            # loads, and copies that wait for nothing (they cannot hold a queue up): the store queues are
-            # for what waits on compute (gemma3: 2.6% faster with its HBM-to-HBM copies among the loads)
-            stream[i.index] = f"q{other_q[nl % len(other_q)]}"
-            nl += 1
-        else:
-            stream[i.index] = f"q{store_q[ns % len(store_q)]}"
-            ns += 1
+        stream[i.index] = i.engine if i.engine != "dma" else f"q{queue.pick(i, extra)}"
     pos: dict[int, int] = {}
     count: dict[str, int] = defaultdict(int)
     for i in order:
