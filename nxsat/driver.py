@@ -249,8 +249,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     sizes = sat.egraph.sizes()
     egraph = {"nodes": sizes.nodes, "classes": sizes.classes, "iterations": len(rep.iterations),
               "stop_reason": rep.stop_reason, "model_type_rules": _model_type_matches(opts.model_type, rep.matches)}
-    st.dump("03-egraph.json", lambda: json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches}, indent=1,
-                                         sort_keys=True))
+    st.dump("03-egraph.json", lambda: json.dumps({**egraph, "rules": rep.rules, "matches": rep.matches},
+                                                 indent=1, sort_keys=True))
     extractor = opts.extractor or LEVEL_EXTRACTOR[opts.optlevel]
     cost = _cost_model(target, opts, by_cost)
     chosen = st.run("extract", lambda: extract(sat.egraph, sat.loaded, extractor, cost),
@@ -395,10 +395,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
         also in time; then the streaming one in program order and, where the weights do not all fit in the
         prefetch share, with half of it in time: five or six at once, on as many CPUs as there are
-        (BERT-12: three each on two). (The streaming one with half the share in program order won on none of the eleven
-        models of bench/model_types.py in either family once the schedules in time were measured: -O3
-        still tries it; gemma3_1b under transformer keeps the streaming one in program order, 7,973.9 us
-        against 8,916.9 without it.)"""
+        (BERT-12: three each on two). (The streaming one with half the share in program order won on none
+        of the eleven models of bench/model_types.py in either family once the schedules in time were
+        measured: -O3 still tries it; gemma3_1b under transformer keeps the streaming one in program order,
+        7,973.9 us against 8,916.9 without it.)"""
         if done:
             return []
         if n > SEARCH_MAX_INSTRUCTIONS:
