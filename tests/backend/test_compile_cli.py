@@ -504,6 +504,29 @@ def test_parallel_jobs_run_in_other_processes_and_only_the_fastest_is_finished()
     assert ran == [os.getpid(), 0]  # one at a time in this process: meanwhile first
 
 
+def test_a_forked_job_that_fails_unexpectedly_is_an_internal_error_naming_it() -> None:
+    """A worker's exception that is not a user-facing error comes back as an internal error naming it, and
+    the workers are stopped (killed: one may be busy) when the parent leaves on an exception."""
+    import multiprocessing
+
+    from nxsat import driver
+    from nxsat.progress import Progress
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    st = driver._Stages(None, Progress(enabled=False))
+
+    def job(k: int):  # noqa: ANN202
+        if k == 1:
+            return 1 // 0
+        return ({"latency_ns": 1.0},), None
+
+    jobs = driver._Jobs(st, job, lambda kept: kept, 2)
+    with pytest.raises(RuntimeError, match="in a forked job: ZeroDivisionError"), jobs:
+        jobs.run([0, 1, 2, 3])
+    assert jobs.workers == []
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_race_in_the_compiled_program_is_refused_checked_beside_or_not(monkeypatch: pytest.MonkeyPatch,
                                                                          jobs: int) -> None:
