@@ -634,16 +634,20 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         return (summary, constants, io, data, model), (linked, constants)
 
     done: list[tuple[Any, Outcome | NxsatError]] = []
-    now = single and to_beat == math.inf
-    jobs = 1 if keep_model or single else min(opts.num_parallel_jobs, _cpus())
+    n = len(lowering.graph.insts)
+    batch = plan(n, done)
+    # one schedule (-O1's, or a program too large to compile again) is finished as it is measured, here
+    now = to_beat == math.inf and len(batch) == 1
+    jobs = 1 if keep_model or len(batch) == 1 else min(opts.num_parallel_jobs, _cpus())
     with _Jobs(st, partial(one, now=now), lambda kept: finish(kept)[:2], jobs) as pool:
-        while batch := plan(len(lowering.graph.insts), done):
+        while batch:
             # what each schedule starts from (and what a forked job copies)
             forward_within(budgets[0], batch[0].write_in_place)
-            done.extend(zip(batch, pool.run(batch, meanwhile and partial(meanwhile, len(lowering.graph.insts)))))
+            done.extend(zip(batch, pool.run(batch, meanwhile and partial(meanwhile, n))))
             meanwhile = None
+            batch = plan(n, done)
         k = pool.fastest()
-        if not now and k is not None and _latency(done[k][1]) < to_beat:
+        if k is not None and done[k][1][3] is None and _latency(done[k][1]) < to_beat:
             data, model = pool.finish(k)
             summary, constants, io, _, _ = done[k][1]
             done[k] = (done[k][0], (summary, constants, io, data, model))

@@ -504,6 +504,26 @@ def test_parallel_jobs_run_in_other_processes_and_only_the_fastest_is_finished()
     assert ran == [os.getpid(), 0]  # one at a time in this process: meanwhile first
 
 
+def test_a_program_too_large_to_compile_again_is_scheduled_once_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above SEARCH_MAX_INSTRUCTIONS, -O2 and -O3 schedule the program once, the default way, in this
+    process (no worker forked for one schedule of a graph that may be gigabytes), and finish it as -O1
+    does: the same NEFF as -O1's schedule of the same program would be, with the search reporting one."""
+    from nxsat import driver
+
+    monkeypatch.setattr(driver, "_cpus", lambda: 2)
+    monkeypatch.setattr(driver, "SEARCH_MAX_INSTRUCTIONS", 10)
+    forked = []
+    real = driver._Jobs.run
+    monkeypatch.setattr(driver._Jobs, "run", lambda self, *a: forked.append(self.jobs) or real(self, *a))
+    for level in (2, 3):
+        res = driver.compile_model(str(MLP), driver.CompileOptions(target="trn1", optlevel=level,
+                                                                   num_parallel_jobs=2))
+        tried = res.report["search"]["tried"]
+        assert len(tried) == 1 and tried[0]["lookahead"] == 48 and res.neff
+        assert res.report["latency_us"] == tried[0]["latency_us"]
+    assert forked == [1, 1]
+
+
 def test_a_forked_job_that_fails_unexpectedly_is_an_internal_error_naming_it() -> None:
     """A worker's exception that is not a user-facing error comes back as an internal error naming it, and
     the workers are stopped (killed: one may be busy) when the parent leaves on an exception."""
