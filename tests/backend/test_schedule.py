@@ -412,3 +412,51 @@ def test_in_time_a_step_whose_inputs_are_there_fills_the_gap_before_one_whose_ar
     assert plain == ["late", "short", "long"]
     assert timed == ["short", "late", "long"]
     assert all(np.array_equal(a, b) for a, b in zip(out_plain, out_timed, strict=True))
+
+
+def test_in_time_a_load_waits_for_the_transfer_before_it_on_its_queue() -> None:
+    """``timed``: the clock runs a load after the transfer before it on the queue it will get (``_Queues``:
+    loads round-robin over the load queues, so the 13th shares the first's). A 1 MB load into 8 partitions
+    has one DMA engine (~60 us); a small load queued behind it lands late, and ScalarE's step that waits
+    for it goes after a 23 us step whose tile is there (it fits in the gap); the same small load on a queue
+    of its own lands in a few us (the engines' pool is shared, not the queue), and its step goes first.
+    The same values either way."""
+    from nxsat.extract.plan import load_queues
+
+    t = sim.load_target("trn1")
+    nq = load_queues(t)
+
+    def program(fillers: int) -> tuple[Graph, list[Buf], list[Buf]]:
+        g = Graph()
+        big_in = g.buf("big_in", "input", dt.F32, (8, 32768))
+        small_in = g.buf("small_in", "input", dt.F32, (128, 16))
+        fill_in = [g.buf(f"f{k}", "input", dt.F32, (128, 16)) for k in range(fillers)]
+        outs = [g.buf("y_big", "output", dt.F32, (8, 32768)), g.buf("y_small", "output", dt.F32, (128, 16)),
+                g.buf("y_mid", "output", dt.F32, (128, 32768))]
+        outs += [g.buf(f"y_f{k}", "output", dt.F32, (128, 16)) for k in range(fillers)]
+        big, small, mid = (g.tile(o.shape, dt.F32, "sbuf", name) for o, name in zip(outs, ("big", "small", "mid")))
+        fills = [g.tile((128, 16), dt.F32, "sbuf", f"fill{k}") for k in range(fillers)]
+        g.add("dma", "dma", big.ref(), big_in.ref())  # the first load queue
+        for tile, src in zip(fills, fill_in):
+            g.add("dma", "dma", tile.ref(), src.ref())
+        g.add("dma", "dma", small.ref(), small_in.ref())  # with nq - 1 fillers: the first queue again
+        g.add("act", "activation", small.ref(), small.ref(), func="exp")
+        g.add("pool", "memset", mid.ref(), value=1.0)
+        g.add("act", "activation", mid.ref(), mid.ref(), func="exp")  # ~23 us
+        for y, tile in zip(outs, (big, small, mid, *fills)):
+            g.add("dma", "dma", y.ref(), tile.ref())
+        return g, [big_in, small_in, *fill_in], outs
+
+    def act_order(fillers: int) -> tuple[list[str], list[np.ndarray]]:
+        g, ins, outs = program(fillers)
+        sch = schedule(g, t, ins, outs, options=ScheduleOptions(timed=True))
+        names = [i.operands[0].buf.name for i in sch.order if i.engine == "act"]
+        model = sim.load(sim.build_neff(sch.program, t, sch.constants), verify=True)
+        rng = np.random.default_rng(0)
+        return names, model.run({b.name: rng.standard_normal(b.shape).astype(np.float32) for b in ins})
+
+    queued, out_queued = act_order(nq - 1)
+    apart, out_apart = act_order(nq - 2)
+    assert queued == ["mid", "small"]
+    assert apart == ["small", "mid"]
+    assert all(np.array_equal(a, b) for a, b in zip(out_queued[:3], out_apart[:3], strict=True))
