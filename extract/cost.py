@@ -1242,6 +1242,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         shape, dtype = view.shape.get(c), view.dtype.get(c)
         return None if shape is None or dtype is None else Value(tuple(shape), dtype)
 
+    side = _side_work(view, ops)
     cache: dict[tuple, float] = {}
     out: list[float] = []
     for i, node in enumerate(view.nodes):
@@ -1250,6 +1251,7 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
             out.append(0.0)
             continue
         if node.ctor in ("Parameter", "Constant", "Fill") or (ops[i] == "convert" and cast_read[c]) \
+                or side[i] \
                 or (ops[i] == "transpose" and dotted[c]) \
                 or (ops[i] == "convert" and joined[c] and bool(node.children) and produced[node.children[0]]):
             out.append(NODE_NS)
@@ -1284,6 +1286,39 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
             cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in, hosted)
         out.append(cost)
     return out
+
+
+# A per-channel vector computed from the model's parameters and constants alone (a batch norm's shift
+# b - mean * s) is computed ahead of the work that reads it (backend/elementwise.py ``lowering_order``),
+# off its chain, in the engines' gaps: priced as the side work it is, as a view is.
+SIDE_ELEMENTS = 4096
+
+
+def _side_work(view: View, ops: Sequence[str]) -> list[bool]:
+    """Per node: an elementwise operator of at most :data:`SIDE_ELEMENTS` elements whose operands are all
+    computed from parameters and constants alone (through views and such operators)."""
+    n = len(view.class_nodes)
+    fixed = [False] * n
+    small = [0 < math.prod(view.shape.get(c) or (1 << 30,)) <= SIDE_ELEMENTS for c in range(n)]
+    changed = True
+    while changed:
+        changed = False
+        for i, node in enumerate(view.nodes):
+            c = view.node_class[i]
+            if fixed[c]:
+                continue
+            leaf = node.ctor in _INPUT_CTORS or node.ctor == "Fill"
+            kids = list(node.children)
+            ok = leaf or (bool(kids) and all(fixed[k] for k in kids) and (
+                ops[i] in _VIEW_OPS or ops[i] in _SIDE_OPS and small[c]))
+            if ok:
+                fixed[c] = changed = True
+    return [ops[i] in _SIDE_OPS and small[view.node_class[i]] and bool(node.children)
+            and all(fixed[k] for k in node.children) for i, node in enumerate(view.nodes)]
+
+
+_SIDE_OPS = frozenset({"add", "subtract", "multiply", "divide", "negate", "rsqrt", "sqrt", "maximum", "minimum",
+                       "convert", "exponential", "log", "abs"})
 
 
 def _produced(view: View, ops: Sequence[str]) -> list[bool]:
