@@ -1296,23 +1296,27 @@ SIDE_ELEMENTS = 4096
 
 def _side_work(view: View, ops: Sequence[str]) -> list[bool]:
     """Per node: an elementwise operator of at most :data:`SIDE_ELEMENTS` elements whose operands are all
-    computed from parameters and constants alone (through views and such operators)."""
-    n = len(view.class_nodes)
-    fixed = [False] * n
-    small = [0 < math.prod(view.shape.get(c) or (1 << 30,)) <= SIDE_ELEMENTS for c in range(n)]
-    changed = True
-    while changed:
-        changed = False
-        for i, node in enumerate(view.nodes):
-            c = view.node_class[i]
-            if fixed[c]:
-                continue
-            leaf = node.ctor in _INPUT_CTORS or node.ctor == "Fill"
-            kids = list(node.children)
-            ok = leaf or (bool(kids) and all(fixed[k] for k in kids) and (
-                ops[i] in _VIEW_OPS or ops[i] in _SIDE_OPS and small[c]))
-            if ok:
-                fixed[c] = changed = True
+    computed from parameters and constants alone (through views and such operators). A class is made so
+    once one of its nodes is: from the leaves up, each node visited when its last operand class is."""
+    small = [0 < math.prod(view.shape.get(c) or (1 << 30,)) <= SIDE_ELEMENTS for c in range(len(view.class_nodes))]
+    fixed = [False] * len(view.class_nodes)
+    waiting = [len(set(node.children)) for node in view.nodes]
+    users: dict[int, list[int]] = {}
+    for i, node in enumerate(view.nodes):
+        for k in set(node.children):
+            users.setdefault(k, []).append(i)
+    leaf = [node.ctor in _INPUT_CTORS or node.ctor == "Fill" for node in view.nodes]
+    ready = [i for i in range(len(view.nodes)) if leaf[i]]
+    while ready:
+        i = ready.pop()
+        c = view.node_class[i]
+        if fixed[c] or not leaf[i] and not (ops[i] in _VIEW_OPS or ops[i] in _SIDE_OPS and small[c]):
+            continue
+        fixed[c] = True
+        for j in users.get(c, ()):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
     return [ops[i] in _SIDE_OPS and small[view.node_class[i]] and bool(node.children)
             and all(fixed[k] for k in node.children) for i, node in enumerate(view.nodes)]
 
