@@ -1298,7 +1298,8 @@ def _side_work(view: View, ops: Sequence[str]) -> list[bool]:
     """Per node: an elementwise operator of at most :data:`SIDE_ELEMENTS` elements whose operands are all
     computed from parameters and constants alone (through views and such operators). A class is made so
     once one of its nodes is: from the leaves up, each node visited when its last operand class is."""
-    small = [0 < math.prod(view.shape.get(c) or (1 << 30,)) <= SIDE_ELEMENTS for c in range(len(view.class_nodes))]
+    shapes = [view.shape.get(c) for c in range(len(view.class_nodes))]
+    small = [s is not None and math.prod(s) <= SIDE_ELEMENTS for s in shapes]
     fixed = [False] * len(view.class_nodes)
     waiting = [len(set(node.children)) for node in view.nodes]
     users: dict[int, list[int]] = {}
