@@ -507,9 +507,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
         ld.deps = (ld.deps - {st}) | st.deps
         dead.add(ld)
         for u, swap in m.items():
-            u.operands = tuple(swap.get(id(r), r) for r in u.operands)
-            u.reads = [swap.get(id(r), r) for r in u.reads]
-            u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
+            _swap(u, swap)
             _uses(u, view.buf, view.buf.root)
         changed[id(view.buf)] = view.buf
         changed[id(ld.operands[0].buf)] = ld.operands[0].buf
@@ -528,9 +526,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
             ld.deps = waits | {d for st, _, _, _ in ps for d in st.deps}
             dead.add(ld)
             for u, swap in m.items():
-                u.operands = tuple(swap.get(id(r), r) for r in u.operands)
-                u.reads = [swap.get(id(r), r) for r in u.reads]
-                u.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in u.attrs.items()}
+                _swap(u, swap)
                 for r in swap.values():
                     _uses(u, r.buf, r.buf.root)
                     changed[id(r.buf)] = r.buf
@@ -570,6 +566,13 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
 
         stats.undo = undo_all
     return stats
+
+
+def _swap(inst: Inst, swap: dict[int, Ref]) -> None:
+    """``inst`` reads (and names among its operands and attributes) ``swap[id(r)]`` where it named ``r``."""
+    inst.operands = tuple(swap.get(id(r), r) for r in inst.operands)
+    inst.reads = [swap.get(id(r), r) for r in inst.reads]
+    inst.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in inst.attrs.items()}
 
 
 def _uses(inst: Inst, *bs: Buf) -> None:
@@ -673,10 +676,8 @@ def _write_in_place(g: Graph, copies: list[Inst], target: Target) -> tuple[int, 
         except (AccessError, ValueError, IndexError):
             continue
         done.append((w, w.operands, w.reads, w.writes, w.attrs))
-        w.operands = tuple(swap.get(id(r), r) for r in w.operands)
-        w.reads = [swap.get(id(r), r) for r in w.reads]
+        _swap(w, swap)
         w.writes = [dst]
-        w.attrs = {k: swap.get(id(v), v) if isinstance(v, Ref) else v for k, v in w.attrs.items()}
         w.deps = w.deps | others
         _uses(w, dst.buf, dst.buf.root)
         dead.add(c)

@@ -820,7 +820,9 @@ class _Queues:
     asks the same): loads round-robin over the load queues (the model's inputs, with ``weight_queues``, over
     that many of their own), and copies that wait for nothing with them (they cannot hold a queue up);
     the store queues are for what waits on compute (gemma3: 2.6% faster with its HBM-to-HBM copies among
-    the loads). With ``background`` transfers (copies of inputs into outputs), the last queue is theirs."""
+    the loads). With ``background`` transfers (copies of inputs into outputs), the last queue is theirs:
+    ``_emit`` puts them there before the rest; the clock, which does not know them yet, counts them among
+    the loads (a model with such copies is priced a few queues off)."""
 
     def __init__(self, target: Target, weight_queues: int, background: bool) -> None:
         queues = target.dma_queues

@@ -44,7 +44,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -373,9 +373,6 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             sum(n.type.nbytes for n in canonical.entry.post_order() if n.op == "constant")
         return held > stream.prefetch * target.partitions * target.sbuf_bytes
 
-    def latency(out: Any) -> float:
-        return math.inf if isinstance(out, NxsatError) else out[0]["latency_ns"]
-
     def search_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O3's: the load windows; then the weights apart at the best window and with every load far
         ahead (-O2's streaming schedules, with the whole and half the prefetch share, and its critical-path
@@ -386,7 +383,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if not done:
             return windows if n <= SEARCH_MAX_INSTRUCTIONS else [DEFAULT_SCHEDULE]
         if len(done) == len(windows):
-            found_la = {s.lookahead: latency(out) for s, out in done if s.lookahead != stream.lookahead}
+            found_la = {s.lookahead: _latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
                     half_stream, timed_half, *(rooms + shares if streams_weights() else [])]
         return []
@@ -405,18 +402,16 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             return [DEFAULT_SCHEDULE]
         return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half] if streams_weights() else [])]
 
-    made: list[tuple[Any, tuple[str, ...], frozenset[str]]] = []
-
+    @cache
     def level1() -> tuple[Any, tuple[str, ...], frozenset[str]]:
         """-O1's extraction of this model, its precision sets and its program's structure, made once."""
-        if not made:
-            low, by1 = level(1)
-            made.append((low, by1, _structure(precise_of(low, by1)[0])))
-        return made[0]
+        low, by1 = level(1)
+        return low, by1, _structure(precise_of(low, by1)[0])
 
     def level1_meanwhile(n: int) -> None:
-        """-O1's program, made while the first program's schedules run in other processes (BERT-12: 0.5 s
-        of -O2's 8 saved), where -O1's program will be weighed (the lowered program is small enough)."""
+        """-O1's program, made while the first program's schedules run in other processes (BERT-12: 0.47 s
+        that ran alone after them, the second core idle), where -O1's program will be weighed (the lowered
+        program is small enough)."""
         if measured and opts.extractor is None and n <= LEVEL1_CHECK_INSTRUCTIONS:
             level1()
 
@@ -507,9 +502,17 @@ class _Built(NamedTuple):
     model: Any
 
 
-# One lowered program's schedules, measured: (the timing summary, constants, I/O sizes, the NEFF bytes and
-# the simulator's model; the last two only for the schedule finished: the fastest, where it beats the others)
-Outcome = tuple[dict[str, Any], dict[str, Any], list[tuple[int, int | None]], "bytes | None", Any]
+class Outcome(NamedTuple):
+    """One schedule of a lowered program, measured; its NEFF bytes and the simulator's model only where it
+    was finished (the fastest, where it beat the others)."""
+
+    summary: dict[str, Any]  # the timing summary
+    constants: dict[str, Any]
+    io: list[tuple[int, int | None]]  # the I/O sizes the roofline counts
+    data: bytes | None = None
+    model: Any = None
+
+
 # (the lowered graph's instructions, the schedules measured so far) -> the next ones to measure (none: done)
 Plan = Callable[[int, list[tuple[Any, "Outcome | NxsatError"]]], list[Any]]
 # a measured schedule and what finishing it needs (its linked program and constants): (outcome, kept)
@@ -631,7 +634,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         summary["forwarded"] = forwarding
         summary["schedule"] = sched.to_json()  # as run: its prefetch share may be the halved one
         st.dump("08-profile.json", lambda: json.dumps(summary, indent=1))
-        return (summary, constants, io, data, model), (linked, constants)
+        return Outcome(summary, constants, io, data, model), (linked, constants)
 
     done: list[tuple[Any, Outcome | NxsatError]] = []
     n = len(lowering.graph.insts)
@@ -647,16 +650,16 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
             meanwhile = None
             batch = plan(n, done)
         k = pool.fastest()
-        if k is not None and done[k][1][3] is None and _latency(done[k][1]) < to_beat:
+        fastest = done[k][1] if k is not None else None
+        if isinstance(fastest, Outcome) and fastest.data is None and fastest.summary["latency_ns"] < to_beat:
             data, model = pool.finish(k)
-            summary, constants, io, _, _ = done[k][1]
-            done[k] = (done[k][0], (summary, constants, io, data, model))
+            done[k] = (done[k][0], fastest._replace(data=data, model=model))
     lowering.graph.release()
     return done
 
 
 def _latency(out: Outcome | NxsatError) -> float:
-    return math.inf if isinstance(out, NxsatError) else out[0]["latency_ns"]
+    return math.inf if isinstance(out, NxsatError) else out.summary["latency_ns"]
 
 
 def _once(schedule: Any, n: int, done: list[Any]) -> list[Any]:

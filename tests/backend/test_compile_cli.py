@@ -480,7 +480,7 @@ def test_parallel_jobs_run_in_other_processes_and_only_the_fastest_is_finished()
         st.run("schedule", lambda: None)
         if k == 2:
             raise error("NCC_EOOM001", "the working set does not fit on chip (test)")
-        return ({"latency_ns": latency[k]}, k, os.getpid()), (k, os.getpid())
+        return driver.Outcome({"latency_ns": latency[k], "k": k, "pid": os.getpid()}, {}, []), (k, os.getpid())
 
     def finish(kept):  # noqa: ANN001, ANN202
         return kept, os.getpid()
@@ -489,16 +489,17 @@ def test_parallel_jobs_run_in_other_processes_and_only_the_fastest_is_finished()
     with driver._Jobs(st, job, finish, 2) as jobs:
         outs = jobs.run([0, 1, 2, 3], lambda: ran.append(os.getpid()))
         outs += jobs.run([4])
-        assert [o[1] for o in outs if not isinstance(o, NxsatError)] == [0, 1, 3, 4]
-        assert all(o[2] != os.getpid() for o in outs if not isinstance(o, NxsatError))
+        assert [o.summary["k"] for o in outs if not isinstance(o, NxsatError)] == [0, 1, 3, 4]
+        assert all(o.summary["pid"] != os.getpid() for o in outs if not isinstance(o, NxsatError))
         assert isinstance(outs[2], NxsatError) and outs[2].code == "NCC_EOOM001"
         assert jobs.fastest() == 4
         (k, measured_by), finished_by = jobs.finish(4)
-        assert k == 4 and measured_by == finished_by == outs[4][2]
+        assert k == 4 and measured_by == finished_by == outs[4].summary["pid"]
     assert ran == [os.getpid()]
     assert "schedule" in st.seconds
     with driver._Jobs(st, job, finish, 1) as jobs:
-        assert [o[1:] for o in jobs.run([0, 1, 3], lambda: ran.append(0))] == [(k, os.getpid()) for k in (0, 1, 3)]
+        assert [(o.summary["k"], o.summary["pid"]) for o in jobs.run([0, 1, 3], lambda: ran.append(0))] == \
+            [(k, os.getpid()) for k in (0, 1, 3)]
         assert jobs.fastest() == 1  # 1 and 3 tie: the first
         assert jobs.finish(1) == ((1, os.getpid()), os.getpid())
     assert ran == [os.getpid(), 0]  # one at a time in this process: meanwhile first
@@ -539,7 +540,7 @@ def test_a_forked_job_that_fails_unexpectedly_is_an_internal_error_naming_it() -
     def job(k: int):  # noqa: ANN202
         if k == 1:
             return 1 // 0
-        return ({"latency_ns": 1.0},), None
+        return driver.Outcome({"latency_ns": 1.0}, {}, []), None
 
     jobs = driver._Jobs(st, job, lambda kept: kept, 2)
     with pytest.raises(RuntimeError, match="in a forked job: ZeroDivisionError"), jobs:
