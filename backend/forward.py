@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nxsat import dtypes as dt
 from nxsat.backend.graph import Buf, Graph, Inst, Ref
 from nxsat.sim.program import AP, AccessError
 from nxsat.sim.target import Target
@@ -762,3 +763,69 @@ def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst
 
     return undo
 
+
+
+
+def psum_operands(g: Graph, target: Target) -> int:
+    """Evacuations written back into their PSUM bank where VectorE adds them to another tile: one ScalarE or
+    VectorE step copies a PSUM tile (scaled and biased: a batch norm) into an fp32 SBUF tile whose one reader
+    is a VectorE ``tensor_tensor`` with its other input in SBUF (the residual add after a convolution). The
+    step then writes in place in the bank and the add reads it there: an input in PSUM puts the add at
+    VectorE's PSUM rate, N cycles a partition rather than 2N (the target's cost table), and the SBUF tile is
+    not made. Only where nothing after the step touches that part of the bank but the add. The count."""
+    done = 0
+    gone: list[Buf] = []
+    for add in g.insts:
+        if add.engine != "dve" or add.opcode != "tensor_tensor" or len(add.operands) != 3 \
+                or any(not x.buf.onchip or x.buf.kind == "psum" for x in add.operands[1:]):
+            continue
+        for x in add.operands[1:]:
+            swap = _evacuated(g, target, add, x)
+            if swap is None:
+                continue
+            step, place = swap
+            out = step.writes[0]
+            _swap(step, {id(out): place})
+            step.writes = [place]
+            _swap(add, {id(x): place.reshape(*x.shape) if place.shape != x.shape else place})
+            _uses(add, place.buf, place.buf.root)
+            x.buf.users = []
+            gone.append(x.buf)
+            done += 1
+            break
+    g.drop(*gone)
+    return done
+
+
+def _evacuated(g: Graph, target: Target, add: Inst, x: Ref) -> tuple[Inst, Ref] | None:
+    """The step that wrote ``add``'s input ``x`` out of a PSUM tile, and the place in that tile it may write
+    instead (:func:`psum_operands`); None where it may not."""
+    t = x.buf
+    if t is not t.root or t.kind != "sbuf" or t.dtype is not dt.F32 or x.as_type is not None \
+            or len(t.users) != 2 or sum(o.buf is t for o in add.operands[1:]) != 1:
+        return None
+    step = next(u for u in t.users if u is not add)
+    if step.engine not in ("act", "dve") or step.opcode not in ELEMENTWISE_WRITERS or "accum" in step.attrs \
+            or len(step.writes) != 1 or step.writes[0].buf is not t or step.operands[0] is not step.writes[0] \
+            or step.index > add.index:
+        return None
+    out = step.writes[0]
+    src = next((o for o in step.operands[1:] if o.buf.kind == "psum" and o.dtype is dt.F32 and o.as_type is None),
+               None)
+    if src is None:
+        return None
+    bank = src.buf.root
+    try:
+        full = t.ref().reshape(*out.shape)
+        place = src.reshape(*out.shape) if src.shape != out.shape else src
+        if out.ap != full.ap or x.reshape(*out.shape).ap != full.ap \
+                or not (_same_partitions(place, out) and _engine_ok(place, target)):
+            return None
+        there = g.resolved(place)
+        for u in bank.users:  # the bank's later accesses: the add's alone may meet the step's write
+            if u.index > step.index and u is not add and any(
+                    a.buf.root is bank and g.resolved(a).overlaps(there) for a in (*u.reads, *u.writes)):
+                return None
+    except (AccessError, ValueError, IndexError):
+        return None
+    return step, place

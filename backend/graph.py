@@ -320,6 +320,18 @@ WHOLE_WRITERS = frozenset({"activation", "tensor_tensor", "tensor_scalar", "tens
                            "affine_select", "dma", "transpose"})
 
 
+def _from_psum(r: Ref) -> bool:
+    """An input VectorE reads at its PSUM rate: in PSUM, or an fp32 tile one step wrote from PSUM and nothing
+    else has read, which forward.py's ``psum_operands`` turns into that PSUM tile."""
+    b = r.buf.root
+    if b.kind == "psum":
+        return True
+    if b.kind != "sbuf" or b.dtype is not dt.F32 or len(b.users) != 1:
+        return False
+    w = b.users[0]
+    return w.engine in ("act", "dve") and any(x.buf.kind == "psum" and x.buf.dtype is dt.F32 for x in w.reads)
+
+
 class Graph:
     """The instruction graph of one program, with the dependences derived as instructions are added."""
 
@@ -491,12 +503,14 @@ class Graph:
 
     def _account(self, inst: Inst) -> None:
         """The compute engines' recent work (ns, decayed per instruction): an instruction's elements per
-        partition, at least the 64-cycle minimum, twice for an fp32 two-tile VectorE operation."""
+        partition, at least the 64-cycle minimum, twice for a two-tile VectorE operation with no input at
+        the PSUM rate (:func:`_from_psum`)."""
         r = self._recent
         for e in r:
             r[e] *= self.RECENT
         free = math.prod(inst.operands[0].shape[1:]) if inst.operands else 1
-        cycles = max(64, free) * (2 if inst.opcode == "tensor_tensor" else 1)
+        two = inst.opcode == "tensor_tensor" and not any(_from_psum(x) for x in inst.reads)
+        cycles = max(64, free) * (2 if two else 1)
         r[inst.engine] += cycles / self.clocks.get(inst.engine, 1.0)
 
     def lighter(self, engines: tuple[str, ...], free: int) -> str:

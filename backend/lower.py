@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from nxsat import dtypes as dt
+from nxsat.backend.forward import psum_operands
 from nxsat.backend.graph import Buf, Graph, Ref
 from nxsat.diagnostics import Warnings, error
 from nxsat.extract.plan import NARROW_WRITERS
@@ -414,6 +415,7 @@ class Lowering:
             self.graph.add("dma", "dma", out.ref(), v)
         self.graph.origin = None
         self.graph.drop_dead()  # what was lowered for a reader that did not read it in the end
+        psum_operands(self.graph, self.target)
 
 
 def _no_empty(node: Node, t: TensorType) -> None:

@@ -478,3 +478,73 @@ def test_the_stems_tiles_are_written_where_the_pooling_reads_them() -> None:
     forward_stores(lw.graph, TARGET).undo()
     assert _fingerprint(lw.graph) == lowered
     assert forward_stores(lw.graph, TARGET, write_in_place=False).written_in_place == 0  # -O1's
+
+
+RESIDUAL = """HloModule residual_block
+ENTRY main {
+  x = f32[1,128,14,14]{3,2,1,0} parameter(0)
+  w = f32[3,3,128,128]{3,2,1,0} parameter(1)
+  s = f32[128]{0} parameter(2)
+  b = f32[128]{0} parameter(3)
+  c = f32[1,128,14,14]{3,2,1,0} convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_01io->bf01
+  sb = f32[1,128,14,14]{3,2,1,0} broadcast(s), dimensions={1}
+  bb = f32[1,128,14,14]{3,2,1,0} broadcast(b), dimensions={1}
+  m = f32[1,128,14,14]{3,2,1,0} multiply(c, sb)
+  a = f32[1,128,14,14]{3,2,1,0} add(m, bb)
+  r = f32[1,128,14,14]{3,2,1,0} add(a, x)
+  z = f32[] constant(0)
+  zb = f32[1,128,14,14]{3,2,1,0} broadcast(z), dimensions={}
+  ROOT y = f32[1,128,14,14]{3,2,1,0} maximum(r, zb)
+}
+"""
+
+
+def test_a_residual_add_reads_the_batch_norm_where_it_left_psum() -> None:
+    """A convolution's batch norm (``c * s + b``) evacuates its PSUM bank and VectorE adds the block's input:
+    the evacuation writes its result back into the bank, and the add reads it there, at VectorE's PSUM rate
+    (N cycles a partition, not 2N); no SBUF tile is made for it. The outputs do not change."""
+    from nxsat.backend import device_forms, lower_graph
+    from nxsat.backend.forward import psum_operands
+
+    m = module_of(RESIDUAL)
+    lw = lower_graph(device_forms(m, TARGET), TARGET)
+    adds = [i for i in lw.graph.insts if i.engine == "dve" and i.opcode == "tensor_tensor"]
+    assert adds and all(any(r.buf.kind == "psum" for r in i.reads) for i in adds)
+    for i in adds:
+        (bank,) = [r for r in i.reads if r.buf.kind == "psum"]
+        writers = [u for u in bank.buf.root.users if any(w.buf.root is bank.buf.root for w in u.writes)]
+        assert any(u.engine in ("act", "dve") and u.opcode != "matmul" for u in writers)  # the evacuation
+    assert psum_operands(lw.graph, TARGET) == 0  # nothing left to rewrite
+    _matches_interpreter(m, lw)
+
+
+def test_an_evacuated_tile_another_step_reads_stays_in_sbuf() -> None:
+    """Where the batch norm's value is also a result of the model (stored), its tile has a second reader: the
+    add reads it in SBUF, as lowered."""
+    from nxsat.backend import device_forms, lower_graph
+
+    m = module_of(RESIDUAL.replace("ROOT y = f32[1,128,14,14]{3,2,1,0} maximum(r, zb)",
+                                   "y = f32[1,128,14,14]{3,2,1,0} maximum(r, zb)\n  ROOT t = "
+                                   "(f32[1,128,14,14]{3,2,1,0}, f32[1,128,14,14]{3,2,1,0}) tuple(y, a)"))
+    lw = lower_graph(device_forms(m, TARGET), TARGET)
+    adds = [i for i in lw.graph.insts if i.engine == "dve" and i.opcode == "tensor_tensor"]
+    assert adds and not any(r.buf.kind == "psum" for i in adds for r in i.reads)
+
+
+def test_the_engines_recent_work_counts_an_add_from_psum_once() -> None:
+    """``Graph.lighter`` weighs VectorE's recent work: an add with an input in PSUM, or in a tile a step just
+    evacuated from PSUM (which ``psum_operands`` will read there), costs it N cycles; two SBUF tiles, 2N."""
+    g = Graph()
+    g.clocks = {"dve": 1.0, "act": 1.0, "pool": 1.0}
+
+    def tile(mem: str = "sbuf") -> object:
+        return g.tile((128, 512), dt.F32, mem).ref()
+
+    def add_costs(x: object) -> float:
+        g._recent["dve"] = 0.0
+        g.add("dve", "tensor_tensor", tile(), x, tile(), op="add")
+        return g._recent["dve"]
+
+    ps, evacuated = tile("psum"), tile()
+    g.add("act", "activation", evacuated, ps)
+    assert (add_costs(tile()), add_costs(ps), add_costs(evacuated)) == (1024, 512, 512)
