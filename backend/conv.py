@@ -73,6 +73,7 @@ from nxsat.extract.plan import (
     packed_outputs_last,
     rows_fit,
     valid_range,
+    weights_by_rows,
     window_classes,
     window_plan,
 )
@@ -991,11 +992,43 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
     wt = cv.weights.get(key)
     if wt is None:
         gn = min(span, job.on - ga)
-        raw = g.tile((ck, *W.shape[2:], gn), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
-        src = W[job.o0 + ga:job.o0 + ga + gn, c_off:c_off + ck].permute(*wperm)
-        g.add("dma", "dma", raw, src)
-        wt = cv.weights[key] = _weights_converted(cv, raw)
+        rows = W[job.o0 + ga:job.o0 + ga + gn, c_off:c_off + ck]
+        if weights_by_rows(rows.permute(*wperm).ap.contiguous_run() * rows.dtype.itemsize,
+                           rows.ap.contiguous_run(), ck * math.prod(W.shape[2:])) and rows.dtype.is_float:
+            wt = cv.weights[key] = _weights_transposed(cv, rows)
+        else:
+            raw = g.tile((ck, *W.shape[2:], gn), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
+            g.add("dma", "dma", raw, rows.permute(*wperm))
+            wt = cv.weights[key] = _weights_converted(cv, raw)
     return wt[(slice(None), *(tp.k for tp in taps), slice(o_off - ga, o_off - ga + on))]
+
+
+def _weights_transposed(cv: Conv, rows: Ref) -> Ref:
+    """The ``[I, K..., O]`` stationary tile of weights that lie output channel by output channel in HBM
+    (PyTorch's OIHW: an ``[I, K..., O]`` load would move one element per descriptor, 114 us for a 3x3
+    convolution of 128 channels): each output channel's row loaded whole (``[O <= 128, I * K]``), then each
+    tap's ``[O, I]`` block transposed on TensorE into PSUM and copied out in the multiply type, as
+    backend/matmul.py's ``_load_pe_transposed`` does a dot's K-contiguous operand. Finite values are exact; a
+    NaN or infinity spreads along its block (the transpose is an identity matmul on NeuronCore-v2)."""
+    g = cv.g
+    gn, ck, *ks = rows.shape
+    taps = math.prod(ks)
+    part = cv.lw.target.matmul["rows"]
+    bank = cv.lw.target.psum_bank_bytes // 4
+    wt = g.tile((ck, taps, gn), cv.mt, "sbuf", "cvwc").ref()
+    raw_t = onchip_dtype(rows.dtype)
+    for o0 in range(0, gn, part):
+        on = min(part, gn - o0)
+        nat = g.tile((on, ck, taps), raw_t, "sbuf", "cvwrow").ref()
+        g.add("dma", "dma", nat, rows[o0:o0 + on].reshape(on, ck, taps))
+        per = max(1, bank // on)  # taps one bank holds
+        for t0 in range(0, taps, per):
+            cnt = min(per, taps - t0)
+            ps = g.tile((ck, cnt, on), dt.F32, "psum", "cvwtp").ref()
+            for i in range(cnt):
+                g.add("pe", "transpose", ps[:, i, :], nat[:, :, t0 + i])
+            cv.g.copy(bool((o0 // part + t0 // per) % 2), wt[:, t0:t0 + cnt, o0:o0 + on], ps)
+    return wt.reshape(ck, *ks, gn)
 
 
 def _weights_converted(cv: Conv, raw: Ref) -> Ref:

@@ -60,6 +60,7 @@ from nxsat.extract.plan import (
     segments_pay,
     softmax_rows,
     vector_dot,
+    weights_by_rows,
 )
 from nxsat.ops import registry
 from nxsat.rules import terms
@@ -764,20 +765,32 @@ class CostModel:
         classes = geo.classes()
         ksize = [wd.size for wd in geo.window]
         dma_res = pe = act = dve = pool = act_psum = 0.0
+        w_pe, w_keys = 0.0, 0  # TensorE's transposes of weights loaded as rows, and how many loads they follow
         evac: list[tuple[float, float]] = []  # (ScalarE, VectorE) price of each PSUM evacuation
 
         def evacuate(n: int, parts: int) -> None:
             evac.append((op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": n, "P": parts}),
                          op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": n, "P": parts})))
 
-        # --- weights: bytes and run of one key's loads
-        def weight_load(ck: int, on: int) -> tuple[float, float]:
+        # --- weights: bytes and run of one key's loads, and TensorE's transposes of them
+        def weight_load(ck: int, on: int) -> tuple[float, float, float]:
+            if not folding and plan.pack == 1:
+                ext = (on, ck, *ksize)
+                row = ck * math.prod(ksize)
+                if weights_by_rows(_run(ws, ext, (1, *range(2, nsp + 2), 0)) * wsz,
+                                   _run(ws, ext, (0, 1, *range(2, nsp + 2))), row):
+                    # output channels' rows, each tap's [O, I] block transposed (backend/conv.py
+                    # _weights_transposed); its copy out of PSUM is the conversion counted below
+                    parts = min(on, t.matmul["rows"])
+                    tps = -(-on // parts) * math.prod(ksize)
+                    return (*self._xfer(on * row * wsz, row * wsz, parts),
+                            tps * op_ns(t, "transpose", "pe", P=parts, N=ck, fp32=int(wsz == 4)))
             if plan.pack > 1:
                 og = geo.out_channels
                 o_last = packed_outputs_last(geo.in_channels, og, ws[0])
                 run = _run(ws, (1, og, *ksize), (1, 0, *range(2, nsp + 2))) if geo.in_channels == 1 else \
                     _run(ws, (og, 1, *ksize), (*range(2, nsp + 2), 0) if o_last else (0, *range(2, nsp + 2)))
-                return self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck)
+                return (*self._xfer(ck * og * math.prod(ksize) * wsz, run * wsz, ck), 0.0)
             if folding:
                 others = [k for dd, k in enumerate(ksize) if dd != fd]
                 ext = (on, ck, *[1 if dd == fd else k for dd, k in enumerate(ksize)])
@@ -789,7 +802,7 @@ class CostModel:
                 free = math.prod(ksize) * on
                 run = min(free, _run(ws, ext, (1, *range(2, nsp + 2), 0)))
                 nbytes = ck * free * wsz
-            return self._xfer(nbytes, run * wsz, ck)
+            return (*self._xfer(nbytes, run * wsz, ck), 0.0)
 
         # --- one work's pieces
         works = 0
@@ -864,10 +877,13 @@ class CostModel:
                         loaded.add(wkey)
                         nblk = len(group[fd]) if folding else 1
                         won = sum(o_tiles[gi * wgroup:(gi + 1) * wgroup]) if wgroup > 1 else on
-                        r1, r2 = weight_load(ck, won)
+                        r1, r2, tps = weight_load(ck, won)
                         w_res += r1 * nblk
                         w_lat = max(w_lat, r2)
-                        if wsz != geo.itemsize and plan.pack == 1:  # fp32 weights converted on chip
+                        pe += tps
+                        w_pe += tps
+                        w_keys += bool(tps)
+                        if (wsz != geo.itemsize or tps) and plan.pack == 1:  # converted (or copied out of PSUM)
                             per = math.prod(ksize) // (ksize[fd] if folding else 1) * won
                             dve += op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": per,
                                                                      "P": ck * nblk})
@@ -927,7 +943,9 @@ class CostModel:
             # packed jobs' input tiles wait for nothing but their memsets: every job's loads are issued at
             # the start and share the DMA engines, so the first matmul waits for about all of them
             first_load = max(first_load, in_res * jobs)
-        steady = max(dma_res, first_load + pe, busy)
+        # a load's transposes run while the loads after it arrive: the last one's follow them all
+        overlapped = w_pe * jobs * (w_keys - 1) / w_keys if w_keys else 0.0
+        steady = max(dma_res, first_load + pe - overlapped, busy)
         return steady + last_tail + 2 * self.dma_fixed
 
     def _conv_input(self, geo: ConvGeometry, plan: ConvPlan, combo: tuple, chunk: tuple, ck: int, group: tuple,

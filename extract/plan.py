@@ -667,6 +667,19 @@ def rows_fit(ck: int, rows: int, width: int, itemsize: int, target: Target, is_f
         and is_float and itemsize in (2, 4) and ck * rows * 4 <= target.psum_bank_bytes
 
 
+# weights whose [I, K..., O] load moves runs this short (PyTorch's OIHW: one element) load output channel by
+# output channel and are transposed on TensorE (weights_by_rows)
+WEIGHT_RUN_BYTES = 64
+
+
+def weights_by_rows(run_bytes: int, row_run: int, row: int) -> bool:
+    """Are a convolution's weights loaded as ``[O, I * K]`` rows and each tap's block transposed on TensorE
+    (backend/conv.py ``_weights_transposed``) rather than by a DMA into ``[I, K..., O]`` whose descriptors
+    move ``run_bytes`` each? When those runs are short and each output channel's ``row`` elements lie
+    together (``row_run``: the rows' contiguous run)."""
+    return run_bytes < WEIGHT_RUN_BYTES and row_run >= row
+
+
 DMA_T_BLOCK = 2048  # positions per DMA transpose (NeuronCore-v3)
 
 

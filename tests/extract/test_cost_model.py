@@ -119,6 +119,9 @@ CASES += [
      "none"),
     ("conv1x1-nchw-8x256x14x14", _conv("8,256,14,14", "64,256,1,1", "8,64,14,14", "size=1x1", "bf01_oi01->bf01"),
      "matmult"),
+    # batch 1: the OIHW weights' load (rows, transposed on TensorE) is most of it
+    ("conv3x3-nchw-1x256x14x14-oihw", _conv("1,256,14,14", "256,256,3,3", "1,256,14,14", _3x3, "bf01_oi01->bf01"),
+     "matmult"),
     ("conv3x3-nhwc-8x28x28x128", _conv("8,28,28,128", "3,3,128,128", "8,28,28,128", _3x3, "b01f_01io->b01f"),
      "matmult"),
     ("conv1x1-nhwc-8x14x14x256", _conv("8,14,14,256", "1,1,256,64", "8,14,14,64", "size=1x1", "b01f_01io->b01f"),
