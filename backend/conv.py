@@ -993,8 +993,9 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
     if wt is None:
         gn = min(span, job.on - ga)
         rows = W[job.o0 + ga:job.o0 + ga + gn, c_off:c_off + ck]
-        if weights_by_rows(rows.permute(*wperm).ap.contiguous_run() * rows.dtype.itemsize,
-                           rows.ap.contiguous_run(), ck * math.prod(W.shape[2:])) and rows.dtype.is_float:
+        if plan.cache_weights and rows.dtype.is_float and weights_by_rows(
+                rows.permute(*wperm).ap.contiguous_run() * rows.dtype.itemsize, rows.ap.contiguous_run(),
+                ck * math.prod(W.shape[2:])):
             wt = cv.weights[key] = _weights_transposed(cv, rows)
         else:
             raw = g.tile((ck, *W.shape[2:], gn), onchip_dtype(W.dtype), "sbuf", "cvw").ref()

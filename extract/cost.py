@@ -774,7 +774,7 @@ class CostModel:
 
         # --- weights: bytes and run of one key's loads, and TensorE's transposes of them
         def weight_load(ck: int, on: int) -> tuple[float, float, float]:
-            if not folding and plan.pack == 1:
+            if not folding and plan.pack == 1 and plan.cache_weights:
                 ext = (on, ck, *ksize)
                 row = ck * math.prod(ksize)
                 if weights_by_rows(_run(ws, ext, (1, *range(2, nsp + 2), 0)) * wsz,

@@ -676,7 +676,9 @@ def weights_by_rows(run_bytes: int, row_run: int, row: int) -> bool:
     """Are a convolution's weights loaded as ``[O, I * K]`` rows and each tap's block transposed on TensorE
     (backend/conv.py ``_weights_transposed``) rather than by a DMA into ``[I, K..., O]`` whose descriptors
     move ``run_bytes`` each? When those runs are short and each output channel's ``row`` elements lie
-    together (``row_run``: the rows' contiguous run)."""
+    together (``row_run``: the rows' contiguous run); only where the plan keeps the weights across its
+    chunks (``cache_weights``): reloaded for every chunk, the transposes and their copies would be made
+    again each time (mobilenet_v2's training step)."""
     return run_bytes < WEIGHT_RUN_BYTES and row_run >= row
 
 
