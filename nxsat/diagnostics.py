@@ -20,7 +20,7 @@ CODES: dict[str, str] = {
     "NCC_EVRF001": "unsupported operator variant",
     "NCC_EMOD025": "dynamic shapes: every dimension must be static",
     "NCC_EOOM001": "does not fit device memory (activations)",
-    "NCC_EOOM002": "does not fit device memory (inputs/outputs, spills)",
+    "NCC_EOOM002": "does not fit device memory (inputs/outputs, spills), or the host ran out of memory",
     "NCC_ESPP004": "data type not supported",
     "NCC_EVRF004": "complex types not supported",
     "NCC_EVRF005": "unsupported FP8 variant",

@@ -40,6 +40,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -735,7 +736,10 @@ class _Jobs:
         try:
             reply, seconds = self.workers[w][1].recv()
         except EOFError:
-            raise RuntimeError("a forked job ended without a report") from None
+            proc = self.workers[w][0]
+            proc.join(5)
+            code = proc.exitcode
+            raise _ended("a forked schedule's process", -code if code is not None and code < 0 else None) from None
         for name, v in seconds.items():
             self.st.seconds[name] = round(self.st.seconds.get(name, 0.0) + v, 4)
         if isinstance(reply, RuntimeError):
@@ -851,12 +855,23 @@ def _in_background(fn: Callable[[], None]) -> Callable[[], None]:
     def join() -> None:
         with os.fdopen(r, "rb") as f:
             data = f.read()
-        os.waitpid(pid, 0)
-        out = pickle.loads(data) if data else RuntimeError("a background check ended without a report")
+        _, status = os.waitpid(pid, 0)
+        out = pickle.loads(data) if data else \
+            _ended("the race check's process", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
         if out is not None:
             raise out
 
     return join
+
+
+def _ended(what: str, signal_number: int | None) -> Exception:
+    """Why a forked process gave no report. Killed outright (SIGKILL: on Linux, most likely the kernel's
+    out-of-memory killer; mobilenet_v2's training step peaks near 20 GB) is the host's limit, a user-facing
+    error that says what to do; anything else is an internal error."""
+    if signal_number == signal.SIGKILL:
+        return error("NCC_EOOM002", f"{what} was killed (SIGKILL): the host most likely ran out of memory",
+                     hint="--num-parallel-jobs 1 keeps one copy of the program in memory; or a host with more")
+    return RuntimeError(f"{what} ended without a report" + (f" (signal {signal_number})" if signal_number else ""))
 
 
 def _cpus() -> int:

@@ -548,6 +548,35 @@ def test_a_forked_job_that_fails_unexpectedly_is_an_internal_error_naming_it() -
     assert jobs.workers == []
 
 
+def test_a_process_killed_outright_is_said_to_be_the_hosts_memory() -> None:
+    """A forked process that is killed (SIGKILL: the kernel's out-of-memory killer, most likely: mobilenet_v2's
+    training step peaks near 20 GB) is a user-facing error naming the host's memory and
+    ``--num-parallel-jobs 1``, whether it was a schedule's worker or the race check; killed by another
+    signal, an internal error naming the signal."""
+    import multiprocessing
+    import signal
+
+    from nxsat import driver
+    from nxsat.diagnostics import NxsatError
+    from nxsat.progress import Progress
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    st = driver._Stages(None, Progress(enabled=False))
+
+    def job(k: int):  # noqa: ANN202
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    jobs = driver._Jobs(st, job, lambda k: k, 2)
+    with pytest.raises(NxsatError, match="killed .SIGKILL.*memory") as caught, jobs:
+        jobs.run([0, 1])
+    assert caught.value.code == "NCC_EOOM002" and "--num-parallel-jobs 1" in str(caught.value.hint)
+    with pytest.raises(NxsatError, match="race check's process was killed"):
+        driver._in_background(lambda: os.kill(os.getpid(), signal.SIGKILL))()
+    with pytest.raises(RuntimeError, match="without a report .signal 15."):
+        driver._in_background(lambda: os.kill(os.getpid(), signal.SIGTERM))()
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_race_in_the_compiled_program_is_refused_checked_beside_or_not(monkeypatch: pytest.MonkeyPatch,
                                                                          jobs: int) -> None:
