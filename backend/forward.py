@@ -764,8 +764,6 @@ def _undo(g: Graph, accepted: list[tuple[Inst, Inst, Ref, bool]], dead: set[Inst
     return undo
 
 
-
-
 def psum_operands(g: Graph, target: Target) -> int:
     """Evacuations written back into their PSUM bank where VectorE adds them to another tile: one ScalarE or
     VectorE step copies a PSUM tile (scaled and biased: a batch norm) into an fp32 SBUF tile whose one reader
@@ -822,9 +820,14 @@ def _evacuated(g: Graph, target: Target, add: Inst, x: Ref) -> tuple[Inst, Ref] 
                 or not (_same_partitions(place, out) and _engine_ok(place, target)):
             return None
         there = g.resolved(place)
-        for u in bank.users:  # the bank's later accesses: the add's alone may meet the step's write
-            if u.index > step.index and u is not add and any(
-                    a.buf.root is bank and g.resolved(a).overlaps(there) for a in (*u.reads, *u.writes)):
+        for u in bank.users:
+            if u is step or u is add:
+                continue
+            # after the step, only the add may touch what it writes; before it, only the matmuls that
+            # accumulated it (the step waits for the last, which waited for the others) may have read it
+            later = u.index > step.index
+            if any(a.buf.root is bank and g.resolved(a).overlaps(there)
+                   for a in (*u.reads, *(u.writes if later else ()))) and (later or u.opcode != "matmul"):
                 return None
     except (AccessError, ValueError, IndexError):
         return None

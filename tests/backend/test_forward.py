@@ -549,3 +549,29 @@ def test_the_engines_recent_work_counts_an_add_from_psum_once() -> None:
     ps, evacuated = tile("psum"), tile()
     g.add("act", "activation", evacuated, ps)
     assert (add_costs(tile()), add_costs(ps), add_costs(evacuated)) == (1024, 1024, 512)
+
+
+def test_an_evacuation_another_step_also_reads_its_bank_for_stays_out_of_the_bank() -> None:
+    """``psum_operands`` writes a step's result over the bank it read: where another step (not the matmul that
+    accumulated it) read that bank before it, the write would race with that read, so the step keeps its SBUF
+    tile; without that reader it writes in place."""
+    from nxsat.backend.forward import psum_operands
+
+    def graph(other_reader: bool) -> Graph:
+        g = Graph()
+        g.clocks = {"dve": 1.0, "act": 1.0, "pool": 1.0}
+        a, b = g.tile((128, 128), dt.BF16).ref(), g.tile((128, 64), dt.BF16).ref()
+        ps = g.tile((128, 64), dt.F32, "psum").ref()
+        g.add("pool", "memset", a, value=1.0)
+        g.add("pool", "memset", b, value=1.0)
+        g.add("pe", "matmul", ps, a, b, start=True, stop=True)
+        if other_reader:
+            g.add("act", "activation", g.tile((128, 64), dt.F32).ref(), ps, func="exp")
+        t, r, out = (g.tile((128, 64), dt.F32).ref() for _ in range(3))
+        g.add("act", "activation", t, ps, scale=2.0)
+        g.add("pool", "memset", r, value=3.0)
+        g.add("dve", "tensor_tensor", out, t, r, op="add")
+        return g
+
+    assert psum_operands(graph(False), TARGET) == 1
+    assert psum_operands(graph(True), TARGET) == 0
