@@ -993,9 +993,8 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
     if wt is None:
         gn = min(span, job.on - ga)
         rows = W[job.o0 + ga:job.o0 + ga + gn, c_off:c_off + ck]
-        if plan.cache_weights and rows.dtype.is_float and weights_by_rows(
-                rows.permute(*wperm).ap.contiguous_run() * rows.dtype.itemsize, rows.ap.contiguous_run(),
-                ck * math.prod(W.shape[2:])):
+        if weights_by_rows(plan, rows.dtype.is_float, rows.permute(*wperm).ap.contiguous_run() * rows.dtype.itemsize,
+                           rows.ap.contiguous_run(), ck * math.prod(W.shape[2:])):
             wt = cv.weights[key] = _weights_transposed(cv, rows)
         else:
             raw = g.tile((ck, *W.shape[2:], gn), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
@@ -1028,7 +1027,7 @@ def _weights_transposed(cv: Conv, rows: Ref) -> Ref:
             ps = g.tile((ck, cnt, on), dt.F32, "psum", "cvwtp").ref()
             for i in range(cnt):
                 g.add("pe", "transpose", ps[:, i, :], nat[:, :, t0 + i])
-            cv.g.copy(bool((o0 // part + t0 // per) % 2), wt[:, t0:t0 + cnt, o0:o0 + on], ps)
+            g.copy(bool((o0 // part + t0 // per) % 2), wt[:, t0:t0 + cnt, o0:o0 + on], ps)
     return wt.reshape(ck, *ks, gn)
 
 

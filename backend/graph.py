@@ -322,7 +322,8 @@ WHOLE_WRITERS = frozenset({"activation", "tensor_tensor", "tensor_scalar", "tens
 
 def _from_psum(r: Ref) -> bool:
     """An input VectorE will read at its PSUM rate from a bank an evacuation is done with: an fp32 tile one
-    step wrote from PSUM and nothing else has read, which forward.py's ``psum_operands`` turns into that bank.
+    step wrote from PSUM and nothing else has read, which forward.py's ``psum_operands`` turns into that bank
+    (its test as far as lowering knows it when the add is made: the bank's later readers are not made yet).
     Not an input read from PSUM as lowered (a bias add on the matmul's bank): counted at N too, ResNeXt-50 ran
     309.3 -> 314.3 us, every schedule of its search slower (VectorE reading PSUM holds the port ScalarE's
     evacuations share, the target's port conflicts, which this count does not see)."""

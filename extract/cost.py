@@ -748,6 +748,7 @@ class CostModel:
         t = self.target
         nsp = len(geo.in_spatial)
         isz, wsz, osz = _itemsize(x.dtype), _itemsize(w.dtype), _itemsize(y.dtype)
+        w_float = dt.by_name(w.dtype).is_float
         factor = t.matmul_dtype_factor(geo.dtype) or 1.0
         bank = t.psum_bank_bytes // 4
         fp32_in = int(isz == 4)
@@ -774,17 +775,16 @@ class CostModel:
 
         # --- weights: bytes and run of one key's loads, and TensorE's transposes of them
         def weight_load(ck: int, on: int) -> tuple[float, float, float]:
-            if not folding and plan.pack == 1 and plan.cache_weights:
-                ext = (on, ck, *ksize)
-                row = ck * math.prod(ksize)
-                if weights_by_rows(_run(ws, ext, (1, *range(2, nsp + 2), 0)) * wsz,
-                                   _run(ws, ext, (0, 1, *range(2, nsp + 2))), row):
-                    # output channels' rows, each tap's [O, I] block transposed (backend/conv.py
-                    # _weights_transposed); its copy out of PSUM is the conversion counted below
-                    parts = min(on, t.matmul["rows"])
-                    tps = -(-on // parts) * math.prod(ksize)
-                    return (*self._xfer(on * row * wsz, row * wsz, parts),
-                            tps * op_ns(t, "transpose", "pe", P=parts, N=ck, fp32=int(wsz == 4)))
+            ext = (on, ck, *ksize)
+            row = ck * math.prod(ksize)
+            if weights_by_rows(plan, w_float, _run(ws, ext, (1, *range(2, nsp + 2), 0)) * wsz,
+                               _run(ws, ext, (0, 1, *range(2, nsp + 2))), row):
+                # output channels' rows, each tap's [O, I] block transposed (backend/conv.py
+                # _weights_transposed); its copy out of PSUM is the conversion counted below
+                parts = min(on, t.matmul["rows"])
+                tps = -(-on // parts) * math.prod(ksize)
+                return (*self._xfer(on * row * wsz, row * wsz, parts),
+                        tps * op_ns(t, "transpose", "pe", P=parts, N=ck, fp32=int(wsz == 4)))
             if plan.pack > 1:
                 og = geo.out_channels
                 o_last = packed_outputs_last(geo.in_channels, og, ws[0])

@@ -672,14 +672,16 @@ def rows_fit(ck: int, rows: int, width: int, itemsize: int, target: Target, is_f
 WEIGHT_RUN_BYTES = 64
 
 
-def weights_by_rows(run_bytes: int, row_run: int, row: int) -> bool:
+def weights_by_rows(plan: ConvPlan, is_float: bool, run_bytes: int, row_run: int, row: int) -> bool:
     """Are a convolution's weights loaded as ``[O, I * K]`` rows and each tap's block transposed on TensorE
     (backend/conv.py ``_weights_transposed``) rather than by a DMA into ``[I, K..., O]`` whose descriptors
     move ``run_bytes`` each? When those runs are short and each output channel's ``row`` elements lie
-    together (``row_run``: the rows' contiguous run); only where the plan keeps the weights across its
-    chunks (``cache_weights``): reloaded for every chunk, the transposes and their copies would be made
-    again each time (mobilenet_v2's training step)."""
-    return run_bytes < WEIGHT_RUN_BYTES and row_run >= row
+    together (``row_run``: the rows' contiguous run), for floats (TensorE transposes them), in a plan of
+    plain tap tiles (not folded, not packed) that keeps the weights across its chunks (``cache_weights``:
+    reloaded for every chunk, the transposes and their copies would be made again each time, as in
+    mobilenet_v2's training step)."""
+    return plan.fold == 1 and plan.pack == 1 and plan.cache_weights and is_float \
+        and run_bytes < WEIGHT_RUN_BYTES and row_run >= row
 
 
 DMA_T_BLOCK = 2048  # positions per DMA transpose (NeuronCore-v3)
