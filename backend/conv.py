@@ -64,10 +64,13 @@ from nxsat.extract.plan import (
     PlaneTiling,
     WindowClass,
     WindowPlan,
+    cast_split,
     conv_plan,
     depthwise_gradient_fits,
     depthwise_gradient_tiling,
     depthwise_plan,
+    fold_growth,
+    fold_homes,
     gradient_stacking_pays,
     out_block,
     packed_outputs_last,
@@ -398,6 +401,7 @@ class Work:
     reset_weights: bool
     steps: list | None = None  # None: no tap meets the input, the results are zero
     stationary: list = field(default_factory=list)
+    homes: list = field(default_factory=list)  # per tap group: the group whose tile it reads, the move there
 
 
 def _job(cv: Conv, job: Job) -> None:
@@ -511,6 +515,8 @@ def _work(cv: Conv, job: Job, combo: Combo, chunk: Chunk, c_tiles: list[tuple[in
     per_dim = [_blocks(taps, plan.fold if folding and d == fd else plan.tap_block[d])
                for d, taps in enumerate(active)]
     w.steps = []
+    w.homes = fold_homes(plan, [[[tp.i0 for tp in grp] for grp in groups] for groups in per_dim],
+                         [cls.istep for cls in combo])
     for ct in c_tiles:
         for gid, group in enumerate(product(*per_dim)):
             others = [group[d] if not (folding and d == fd) else [None] for d in range(nsp)]
@@ -523,10 +529,13 @@ def _prepare(cv: Conv, w: Work) -> None:
     """Load (or find loaded) the bank's input tiles and stationary operands."""
     if w.reset_weights:
         cv.weights = {}
+    grow = fold_growth(w.homes)
+    groups = {gid: group for _, gid, group, _ in w.steps or ()}
     for ct, gid, group, taps in w.steps or ():
-        key = (ct, gid)
+        home = w.homes[gid][0]
+        key = (ct, home)
         if key not in w.inputs:
-            w.inputs[key] = _load_input(cv, w.job, w.combo, w.chunk, ct, group)
+            w.inputs[key] = _load_input(cv, w.job, w.combo, w.chunk, ct, groups[home], grow.get(home, 0))
         w.stationary.append(_stationary(cv, w.job, ct, w.ot, group, taps))
 
 
@@ -551,8 +560,9 @@ def _compute(cv: Conv, w: Work) -> None:
                  for b, pc in enumerate(pieces)]
     for bank, piece in zip(banks, pieces):
         for k, ((ct, gid, group, taps), st) in enumerate(zip(w.steps, w.stationary)):
-            tile, boxes = w.inputs[(ct, gid)]
-            mv = _moving(cv, tile, boxes, w.combo, piece, group, taps, st.shape[0], w.chunk)
+            home, move = w.homes[gid]
+            tile, boxes = w.inputs[(ct, home)]
+            mv = _moving(cv, tile, boxes, w.combo, piece, group, taps, st.shape[0], w.chunk, move)
             g.add("pe", "matmul", bank, st, mv, start=k == 0, stop=k == len(w.steps) - 1)
     if (cv.plan.transpose_out == "dma" or cv.nsp == 0) and cv.ep.reads_psum(cv.out_t):
         # the epilogue's first step reads the accumulator itself, bank by bank, pipelined
@@ -598,9 +608,10 @@ def _evacuate(cv: Conv, dst: Ref, src: Ref) -> None:
 
 # --- inputs ----------------------------------------------------------------------------------------
 
-def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, int], group: Group
-                ) -> tuple[Ref, list]:
-    """The input tile of one (channel tile, tap group): ``[K, nb, E...]``, K = channels x fold blocks.
+def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, int], group: Group,
+                grow: int = 0) -> tuple[Ref, list]:
+    """The input tile of one (channel tile, tap group): ``[K, nb, E...]``, K = channels x fold blocks;
+    ``grow`` more outputs' rows on the fold dimension for the later groups that read it (``fold_homes``).
 
     Returns the tile and per spatial dimension its :class:`Box` (or, on the fold dimension, the list of
     per-block boxes)."""
@@ -617,7 +628,7 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
         u = _box(taps, cls.istep, ja, jn)
         union.append(u)
         if folding and d == fd:
-            boxes.append([Box(tp.i0 + ja * cls.istep, cls.istep, jn) for tp in taps])
+            boxes.append([Box(tp.i0 + ja * cls.istep, cls.istep, jn + grow) for tp in taps])
         else:
             boxes.append(u)
     nblk = len(group[fd]) if folding else 1
@@ -676,6 +687,9 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
     return _converted(cv, tile), boxes
 
 
+QUADRANT = 32  # the partitions an engine access may start at are its multiples
+
+
 def _fold_stride(cv: Conv, ck: int, nblk: int) -> int:
     """The partitions between consecutive fold blocks of ``ck`` channels: a quadrant's multiple where
     ``ck`` is not one and the blocks still fit, else ``ck``. Engines start at partitions 0, 32, 64 and 96,
@@ -683,7 +697,7 @@ def _fold_stride(cv: Conv, ck: int, nblk: int) -> int:
     pass) where a block at partition 16 took an SBUF-to-SBUF DMA, 1.8 us on resnet_small's critical path
     for a copy of 0.2. The rows between blocks are zeros in both operands (TensorE's time is the moving
     operand's columns, not its rows). Only for inputs loaded channels-first, the fold blocks' own loads."""
-    quad = 32
+    quad = QUADRANT
     stride = -(-ck // quad) * quad
     if nblk < 2 or ck % quad == 0 or cv.plan.transpose_in != "dma" or \
             (nblk - 1) * stride + ck > cv.lw.target.partitions:
@@ -723,9 +737,10 @@ def _fill_direct(cv: Conv, tile: Ref, regions: list, cin: int, ck: int, nin: int
     everywhere first with ``zero``: rows between the regions)."""
     n_in = cv.geo.in_spatial
     loads = []
-    pad = zero
+    slabs: list[tuple[slice, ...]] = []  # the padding each region reads
     for p0, bxs in regions:
-        dst_key: list = [slice(p0, p0 + ck), slice(None)]
+        whole = [slice(p0, p0 + ck), slice(0, nb), *(slice(0, bx.extent) for bx in bxs)]
+        dst_key: list = [slice(p0, p0 + ck), slice(0, nb)]
         src_key: list = [slice(nin, nin + nb), slice(cin, cin + ck)]
         empty = False
         for d, bx in enumerate(bxs):
@@ -733,19 +748,39 @@ def _fill_direct(cv: Conv, tile: Ref, regions: list, cin: int, ck: int, nin: int
             if lo >= hi:
                 empty = True
                 break
-            pad = pad or lo > 0 or hi < bx.extent
             dst_key.append(slice(lo, hi))
             a = bx.lo + lo * bx.step
             src_key.append(slice(a, a + (hi - lo - 1) * bx.step + 1, bx.step))
         if empty:
-            pad = True
+            slabs.append(tuple(whole))
             continue
+        slabs += _outside(whole, dst_key)
         perm = (1, 0, *range(2, cv.nsp + 2))
         loads.append((tile[tuple(dst_key)], cv.X[tuple(src_key)].permute(*perm)))
-    if pad:
+    slabs = _merged(slabs)
+    if zero or any(sl[0].start % QUADRANT for sl in slabs):  # the engines start at a quadrant
         _memset(cv, tile)
+    else:
+        # only the padding: the loads write the rest (a stage-1 3x3 input tile of ResNet-50, 128 x 34 x 58,
+        # took GpSimd 0.66 us zeroed whole, beside VectorE's port)
+        for slab in slabs:
+            _memset(cv, tile[slab])
     for dst, src in loads:
         cv.g.add("dma", "dma", dst, src)
+
+
+def _merged(slabs: list[tuple[slice, ...]]) -> list[tuple[slice, ...]]:
+    """Slabs of consecutive partitions and the same free extent as one slab each (a fold's blocks share
+    their padding columns)."""
+    out: list[tuple[slice, ...]] = []
+    for sl in slabs:
+        for k, o in enumerate(out):
+            if o[1:] == sl[1:] and o[0].stop == sl[0].start:
+                out[k] = (slice(o[0].start, sl[0].stop), *sl[1:])
+                break
+        else:
+            out.append(sl)
+    return out
 
 
 def _rows(valid: list[tuple[int, int]], nb: int, seg_cap: int, cap: int, max_rows: int = 1 << 30
@@ -930,9 +965,10 @@ def _load_positions(cv: Conv, dst: Ref, src: Ref) -> None:
 
 
 def _moving(cv: Conv, tile: Ref, boxes: list, combo: Combo, chunk: Chunk, group: Group, taps: TapCombo,
-            k: int, base: Chunk) -> Ref:
+            k: int, base: Chunk, move: int = 0) -> Ref:
     """The moving operand of one matmul: the tile's view that the tap combination reads for the outputs
-    ``chunk`` (a piece of ``base``, the chunk the tile was loaded for)."""
+    ``chunk`` (a piece of ``base``, the chunk the tile was loaded for; ``move`` outputs on along the fold
+    dimension where the tile is another tap group's, ``fold_homes``)."""
     plan = cv.plan
     folding = plan.fold > 1
     (na, nb) = chunk[0]
@@ -940,7 +976,7 @@ def _moving(cv: Conv, tile: Ref, boxes: list, combo: Combo, chunk: Chunk, group:
     for d, cls in enumerate(combo):
         ja, jn = chunk[d + 1]
         if folding and d == plan.fold_dim:  # the tile holds the chunk's outputs one for one
-            off = ja - base[d + 1][0]
+            off = ja - base[d + 1][0] + move
             key.append(slice(off, off + jn))
             continue
         bx = boxes[d]
@@ -1036,8 +1072,16 @@ def _weights_converted(cv: Conv, raw: Ref) -> Ref:
         return raw
     t = cv.g.tile(raw.shape, cv.mt, "sbuf", "cvwc").ref()
     # floats on ScalarE: in a convolution it only evacuates PSUM, while VectorE runs the layers'
-    # elementwise work (ResNet-50: 165 us of weight casts on VectorE, 8% of ScalarE busy); the same rounding
-    cv.g.copy(raw.dtype.is_float and cv.mt.is_float, t, raw)
+    # elementwise work (ResNet-50: 165 us of weight casts on VectorE, 8% of ScalarE busy); the same rounding.
+    # A long one shared with VectorE (cast_split).
+    if not (raw.dtype.is_float and cv.mt.is_float):
+        cv.g.copy(False, t, raw)
+        return t
+    cols = raw.shape[-1]
+    k = cast_split(cv.lw.target, math.prod(raw.shape[1:]), cols)
+    cv.g.copy(True, t[..., :k], raw[..., :k])
+    if k < cols:
+        cv.g.copy(False, t[..., k:], raw[..., k:])
     return t
 
 

@@ -35,6 +35,7 @@ from nxsat.extract.plan import (
     ADD_ENGINES,
     BN_STATS_MAX,
     DMA_T_BLOCK,
+    FORMULA_DEFAULTS,
     GROUP_NORM_RESIDENT,
     MAX_COLS,
     NARROW_WRITERS,
@@ -43,9 +44,12 @@ from nxsat.extract.plan import (
     ConvGeometry,
     ConvPlan,
     DepthwisePlan,
+    cast_split,
     conv_plan,
     depthwise_plan,
     dot_sizes,
+    fold_growth,
+    fold_homes,
     forwarded_input,
     hosts_rows,
     layer_norm_rows,
@@ -78,8 +82,7 @@ _ENGINE = {registry.SCALAR: ("act", "activation"), registry.VECTOR: ("dve", "ten
 # A depthwise tile's products and sums (extract/plan.py prices the same instructions): fp32 in SBUF, strided.
 _DW_VARS = {"psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
 # The variables of the target's cost formulas an operator-level price does not distinguish.
-_FORMULA_DEFAULTS = {"fast": 0, "accum": 0, "half": 0, "zero_bf16": 0, "fp32": 0, "psum_in": 0, "all_sbuf": 1,
-                     "lowp": 0, "contig": 1, "P": 128}
+_FORMULA_DEFAULTS = FORMULA_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -854,16 +857,20 @@ class CostModel:
                         for k in range(0, len(taps), plan.fold if folding and dd == fd else plan.tap_block[dd])]
                        for dd, taps in enumerate(active)]
             steps = 0
+            groups = _product_list(per_dim)
+            homes = fold_homes(plan, [[[i0 for _, i0 in g] for g in gs] for gs in per_dim], [c.istep for c in combo])
+            grow = fold_growth(homes)
             for ci, ck in enumerate(c_tiles):
-                for gid, group in enumerate(_product_list(per_dim)):
+                for gid, group in enumerate(groups):
                     steps += math.prod(1 if folding and dd == fd else len(g) for dd, g in enumerate(group))
-                    # the input tile of (channel tile, tap group)
-                    ikey = (ci, gid)
+                    # the input tile of (channel tile, tap group): another group's, grown, where fold_homes says
+                    home = homes[gid][0]
+                    ikey = (ci, home)
                     if ikey not in inputs_seen:
-                        if not o_outer:
+                        if not o_outer or home != gid:
                             inputs_seen.add(ikey)
-                        r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, group, xs, isz, bank, fp32_in, evacuate,
-                                                     on_chip)
+                        r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, groups[home], xs, isz, bank, fp32_in,
+                                                     evacuate, on_chip, grow.get(home, 0))
                         l_res += r_[0]
                         l_lat = max(l_lat, l_)
                         pe += r_[1]
@@ -885,8 +892,15 @@ class CostModel:
                         w_keys += bool(tps)
                         if (wsz != geo.itemsize or tps) and plan.pack == 1:  # converted (or copied out of PSUM)
                             per = math.prod(ksize) // (ksize[fd] if folding else 1) * won
-                            dve += op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": per,
-                                                                     "P": ck * nblk})
+                            copy = {**_FORMULA_DEFAULTS, "P": ck * nblk}
+                            if w_float and tps == 0 and dt.by_name(geo.dtype).is_float:
+                                # backend/conv.py's _weights_converted: ScalarE's share, VectorE's the rest
+                                k = cast_split(t, per, won)
+                                act += op_ns(t, "activation", "act", **{**copy, "N": per * k // won})
+                                if k < won:
+                                    dve += op_ns(t, "tensor_copy", "dve", **{**copy, "N": per * (won - k) // won})
+                            else:
+                                dve += op_ns(t, "tensor_copy", "dve", **{**copy, "N": per})
                         if plan.pack > 1:
                             dve += math.prod(ksize) * op_ns(t, "select", "dve", **{**_FORMULA_DEFAULTS,
                                                                                   "N": on})
@@ -949,10 +963,11 @@ class CostModel:
         return steady + last_tail + 2 * self.dma_fixed
 
     def _conv_input(self, geo: ConvGeometry, plan: ConvPlan, combo: tuple, chunk: tuple, ck: int, group: tuple,
-                    xs: tuple[int, ...], isz: int, bank: int, fp32: int, evacuate: Any, on_chip: bool = False
-                    ) -> tuple[tuple[float, float, float], float]:
+                    xs: tuple[int, ...], isz: int, bank: int, fp32: int, evacuate: Any, on_chip: bool = False,
+                    grow: int = 0) -> tuple[tuple[float, float, float], float]:
         """One input tile (backend/conv.py's ``_load_input``): ((DMA share, TensorE, GpSimd), DMA time alone);
-        ``on_chip``: the tile's loads are GpSimd copies of the producer's tiles instead."""
+        ``on_chip``: the tile's loads are GpSimd copies of the producer's tiles instead; ``grow``: more rows
+        on the fold dimension for the groups that read it (``fold_homes``)."""
         t = self.target
         nsp = len(geo.in_spatial)
         folding = plan.fold > 1
@@ -971,7 +986,7 @@ class CostModel:
                 step = math.gcd(step, o_ - offs[0])
             step = step or 1
             boxes.append((lo, step, (hi - lo) // step + 1))
-            blocks.append([(i0 + ja * cls.istep, cls.istep, jn) for i0 in offs])
+            blocks.append([(i0 + ja * cls.istep, cls.istep, jn + (grow if dd == fd else 0)) for i0 in offs])
         nblk = len(group[fd]) if folding else 1
         dma = lat = pe = pool = 0.0
         cl = plan.transpose_in != "dma"
@@ -984,6 +999,7 @@ class CostModel:
                 regions.append(list(boxes))
             ext = [bx[2] for bx in regions[0]]
             pad = False
+            padding = 0  # elements zeroed: only where a region meets padding (backend/conv.py _fill_direct)
             if not cl:
                 for bxs in regions:
                     if not folding and bxs[-1][1] > 1 and xs[-1] == 1:  # a strided window: its span as rows
@@ -993,9 +1009,11 @@ class CostModel:
                     valid = [_box_valid(bx, n) for bx, n in zip(bxs, geo.in_spatial)]
                     if any(a >= b for a, b in valid):
                         pad = True
+                        padding += nb * math.prod(ext)
                         continue
                     cnt = [b - a for a, b in valid]
                     pad = pad or any(c_ < e for c_, e in zip(cnt, ext))
+                    padding += nb * (math.prod(ext) - math.prod(cnt))
                     # runs: the tile's rows (whole when no padding cuts them) and the input's (step 1)
                     dst_run = _run(_strides((nb, *ext)), (nb, *cnt), tuple(range(nsp + 1)))
                     steps_ = [bx[1] for bx in bxs]
@@ -1010,7 +1028,7 @@ class CostModel:
                     dma += r_
                     lat = max(lat, l_)
                 if pad:
-                    pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
+                    pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": padding})
                 return (dma, pe, pool), lat
             # channels-last: blocks of positions [w, rows, ck] loaded, transposed on TensorE, evacuated
             valid = [_box_valid(bx, n) for bx, n in zip(boxes, geo.in_spatial)]

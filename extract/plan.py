@@ -263,6 +263,30 @@ def shard_plan(weight_bytes: int, other_bytes: int, result_bytes: int, flops: in
     return ShardPlan(r, saved, gather)
 
 
+# The variables of the target's cost formulas an operator-level price does not distinguish.
+FORMULA_DEFAULTS = {"fast": 0, "accum": 0, "half": 0, "zero_bf16": 0, "fp32": 0, "psum_in": 0, "all_sbuf": 1,
+                    "lowp": 0, "contig": 1, "P": 128}
+# A weight conversion at least this long a partition is shared by ScalarE and VectorE (cast_split). ResNet-50
+# under unet-inference: 571.0 us shared from 512 elements, 572.3 from 1,024, 573.0 from 256 (more, shorter
+# instructions); 577.3 all on ScalarE.
+CAST_SPLIT_FREE = 512
+
+
+def cast_split(target: Target, free: int, cols: int) -> int:
+    """How many of a float weight conversion's ``cols`` (its last dimension; ``free`` elements a partition in
+    all) ScalarE converts, VectorE the rest: in proportion to their speeds, so that both finish together.
+    A convolution's weights are converted next to it, and once SBUF is full of weights in their own type the
+    next loads wait for those conversions: ResNet-50's 3x3 512-channel kernels took ScalarE 3.3 us a
+    quarter, one after another, while VectorE was idle and the DMA queues fell to 190 GB/s. All on ScalarE
+    below :data:`CAST_SPLIT_FREE` (an instruction's fixed cost) or with one column."""
+    if free < CAST_SPLIT_FREE or cols < 2:
+        return cols
+    values = {**FORMULA_DEFAULTS, "N": free}
+    act = op_ns(target, "activation", "act", **values)
+    dve = op_ns(target, "tensor_copy", "dve", **values)
+    return max(1, min(cols - 1, round(cols * dve / (act + dve))))
+
+
 def op_ns(target: Target, opcode: str, engine: str, **values: float) -> float:
     """Nanoseconds one instruction takes on ``engine`` under the target's cost formula (``values``: the
     formula's variables, as sim/isa.py's ``cost_vars`` gives them)."""
@@ -682,6 +706,41 @@ def weights_by_rows(plan: ConvPlan, is_float: bool, run_bytes: int, row_run: int
     mobilenet_v2's training step)."""
     return plan.fold == 1 and plan.pack == 1 and plan.cache_weights and is_float \
         and run_bytes < WEIGHT_RUN_BYTES and row_run >= row
+
+
+def fold_homes(plan: ConvPlan, per_dim: list[list[list[int]]], isteps: list[int]) -> list[tuple[int, int]]:
+    """Per tap group of one output block (``itertools.product(*per_dim)`` order; ``per_dim[d]`` the tap
+    groups of dimension ``d`` as the taps' input offsets): the group whose input tile it reads and by how
+    many outputs its taps move along the fold dimension there. A folded tile's block ``b`` holds the input
+    shifted by tap ``b``; a later fold group whose every block is the first group's block moved by one
+    whole number of outputs reads that tile, grown by as many rows, instead of a tile of its own (a 3x3
+    convolution of 64 channels folds taps 0 and 1; tap 2 is block 0 two rows on: ResNet-50's stage 1 copied
+    each input row into three places, now two). Only for the tiles loaded directly, block by block (a
+    channels-last input's fold is made by transposes of sliding windows)."""
+    groups = list(_product([range(len(g)) for g in per_dim]))
+    out = [(k, 0) for k in range(len(groups))]
+    fd = plan.fold_dim
+    if plan.fold < 2 or plan.transpose_in != "dma" or fd >= len(per_dim):
+        return out
+    index = {g: k for k, g in enumerate(groups)}
+    first = per_dim[fd][0]
+    for k, g in enumerate(groups):
+        later = per_dim[fd][g[fd]]
+        moves = {q - p for p, q in zip(first, later)}
+        if g[fd] == 0 or len(later) > len(first) or len(moves) != 1:
+            continue
+        move = moves.pop()
+        if move > 0 and move % isteps[fd] == 0:
+            out[k] = (index[(*g[:fd], 0, *g[fd + 1:])], move // isteps[fd])
+    return out
+
+
+def fold_growth(homes: list[tuple[int, int]]) -> dict[int, int]:
+    """The rows each home tile of :func:`fold_homes` grows by: its readers' largest move."""
+    grow: dict[int, int] = {}
+    for home, move in homes:
+        grow[home] = max(grow.get(home, 0), move)
+    return grow
 
 
 DMA_T_BLOCK = 2048  # positions per DMA transpose (NeuronCore-v3)

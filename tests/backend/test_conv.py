@@ -471,6 +471,37 @@ ENTRY main {
     assert_device_matches(m, small_ints(m), "trn1")
 
 
+FOLD64 = """HloModule fold64
+ENTRY main {
+  x = f32[1,64,20,20] parameter(0)
+  w1 = f32[64,64,1,1] parameter(1)
+  w2 = f32[64,64,3,3] parameter(2)
+  a = f32[1,64,20,20] convolution(x, w1), window={size=1x1}, dim_labels=bf01_oi01->bf01
+  z = f32[] constant(0)
+  zb = f32[1,64,20,20] broadcast(z), dimensions={}
+  r = f32[1,64,20,20] maximum(a, zb)
+  ROOT c = f32[1,64,20,20] convolution(r, w2), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_oi01->bf01
+}
+"""
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_folds_last_tap_reads_the_first_groups_tile(target: str) -> None:
+    """A 3x3 convolution of 64 channels folds row taps 0 and 1 onto the partitions; tap 2 is block 0 two rows
+    on, so it reads that tile, grown by two rows, rather than a 64-partition tile of its own
+    (``extract.plan.fold_homes``: ResNet-50's stage 1 copied each input row into three places, now two).
+    Only the tiles' padding is zeroed. Same values."""
+    t = sim.load_target(target)
+    m = module_of(FOLD64)
+    insts = lower_graph(m, t).graph.insts
+    taps = [i.operands[2] for i in insts if i.opcode == "matmul" and i.operands[2].buf.shape[-1] == 22]
+    assert sorted(r.shape[0] for r in taps) == [64] * 3 + [128] * 3  # taps 0 and 1 folded, then tap 2
+    assert {r.buf.shape for r in taps} == {(128, 1, 22, 22)}  # one tile: 20 rows, 2 more for tap 2
+    zeroed = [i.operands[0] for i in insts if i.opcode == "memset" and i.operands[0].buf.name.startswith("cvin")]
+    assert zeroed and all(math.prod(r.shape[1:]) < math.prod(r.buf.shape[1:]) for r in zeroed)
+    assert_device_matches(m, small_ints(m), target)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_reduce_window_tight_budget(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plans, "WINDOW_TILE_BUDGET", 512)

@@ -141,3 +141,25 @@ def test_a_weight_gradients_casts_are_absorbed_by_its_dots(case: str, target: st
     inputs = {p.type.shape for p in m.entry.params}
     assert not [n for n, tt in c.program.tensors.items() if tt.kind == "scratch" and tt.dtype.name == "bf16"
                 and tt.shape in inputs]
+
+
+def test_a_long_weight_conversion_is_shared_by_scalare_and_vectore() -> None:
+    """A 3x3 kernel of 128 channels converted to bf16 is 1,152 elements a partition: ScalarE converts its
+    share of the output channels and VectorE the rest, in proportion to their speeds (extract.plan.cast_split),
+    so that loads waiting for SBUF room wait half as long. A 1x1 kernel's 128 stay on ScalarE. Same values."""
+    from nxsat.backend import device_forms, lower_graph
+    from nxsat.extract.plan import cast_split
+
+    t = sim.load_target("trn1")
+    for w, split in (("[3,3,128,128]", True), ("[1,1,128,128]", False)):
+        text = _conv("[1,8,8,128]", w, "[1,8,8,128]", window="size=3x3 pad=1_1x1_1" if split else "size=1x1")
+        insts = lower_graph(device_forms(module_of(text), t), t).graph.insts
+        casts = [i for i in insts if i.reads and i.reads[0].buf.name.startswith("cvw")
+                 and i.opcode in ("activation", "tensor_copy")]
+        engines = sorted(i.engine for i in casts)
+        assert engines == (["act", "dve"] if split else ["act"])
+        if split:
+            act = next(i for i in casts if i.engine == "act")
+            assert act.operands[0].shape[-1] == cast_split(t, 9 * 128, 128) == 71  # 1.25 : 1
+        assert_device_matches(module_of(text), target="trn1", rtol=1e-5, atol_scale=1e-5)
+    assert cast_split(t, 256, 128) == 128 and cast_split(t, 4096, 1) == 1
