@@ -860,15 +860,17 @@ class CostModel:
             groups = _product_list(per_dim)
             homes = fold_homes(plan, [[[i0 for _, i0 in g] for g in gs] for gs in per_dim], [c.istep for c in combo])
             grow = fold_growth(homes)
+            loaded_here: set = set()  # this work's input tiles (one a home, however many groups read it)
             for ci, ck in enumerate(c_tiles):
                 for gid, group in enumerate(groups):
                     steps += math.prod(1 if folding and dd == fd else len(g) for dd, g in enumerate(group))
                     # the input tile of (channel tile, tap group): another group's, grown, where fold_homes says
-                    home = homes[gid][0]
-                    ikey = (ci, home)
-                    if ikey not in inputs_seen:
-                        if not o_outer or home != gid:
+                    ikey = (ci, homes[gid][0])
+                    if ikey not in inputs_seen and ikey not in loaded_here:
+                        loaded_here.add(ikey)
+                        if not o_outer:
                             inputs_seen.add(ikey)
+                        home = homes[gid][0]
                         r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, groups[home], xs, isz, bank, fp32_in,
                                                      evacuate, on_chip, grow.get(home, 0))
                         l_res += r_[0]

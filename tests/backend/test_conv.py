@@ -438,6 +438,23 @@ def test_a_max_pooling_read_only_by_a_cast_writes_the_cast() -> None:
     assert_device_matches(m, inputs, "trn1")
 
 
+def relu_then_3x3(cin: int, c: int, hw: int) -> str:
+    """A 1x1 convolution of ``cin`` to ``c`` channels, a ReLU, and a 3x3 of ``c`` channels (NCHW, OIHW):
+    the 3x3's input tiles are the ReLU's, still on chip."""
+    return f"""HloModule fold
+ENTRY main {{
+  x = f32[1,{cin},{hw},{hw}] parameter(0)
+  w1 = f32[{c},{cin},1,1] parameter(1)
+  w2 = f32[{c},{c},3,3] parameter(2)
+  a = f32[1,{c},{hw},{hw}] convolution(x, w1), window={{size=1x1}}, dim_labels=bf01_oi01->bf01
+  z = f32[] constant(0)
+  zb = f32[1,{c},{hw},{hw}] broadcast(z), dimensions={{}}
+  r = f32[1,{c},{hw},{hw}] maximum(a, zb)
+  ROOT y = f32[1,{c},{hw},{hw}] convolution(r, w2), window={{size=3x3 pad=1_1x1_1}}, dim_labels=bf01_oi01->bf01
+}}
+"""
+
+
 def test_fold_blocks_of_few_channels_start_at_quadrants(tmp_path: Path) -> None:
     """A 3x3 convolution of 16 channels stacks its three row taps on the partitions: at 0, 32 and 64 rather
     than 0, 16 and 32, so each block of the input computed just before (the ReLU's tiles, still in SBUF)
@@ -445,18 +462,7 @@ def test_fold_blocks_of_few_channels_start_at_quadrants(tmp_path: Path) -> None:
     an SBUF-to-SBUF DMA. The rows between blocks are zeros in both operands: the same values."""
     from nxsat.driver import CompileOptions, compile_model
 
-    src = """HloModule fold
-ENTRY main {
-  x = f32[1,32,16,16] parameter(0)
-  w1 = f32[16,32,1,1] parameter(1)
-  w2 = f32[16,16,3,3] parameter(2)
-  a = f32[1,16,16,16] convolution(x, w1), window={size=1x1}, dim_labels=bf01_oi01->bf01
-  z = f32[] constant(0)
-  zb = f32[1,16,16,16] broadcast(z), dimensions={}
-  r = f32[1,16,16,16] maximum(a, zb)
-  ROOT c = f32[1,16,16,16] convolution(r, w2), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_oi01->bf01
-}
-"""
+    src = relu_then_3x3(32, 16, 16)
     path = tmp_path / "fold.hlo"
     path.write_text(src)
     report = compile_model(str(path), CompileOptions(target="trn1", optlevel=1)).report
@@ -471,20 +477,6 @@ ENTRY main {
     assert_device_matches(m, small_ints(m), "trn1")
 
 
-FOLD64 = """HloModule fold64
-ENTRY main {
-  x = f32[1,64,20,20] parameter(0)
-  w1 = f32[64,64,1,1] parameter(1)
-  w2 = f32[64,64,3,3] parameter(2)
-  a = f32[1,64,20,20] convolution(x, w1), window={size=1x1}, dim_labels=bf01_oi01->bf01
-  z = f32[] constant(0)
-  zb = f32[1,64,20,20] broadcast(z), dimensions={}
-  r = f32[1,64,20,20] maximum(a, zb)
-  ROOT c = f32[1,64,20,20] convolution(r, w2), window={size=3x3 pad=1_1x1_1}, dim_labels=bf01_oi01->bf01
-}
-"""
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_folds_last_tap_reads_the_first_groups_tile(target: str) -> None:
     """A 3x3 convolution of 64 channels folds row taps 0 and 1 onto the partitions; tap 2 is block 0 two rows
@@ -492,7 +484,7 @@ def test_a_folds_last_tap_reads_the_first_groups_tile(target: str) -> None:
     (``extract.plan.fold_homes``: ResNet-50's stage 1 copied each input row into three places, now two).
     Only the tiles' padding is zeroed. Same values."""
     t = sim.load_target(target)
-    m = module_of(FOLD64)
+    m = module_of(relu_then_3x3(64, 64, 20))
     insts = lower_graph(m, t).graph.insts
     taps = [i.operands[2] for i in insts if i.opcode == "matmul" and i.operands[2].buf.shape[-1] == 22]
     assert sorted(r.shape[0] for r in taps) == [64] * 3 + [128] * 3  # taps 0 and 1 folded, then tap 2

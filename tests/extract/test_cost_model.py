@@ -115,6 +115,8 @@ CASES += [
 _3x3 = "size=3x3 pad=1_1x1_1"
 CASES += [
     ("conv3x3-nchw-8x64x56x56", _conv("8,64,56,56", "64,64,3,3", "8,64,56,56", _3x3, "bf01_oi01->bf01"), "matmult"),
+    # ResNet-50's stage 1, batch 1: the third row tap reads the first two's tile, grown (plan.fold_homes)
+    ("conv3x3-nchw-1x64x56x56", _conv("1,64,56,56", "64,64,3,3", "1,64,56,56", _3x3, "bf01_oi01->bf01"), "matmult"),
     ("conv3x3-nchw-4x128x28x28-f32", _conv("4,128,28,28", "128,128,3,3", "4,128,28,28", _3x3, "bf01_oi01->bf01"),
      "none"),
     ("conv1x1-nchw-8x256x14x14", _conv("8,256,14,14", "64,256,1,1", "8,64,14,14", "size=1x1", "bf01_oi01->bf01"),
