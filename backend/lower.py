@@ -145,6 +145,9 @@ class Lowering:
     fixed: set[int] = field(default_factory=set)  # from parameters and constants alone (elementwise.fixed_values)
     _consts: dict[tuple, Ref] = field(default_factory=dict)
     _copies: dict[tuple, Ref] = field(default_factory=dict)  # (buffer, access) -> its contiguous copy
+    # the nodes whose value is a view of such a copy (``view``): a reader that can read the original in pieces
+    # leaves the copy unread, and ``Graph.drop_dead`` removes it (backend/epilogue.py ``_row_runs``)
+    copied: set[int] = field(default_factory=set)
     _by_id: dict[int, Node] = field(default_factory=dict)
     _fresh: list[Any] = field(default_factory=list)  # values set since the last operator was lowered
 
@@ -248,6 +251,7 @@ class Lowering:
             out.shape  # noqa: B018 - resolves the chain: raises if it needs a copy
             return out
         except (AccessError, IndexError):
+            self.copied.add(node.id)
             return fn(self.contiguous(r, node))
 
     def contiguous(self, r: Ref, node: Node) -> Ref:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import json
 import math
@@ -820,10 +821,22 @@ def _can_fork() -> bool:
 @contextlib.contextmanager
 def _forking() -> Iterator[None]:
     """Python 3.12+ warns that a process with threads (egglog's, BLAS's) may deadlock when forked: the
-    children run only the backend and the simulator (Python and numpy), not the threads' libraries."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
-        yield
+    children run only the backend and the simulator (Python and numpy), not the threads' libraries. Nor
+    may a child free what the parent made: an e-graph that is garbage by then frees its tables through
+    egglog's thread pool, whose threads a forked process does not have, and waits for them forever (a
+    child's first garbage collection did, in the test suite: the race check's process never reported).
+    What exists at the fork is frozen (``gc.freeze``): the child's collections leave it alone; the
+    parent's resume once the child is started."""
+    parent = os.getpid()
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
+            yield
+    finally:
+        if os.getpid() == parent:  # a child forked inside the block leaves it too
+            gc.unfreeze()
 
 
 def _in_background(fn: Callable[[], None]) -> Callable[[], None]:

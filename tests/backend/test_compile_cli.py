@@ -668,3 +668,35 @@ def test_an_output_that_returns_its_donated_parameter_moves_nothing(tmp_path: Pa
     np.testing.assert_array_equal(got[0], w)
     np.testing.assert_array_equal(got[2], w)
     np.testing.assert_allclose(got[1], w @ x, rtol=1e-5, atol=1e-4)
+
+
+def test_a_forked_check_does_not_wait_for_an_e_graph_the_parent_left_as_garbage() -> None:
+    """An e-graph that is garbage at the fork frees its tables through egglog's thread pool, which a forked
+    process does not have: a child whose first garbage collection found one waited forever, and so did the
+    compile for its report (the suite hung in the test above). What exists at the fork is frozen for the
+    child (``driver._forking``). Run in a process of its own with a time limit: a regression hangs."""
+    import signal
+
+    code = """
+import gc
+from nxsat import driver
+from nxsat.rules.egraph import eb
+
+class Holder:
+    pass
+
+h = Holder()
+h.me, h.eg = h, eb.EGraph()  # a cycle: only the collector frees it
+del h
+driver._in_background(gc.collect)()
+print("reported")
+"""
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the process and the child it waits for
+        p.communicate()
+        pytest.fail("the forked check never reported")
+    assert p.returncode == 0 and out.strip() == "reported", err[-2000:]
