@@ -267,8 +267,8 @@ def shard_plan(weight_bytes: int, other_bytes: int, result_bytes: int, flops: in
 FORMULA_DEFAULTS = {"fast": 0, "accum": 0, "half": 0, "zero_bf16": 0, "fp32": 0, "psum_in": 0, "all_sbuf": 1,
                     "lowp": 0, "contig": 1, "P": 128}
 # A weight conversion at least this long a partition is shared by ScalarE and VectorE (cast_split). ResNet-50
-# under unet-inference: 571.0 us shared from 512 elements, 572.3 from 1,024, 573.0 from 256 (more, shorter
-# instructions); 577.3 all on ScalarE.
+# under unet-inference, its streaming schedule, with a fold's shared tiles (fold_homes): 566.4 us shared from
+# 512 elements, 567.7 from 1,024, 573.0 from 256 (more, shorter instructions), 580.6 all on ScalarE.
 CAST_SPLIT_FREE = 512
 
 
