@@ -303,27 +303,30 @@ def _row_runs(lw: Lowering, node: Node, where: Ref) -> list[tuple[int, Ref]] | N
     except (AccessError, KeyError, AssertionError):
         return None
     shape = tuple(base.shape)
-    if len(where.shape) != 2 or len(shape) < 2 or dims[1][1] != 1:
+    if len(where.shape) != 2 or len(shape) < 2:
         return None
-    (rows, pstride), (cols, _) = dims
+    rows, cols = where.shape
+    if len(dims) == 2 and tuple(dims[1]) == (cols, 1):
+        pstride = dims[0][1]
+    elif len(dims) == 1 and tuple(dims[0]) == (rows * cols, 1):  # whole rows, merged into one run
+        pstride = cols
+    else:
+        return None
     last = shape[-1]
     offset = where.ap.offset
-    if offset % last + cols > last:  # a row of the tile spans two of the value's rows
+    # a tile's row within one row of the value, and the next partition whole rows of it further on
+    if offset % last + cols > last or pstride <= 0 or pstride % last:
         return None
+    step = pstride // last  # the value's rows along its second-to-last dimension from one partition to the next
     runs: list[tuple[int, Ref]] = []
     p = 0
     while p < rows:
-        e = offset + p * pstride
         idx = []
-        rest = e
+        rest = offset + p * pstride
         for n in reversed(shape):
             idx.append(rest % n)
             rest //= n
         idx.reverse()
-        # the rows that follow along the value's second-to-last dimension, one step each
-        step = pstride // last if pstride % last == 0 else 0
-        if step == 0:
-            return None
         n = min(rows - p, (shape[-2] - idx[-2] + step - 1) // step)
         key = (*idx[:-2], slice(idx[-2], idx[-2] + (n - 1) * step + 1, step), slice(idx[-1], idx[-1] + cols))
         runs.append((p, src[key]))
