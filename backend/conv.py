@@ -48,6 +48,7 @@ from nxsat import dtypes as dt
 from nxsat.attrs import ConvDims, DotDims, PadDim, SliceDim, WindowDim
 from nxsat.backend.elementwise import Cluster, lower_cluster
 from nxsat.backend.epilogue import Epilogue, epilogue
+from nxsat.backend.forward import engine_ok
 from nxsat.backend.graph import Graph, Ref
 from nxsat.backend.lower import Lowering, _fused_source, device_dtype, hosts, lowers, onchip_dtype, plans
 from nxsat.backend.matmul import operand_type
@@ -687,9 +688,6 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
     return _converted(cv, tile), boxes
 
 
-QUADRANT = 32  # the partitions an engine access may start at are its multiples
-
-
 def _fold_stride(cv: Conv, ck: int, nblk: int) -> int:
     """The partitions between consecutive fold blocks of ``ck`` channels: a quadrant's multiple where
     ``ck`` is not one and the blocks still fit, else ``ck``. Engines start at partitions 0, 32, 64 and 96,
@@ -697,7 +695,7 @@ def _fold_stride(cv: Conv, ck: int, nblk: int) -> int:
     pass) where a block at partition 16 took an SBUF-to-SBUF DMA, 1.8 us on resnet_small's critical path
     for a copy of 0.2. The rows between blocks are zeros in both operands (TensorE's time is the moving
     operand's columns, not its rows). Only for inputs loaded channels-first, the fold blocks' own loads."""
-    quad = QUADRANT
+    quad = 32
     stride = -(-ck // quad) * quad
     if nblk < 2 or ck % quad == 0 or cv.plan.transpose_in != "dma" or \
             (nblk - 1) * stride + ck > cv.lw.target.partitions:
@@ -758,7 +756,7 @@ def _fill_direct(cv: Conv, tile: Ref, regions: list, cin: int, ck: int, nin: int
         perm = (1, 0, *range(2, cv.nsp + 2))
         loads.append((tile[tuple(dst_key)], cv.X[tuple(src_key)].permute(*perm)))
     slabs = _merged(slabs)
-    if zero or any(sl[0].start % QUADRANT for sl in slabs):  # the engines start at a quadrant
+    if zero or not all(engine_ok(tile[sl], cv.lw.target) for sl in slabs):  # where GpSimd may not start
         _memset(cv, tile)
     else:
         # only the padding: the loads write the rest (a stage-1 3x3 input tile of ResNet-50, 128 x 34 x 58,

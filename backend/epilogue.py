@@ -219,18 +219,20 @@ class Epilogue:
         src = self.inputs[oid]
         assert isinstance(src, Ref)
         node = next(o for m in self.cluster.members for o in m.operands if o.id == oid)  # type: ignore[union-attr]
-        if node.id in self.lw.copied:  # a copy made because a view failed: read the original run by run
+        copied = node.id in self.lw.copied  # src is a copy made because a view failed: try the original first
+        view: Ref | None = None
+        if not copied:
+            try:
+                view = place(src)
+                view.ap  # noqa: B018 - resolved: raises where the strides do not merge
+            except AccessError:
+                view = None
+        if view is None:
             runs = _row_runs(self.lw, node, place(self.frame(virtual(node))))
             if runs is not None:
                 return self._load_runs(runs, flat)
-        try:
-            view = place(src)
-            view.ap  # noqa: B018 - resolved: raises where the strides do not merge
-        except AccessError:
-            runs = _row_runs(self.lw, node, place(self.frame(virtual(node))))
-            if runs is not None:
-                return self._load_runs(runs, flat)
-            self.inputs[oid] = src = self.frame(self.lw.contiguous(self.lw.ref(node), node))
+            if not copied:
+                self.inputs[oid] = src = self.frame(self.lw.contiguous(self.lw.ref(node), node))
             view = place(src)
         shape = view.shape
         dims = view.ap.dims

@@ -115,7 +115,7 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(s for s in shape if s != 1)
 
 
-def _engine_ok(r: Ref, target: Target) -> bool:
+def engine_ok(r: Ref, target: Target) -> bool:
     """Whether a compute engine may access ``r`` (the verifier's rule)."""
     p0, n = r.ap.part
     return engine_access_fault(p0, n, r.ap, target) is None
@@ -145,7 +145,7 @@ def _source(dst: Ref, store: Inst, pos: np.ndarray, target: Target) -> tuple[Ref
         except (AccessError, IndexError, ValueError):
             continue
         if view.shape[0] == dst.shape[0] and _squeezed(view.shape[1:]) == _squeezed(dst.shape[1:]) \
-                and _engine_ok(view, target) and _engine_ok(dst, target):
+                and engine_ok(view, target) and engine_ok(dst, target):
             return view, True
         if _squeezed(view.shape) == _squeezed(dst.shape):
             return view, False
@@ -671,8 +671,8 @@ def _write_in_place(g: Graph, copies: list[Inst], target: Target) -> tuple[int, 
             for r in (*w.operands[1:], *(v for v in w.attrs.values() if isinstance(v, Ref))):
                 if r.shape == out.shape:
                     swap[id(r)] = r.reshape(*dst.shape) if r.shape != dst.shape else r
-            if not (_same_partitions(dst, out) and _engine_ok(dst, target)
-                    and all(_engine_ok(v, target) for v in swap.values() if v.buf.onchip)):
+            if not (_same_partitions(dst, out) and engine_ok(dst, target)
+                    and all(engine_ok(v, target) for v in swap.values() if v.buf.onchip)):
                 continue
         except (AccessError, ValueError, IndexError):
             continue
@@ -726,7 +726,7 @@ def _readers_in_place(ld: Inst, stored: Callable[[Ref], Ref | None], target: Tar
                 new = stored(r)
             except (AccessError, ValueError, IndexError):
                 return None
-            if new is None or (u.engine != "dma" and not _engine_ok(new, target)):
+            if new is None or (u.engine != "dma" and not engine_ok(new, target)):
                 return None
             swap[id(r)] = new
         if not swap:
@@ -817,7 +817,7 @@ def _evacuated(g: Graph, target: Target, add: Inst, x: Ref) -> tuple[Inst, Ref] 
         full = t.ref().reshape(*out.shape)
         place = src.reshape(*out.shape) if src.shape != out.shape else src
         if out.ap != full.ap or x.reshape(*out.shape).ap != full.ap \
-                or not (_same_partitions(place, out) and _engine_ok(place, target)):
+                or not (_same_partitions(place, out) and engine_ok(place, target)):
             return None
         there = g.resolved(place)
         for u in bank.users:

@@ -35,7 +35,6 @@ from nxsat.extract.plan import (
     ADD_ENGINES,
     BN_STATS_MAX,
     DMA_T_BLOCK,
-    FORMULA_DEFAULTS,
     GROUP_NORM_RESIDENT,
     MAX_COLS,
     NARROW_WRITERS,
@@ -66,6 +65,7 @@ from nxsat.extract.plan import (
     vector_dot,
     weights_by_rows,
 )
+from nxsat.extract.plan import FORMULA_DEFAULTS as _FORMULA_DEFAULTS
 from nxsat.ops import registry
 from nxsat.rules import terms
 from nxsat.rules.egraph import EGraph, View, operand_layout
@@ -82,7 +82,6 @@ _ENGINE = {registry.SCALAR: ("act", "activation"), registry.VECTOR: ("dve", "ten
 # A depthwise tile's products and sums (extract/plan.py prices the same instructions): fp32 in SBUF, strided.
 _DW_VARS = {"psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
 # The variables of the target's cost formulas an operator-level price does not distinguish.
-_FORMULA_DEFAULTS = FORMULA_DEFAULTS
 
 
 @dataclass(frozen=True)

@@ -726,8 +726,8 @@ def fold_homes(plan: ConvPlan, per_dim: list[list[list[int]]], isteps: list[int]
     first = per_dim[fd][0]
     for k, g in enumerate(groups):
         later = per_dim[fd][g[fd]]
-        moves = {q - p for p, q in zip(first, later)}
-        if g[fd] == 0 or len(later) > len(first) or len(moves) != 1:
+        moves = {q - p for p, q in zip(first, later)}  # a later group has no more taps than the first
+        if g[fd] == 0 or len(moves) != 1:
             continue
         move = moves.pop()
         if move > 0 and move % isteps[fd] == 0:
