@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,9 +59,12 @@ def main() -> None:
             if wanted and name not in wanted:
                 continue
             runs = {}
+            tmp = tempfile.TemporaryDirectory()
+            kept = Path(tmp.name) / "family.neff"
             for mt in ("generic", family, other):
                 extra = ["--relay-constants", str(RELAY_CONSTANTS[name])] if name in RELAY_CONSTANTS else []
-                runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra)
+                runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra,
+                                       neff=kept if mt == family else None)
             bad = next((r for r in runs.values() if "error" in r), None)
             if bad:
                 print(f"{name:<18} {family:<15} failed: {bad['error'][:150]}")
@@ -73,6 +77,22 @@ def main() -> None:
             print(f"{name:<18} {family:<15} {g:11.1f} {f:11.1f} {o:11.1f} {roof:10.2f} {g / f:8.3f} {f / roof:8.2f} "
                   f"{o / g - 1:+9.2%} {'yes' if met else 'no':>4}  {fused}" + (f" / {rules}" if rules else ""),
                   flush=True)
+            if not met:  # what limits it: the family's program's critical path
+                print(limits(kept), flush=True)
+            tmp.cleanup()
+
+
+def limits(neff: Path, top: int = 4) -> str:
+    """The critical path of a compiled model, as two indented lines (nxsat profile prints it in full)."""
+    from nxsat.sim import load_file
+    from nxsat.sim.critical import summary
+
+    m = load_file(str(neff))
+    s = summary(m.linked, m.timeline(), top)
+    total = sum(s["by_engine_ns"].values()) or 1.0
+    share = ", ".join(f"{k} {v / total:.0%}" for k, v in s["by_engine_ns"].items() if v / total >= 0.005)
+    ops = ", ".join(f"{o['operator'] or '-'} on {o['engine']} {o['ns'] / 1000:.1f}" for o in s["operators"])
+    return f"{'':<18} critical path: {share}\n{'':<18} longest: {ops} (us)"
 
 
 if __name__ == "__main__":

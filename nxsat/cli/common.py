@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
 import numpy as np
 
 from nxsat import dtypes as dt
+
+
+def count_arg(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (argparse then says what is wrong, with a code)."""
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, not {value!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {n}")
+        return n
+    return parse
 
 
 def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: dt.DType) -> np.ndarray:

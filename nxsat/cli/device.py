@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from nxsat.cli.common import array_summary, input_arrays, random_array
+from nxsat.cli.common import array_summary, count_arg, input_arrays, random_array
 from nxsat.diagnostics import Warnings
 
 
@@ -63,6 +63,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """``nxsat profile``: the timing report (text or JSON) and optionally the Perfetto trace."""
     from nxsat.io import atomic_write, check_output
     from nxsat.sim import load_file
+    from nxsat.sim.critical import format_path
+    from nxsat.sim.critical import summary as path_summary
     from nxsat.sim.report import format_summary
 
     if args.trace:
@@ -71,10 +73,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     summary, tl = model.profile()
     if args.trace:
         atomic_write(args.trace, model.trace(tl))
+    summary["critical_path"] = path_summary(model.linked, tl, args.critical_path)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print(format_summary(summary))
+        names = {k: e["name"] for k, e in summary["engines"].items()} | {"dma": "DMA"}
+        print(format_path(summary["critical_path"], summary["latency_ns"], names))
         if args.trace:
             print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     return 0
@@ -136,6 +141,9 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace (one track per engine "
                    "and DMA queue)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--critical-path", type=count_arg(0), default=8, metavar="N",
+                   help="how many of the critical path's operators to list, longest first (default 8): the "
+                   "chain of instructions, each waiting for the one before it, that the latency is made of")
     _target_args(p, "the device this runtime simulates (default: the NEFF's own; another is refused)")
     _verify_arg(p)
     p.set_defaults(func=cmd_profile)

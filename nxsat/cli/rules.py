@@ -8,6 +8,7 @@ import sys
 import traceback
 from typing import Any
 
+from nxsat.cli.common import count_arg
 from nxsat.diagnostics import NxsatError, error
 
 
@@ -18,19 +19,6 @@ def _catalog(files: list[str] | None = None) -> Any:
     if not files:
         return catalog()
     return build_catalog(extra_files=[(rule_file_set(f), f, read_text(f)) for f in files])
-
-
-def _count(minimum: int) -> Any:
-    """An argparse type: an integer of at least ``minimum``."""
-    def parse(value: str) -> int:
-        try:
-            n = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, not {value!r}") from None
-        if n < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {n}")
-        return n
-    return parse
 
 
 def _level(value: str) -> int:
@@ -248,7 +236,7 @@ def register(sub: Any) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="rules to check (default: all, or those of --file)")
     p.add_argument("--file", action="append", metavar="F", help="check the rules of this file")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--instances", type=_count(1), default=4, metavar="N",
+    p.add_argument("--instances", type=count_arg(1), default=4, metavar="N",
                    help="stop once a rule has fired in N instances (default 4)")
     p.add_argument("--allow-untested", action="store_true", help="a rule that never fired does not fail")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -290,7 +278,7 @@ def register(sub: Any) -> None:
     p.add_argument("--framework", choices=["XLA", "RELAY"], type=str.upper, help="input format of both")
     p.add_argument("--model-type", metavar="T", help="which rule sets to use (default generic)")
     p.add_argument("-O", type=_level, default=2, metavar="N", help="saturation budget level (default 2)")
-    p.add_argument("--trials", type=_count(0), default=20, metavar="N",
+    p.add_argument("--trials", type=count_arg(0), default=20, metavar="N",
                    help="random trials for a counterexample (default 20)")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed of the trials and of Relay constants given as [shape, dtype] (default 0)")
