@@ -22,9 +22,11 @@ differently: the driver then undoes the pass and forwards within a smaller budge
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -168,7 +170,7 @@ COPY_MIN_PARTITIONS = 32  # a piece on fewer partitions is moved by an SBUF-to-S
 
 
 def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target,
-            owners: dict[tuple, tuple[np.ndarray, np.ndarray] | None]) -> list[tuple[Inst, Ref, Ref, bool]] | None:
+            owners: _Memo) -> list[tuple[Inst, Ref, Ref, bool]] | None:
     """``load`` as on-chip reads of the tiles ``writes`` stored, one per piece of its destination: the
     destination cut along one dimension where the writer changes (a pooling's window over the two tiles
     of rows the convolution before it stored). Each piece is (store, destination piece, view of the
@@ -178,15 +180,40 @@ def _pieces(load: Inst, writes: list[tuple[Inst, Ref]], target: Target,
         return None  # a piece per writer at least
     dst, src = load.operands
     key = (src.ap, tuple(w.ap for _, w in writes))  # the same loads and stores recur layer after layer
-    if key not in owners:
-        owners[key] = _owners(*key)
-    got = owners[key]
+    got = owners.get(key, lambda: _owners(*key))
     if got is None:
         return None
     flat = np.arange(math.prod(dst.shape), dtype=np.int64).reshape(dst.shape)
     # cut along one dimension, or two (a projection's [128, 2, 128] load of four heads' [64, 128] tiles)
     out = _cut(_Cut(dst, writes, flat, *got, target), [(0, n) for n in dst.shape], 2)
     return out if out is not None and len(out) > 1 else None
+
+
+MEMO_BYTES = 256 << 20  # the most a pass keeps of its tables for loads and stores that recur
+
+
+class _Memo:
+    """Tables (numpy arrays) by the access patterns they were made from, the least recently used dropped
+    past :data:`MEMO_BYTES`: the same loads and stores recur layer after layer, one after another, but
+    kept to the end of the pass mobilenet_v2's training step held 13.4 GB of them (7,268 loads taken in
+    pieces, each a table as long as it reads)."""
+
+    def __init__(self, limit: int = MEMO_BYTES) -> None:
+        self.limit = limit
+        self.kept: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self.nbytes = 0
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        if key in self.kept:
+            self.kept.move_to_end(key)
+            return self.kept[key][0]
+        value = make()
+        n = sum(a.nbytes for a in (value if isinstance(value, tuple) else (value,)) if isinstance(a, np.ndarray))
+        self.kept[key] = (value, n)
+        self.nbytes += n
+        while self.nbytes > self.limit and len(self.kept) > 1:
+            self.nbytes -= self.kept.popitem(last=False)[1][1]
+        return value
 
 
 def _owners(read: AP, writes: tuple[AP, ...]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -199,16 +226,22 @@ def _owners(read: AP, writes: tuple[AP, ...]) -> tuple[np.ndarray, np.ndarray] |
     if int(b.min()) < lo or int(b.max()) >= hi:
         return None  # reads an element no writer wrote
     if hi - lo <= 8 * sum(len(a) for a in written):  # by tables over the writers' span (as _places)
-        who = np.full(hi - lo, -1, dtype=np.int64)
+        # who wrote each element of the span (an int8: at most MAX_PIECES writers), its place in that
+        # write's order, and whether a second write met it (only an element the load reads matters)
+        who = np.full(hi - lo, -1, dtype=np.int8)
         at = np.zeros(hi - lo, dtype=np.int64)
-        times = np.zeros(hi - lo, dtype=np.int64)
+        twice = np.zeros(hi - lo, dtype=bool)
         for j, a in enumerate(written):
-            who[a - lo] = j
-            at[a - lo] = np.arange(len(a), dtype=np.int64)
-            times[a - lo] += 1
-        if bool((times[b - lo] > 1).any()):
+            k = a - lo
+            met = who[k] >= 0
+            if met.any():
+                twice[k[met]] = True
+            who[k] = j
+            at[k] = np.arange(len(a), dtype=np.int64)
+        k = b - lo
+        if bool(twice[k].any()):
             return None  # written twice: the later write is not the only one
-        owner, place = who[b - lo], at[b - lo]
+        owner, place = who[k], at[k]
     else:
         owner = np.full(len(b), -1, dtype=np.int64)
         place = np.zeros(len(b), dtype=np.int64)
@@ -415,8 +448,8 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
         delta[last_use[key] + 1] -= tiles[key].row_bytes
     live = _Live(np.cumsum(delta))
     accepted: list[tuple[Inst, Inst, Ref, bool]] = []
-    places: dict[tuple[AP, AP], np.ndarray] = {}  # (store's access, load's access) -> _places
-    owners: dict[tuple, tuple[np.ndarray, np.ndarray] | None] = {}  # (load's, stores' accesses) -> _owners
+    places = _Memo()  # (store's access, load's access) -> _places
+    owners = _Memo()  # (load's, stores' accesses) -> _owners
     reach_of = dict(last_use)  # tile -> the last instruction it is live to, forwarded loads included
     for key, cs in sorted(by_tile.items(), key=lambda kv: last_use[kv[0]]):
         nbytes = tiles[key].row_bytes
@@ -427,9 +460,7 @@ def forward_stores(g: Graph, target: Target, budget: float = BUDGET, write_in_pl
                 stats.refused += len(cs) - k
                 break
             key = (w.ap, ld.operands[1].ap)  # the same store and load shapes recur layer after layer
-            pos = places.get(key)
-            if pos is None:
-                pos = places[key] = _places(w, ld.operands[1])
+            pos = places.get(key, partial(_places, w, ld.operands[1]))
             got = _source(ld.operands[0], st, pos, target)
             if got is None:
                 continue

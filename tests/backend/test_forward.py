@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from nxsat import dtypes as dt
 from nxsat import sim
 from nxsat.attrs import DotDims
-from nxsat.backend.forward import _box, _decode, addresses, forward_stores
+from nxsat.backend.forward import _box, _decode, _Memo, _owners, addresses, forward_stores
 from nxsat.backend.graph import Graph
 from nxsat.backend.schedule import schedule
 from nxsat.diagnostics import error
@@ -575,3 +575,29 @@ def test_an_evacuation_another_step_also_reads_its_bank_for_stays_out_of_the_ban
 
     assert psum_operands(graph(False), TARGET) == 1
     assert psum_operands(graph(True), TARGET) == 0
+
+
+def test_owners_refuses_only_an_element_the_load_reads_twice_written() -> None:
+    """Two stores overlap on elements 8..11: a load of 0..7 and 12..15 has one writer per element (the
+    first store's place for 0..7, the second's for 12..15); a load reading 8 has two."""
+    first, second = AP(0, ((12, 1),)), AP(8, ((8, 1),))
+    got = _owners(AP(0, ((2, 12), (4, 1))), (first, second))  # 0..3 and 12..15
+    assert got is not None
+    owner, place = got
+    assert owner.tolist() == [0, 0, 0, 0, 1, 1, 1, 1] and place.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert _owners(AP(6, ((4, 1),)), (first, second)) is None  # reads 8 and 9
+    assert _owners(AP(0, ((20, 1),)), (first, second)) is None  # reads 16..19: no writer
+
+
+def test_memo_keeps_the_recent_tables_within_its_bytes() -> None:
+    made = []
+
+    def table(k: int) -> np.ndarray:
+        made.append(k)
+        return np.zeros(100, np.int64)  # 800 bytes
+
+    memo = _Memo(limit=2000)
+    for k in (1, 2, 1, 3, 1, 2):  # 3 pushes out 2 (1 was used since), 2 is made again
+        memo.get(k, lambda k=k: table(k))
+    assert made == [1, 2, 3, 2] and memo.nbytes <= 2000
+    assert memo.get(None, lambda: None) is None and memo.get(None, lambda: 1 / 0) is None  # kept, no bytes
