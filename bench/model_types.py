@@ -58,29 +58,31 @@ def main() -> None:
         for name, path in FAMILIES[family].items():
             if wanted and name not in wanted:
                 continue
-            runs = {}
-            tmp = tempfile.TemporaryDirectory()
-            kept = Path(tmp.name) / "family.neff"
-            for mt in ("generic", family, other):
-                extra = ["--relay-constants", str(RELAY_CONSTANTS[name])] if name in RELAY_CONSTANTS else []
-                runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra,
-                                       neff=kept if mt == family else None)
-            bad = next((r for r in runs.values() if "error" in r), None)
-            if bad:
-                print(f"{name:<18} {family:<15} failed: {bad['error'][:150]}")
-                continue
-            g, f, o = (runs[k]["latency_us"] for k in ("generic", family, other))
-            roof = runs[family]["roofline_us"]
-            met = g / f >= 1.3 or f / roof <= 1.1
-            fused = ", ".join(f"{k} x{v}" for k, v in runs[family].get("fused", {}).items()) or "-"
-            rules = ", ".join(f"{k} {v}" for k, v in runs[family]["egraph"].get("model_type_rules", {}).items())
-            print(f"{name:<18} {family:<15} {g:11.1f} {f:11.1f} {o:11.1f} {roof:10.2f} {g / f:8.3f} {f / roof:8.2f} "
-                  f"{o / g - 1:+9.2%} {'yes' if met else 'no':>4}  {fused}" + (f" / {rules}" if rules else ""),
-                  flush=True)
-            if not met:  # what limits it: the family's program's critical path
-                print(limits(kept), flush=True)
-            tmp.cleanup()
+            with tempfile.TemporaryDirectory() as tmp:
+                kept = Path(tmp) / "family.neff"  # the family's program, for its critical path
+                runs = {}
+                for mt in ("generic", family, other):
+                    extra = ["--relay-constants", str(RELAY_CONSTANTS[name])] if name in RELAY_CONSTANTS else []
+                    runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra,
+                                           neff=kept if mt == family else None)
+                report(name, family, other, runs, kept)
 
+
+def report(name: str, family: str, other: str, runs: dict[str, dict], kept: Path) -> None:
+    """One model's row; below it, where it misses the target, what limits it."""
+    bad = next((r for r in runs.values() if "error" in r), None)
+    if bad:
+        print(f"{name:<18} {family:<15} failed: {bad['error'][:150]}")
+        return
+    g, f, o = (runs[k]["latency_us"] for k in ("generic", family, other))
+    roof = runs[family]["roofline_us"]
+    met = g / f >= 1.3 or f / roof <= 1.1
+    fused = ", ".join(f"{k} x{v}" for k, v in runs[family].get("fused", {}).items()) or "-"
+    rules = ", ".join(f"{k} {v}" for k, v in runs[family]["egraph"].get("model_type_rules", {}).items())
+    print(f"{name:<18} {family:<15} {g:11.1f} {f:11.1f} {o:11.1f} {roof:10.2f} {g / f:8.3f} {f / roof:8.2f} "
+          f"{o / g - 1:+9.2%} {'yes' if met else 'no':>4}  {fused}" + (f" / {rules}" if rules else ""), flush=True)
+    if not met:  # what limits it: the family's program's critical path
+        print(limits(kept), flush=True)
 
 def limits(neff: Path, top: int = 4) -> str:
     """The critical path of a compiled model, as two indented lines (nxsat profile prints it in full)."""
