@@ -42,12 +42,10 @@ MODELS = {
 
 
 def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str | None = None,
-                model_type: str = "generic", extra: list[str] | None = None, neff: Path | None = None) -> dict:
-    """One compile in a fresh process: its report, wall seconds and peak RSS (``neff``: where the NEFF is
-    kept; by default it goes with a temporary directory)."""
+                model_type: str = "generic", extra: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "r.json"
-        cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(neff or Path(tmp) / "m.neff"), "--report",
+        cmd = [sys.executable, "-m", "nxsat", "compile", str(path), "-o", str(Path(tmp) / "m.neff"), "--report",
                str(rep), "--logfile", "", "--verbose", "error", "--target", args.target, f"-O{level}",
                "--auto-cast", args.auto_cast, "--auto-cast-type", args.auto_cast_type, "--fill-elided-constants"]
         if extractor:

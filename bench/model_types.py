@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,18 +57,16 @@ def main() -> None:
         for name, path in FAMILIES[family].items():
             if wanted and name not in wanted:
                 continue
-            with tempfile.TemporaryDirectory() as tmp:
-                kept = Path(tmp) / "family.neff"  # the family's program, for its critical path
-                runs = {}
-                for mt in ("generic", family, other):
-                    extra = ["--relay-constants", str(RELAY_CONSTANTS[name])] if name in RELAY_CONSTANTS else []
-                    runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra,
-                                           neff=kept if mt == family else None)
-                report(name, family, other, runs, kept)
+            runs = {}
+            for mt in ("generic", family, other):
+                extra = ["--relay-constants", str(RELAY_CONSTANTS[name])] if name in RELAY_CONSTANTS else []
+                runs[mt] = compile_one(path, args, args.O, model_type=mt, extra=extra)
+            report(name, family, other, runs)
 
 
-def report(name: str, family: str, other: str, runs: dict[str, dict], kept: Path) -> None:
-    """One model's row; below it, where it misses the target, what limits it."""
+def report(name: str, family: str, other: str, runs: dict[str, dict]) -> None:
+    """One model's row; below it, where it misses the target, what limits it: the critical path of the
+    family's program (the compile report's; ``nxsat profile`` prints it in full)."""
     bad = next((r for r in runs.values() if "error" in r), None)
     if bad:
         print(f"{name:<18} {family:<15} failed: {bad['error'][:150]}")
@@ -81,21 +78,13 @@ def report(name: str, family: str, other: str, runs: dict[str, dict], kept: Path
     rules = ", ".join(f"{k} {v}" for k, v in runs[family]["egraph"].get("model_type_rules", {}).items())
     print(f"{name:<18} {family:<15} {g:11.1f} {f:11.1f} {o:11.1f} {roof:10.2f} {g / f:8.3f} {f / roof:8.2f} "
           f"{o / g - 1:+9.2%} {'yes' if met else 'no':>4}  {fused}" + (f" / {rules}" if rules else ""), flush=True)
-    if not met:  # what limits it: the family's program's critical path
-        print(limits(kept), flush=True)
-
-def limits(neff: Path, top: int = 4) -> str:
-    """The critical path of a compiled model, as two indented lines (nxsat profile prints it in full)."""
-    from nxsat.sim import load_file
-    from nxsat.sim.critical import summary
-
-    m = load_file(str(neff))
-    s = summary(m.linked, m.timeline(), top)
-    total = sum(s["by_engine_ns"].values()) or 1.0
-    share = ", ".join(f"{k} {v / total:.0%}" for k, v in s["by_engine_ns"].items() if v / total >= 0.005)
-    ops = ", ".join(f"{o['operator'] or '-'} on {o['engine']} {o['ns'] / 1000:.1f}" for o in s["operators"])
-    return f"{'':<18} critical path: {share}\n{'':<18} longest: {ops} (us)"
-
+    if not met:
+        p = runs[family]["critical_path"]
+        total = sum(p["by_engine_ns"].values()) or 1.0
+        share = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(p["by_engine_ns"].items(), key=lambda kv: -kv[1])
+                          if v / total >= 0.005)
+        ops = ", ".join(f"{o['operator'] or '-'} on {o['engine']} {o['ns'] / 1000:.1f}" for o in p["operators"])
+        print(f"{'':<18} critical path: {share}\n{'':<18} longest: {ops} (us)", flush=True)
 
 if __name__ == "__main__":
     main()

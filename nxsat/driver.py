@@ -535,6 +535,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
     from nxsat.backend.forward import BUDGETS as FORWARD_BUDGETS
     from nxsat.backend.forward import Forwarded, forward_stores
+    from nxsat.sim.critical import summary as critical_path
     from nxsat.sim.report import summarize
     from nxsat.sim.runtime import encode
     from nxsat.sim.timing import simulate
@@ -627,7 +628,10 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         program = None
 
         def run() -> dict[str, Any]:
-            return st.run("simulate", lambda: summarize(linked, simulate(linked)))
+            def measured() -> dict[str, Any]:
+                tl = simulate(linked)
+                return {**summarize(linked, tl), "critical_path": critical_path(linked, tl, CRITICAL_TOP)}
+            return st.run("simulate", measured)
         data, model = None, None
         if now:  # the one schedule, finished whatever it measures: the simulation runs beside the race check
             data, model, summary = finish((linked, constants), run)
@@ -1037,6 +1041,7 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
         "mfu": summary["mfu"],
         "overlap": summary["overlap"],
         "forwarded": summary["forwarded"],
+        "critical_path": summary["critical_path"],
         "distribution_strategy": opts.distribution_strategy,
         "fused": dict(sorted(fused.items())),
     }
@@ -1066,6 +1071,18 @@ def _decisions(opts: CompileOptions, by_cost: tuple[str, ...], before: Module, a
             "channels_first_in_model": cf(before)}
 
 
+CRITICAL_TOP = 4  # the critical path's longest operators the report names (nxsat profile lists more)
+
+
+def _path_line(p: dict[str, Any], latency_ns: float) -> str:
+    """What the latency is made of (the critical path: sim/critical.py), its share by engine and its
+    longest operators, in one line."""
+    share = "  ".join(f"{k} {v / latency_ns:.0%}" for k, v in sorted(p["by_engine_ns"].items(), key=lambda kv: -kv[1])
+                      if latency_ns and v >= 0.005 * latency_ns)
+    ops = ", ".join(f"{o['operator'] or '-'} ({o['engine']}) {o['ns'] / 1000:.1f} us" for o in p["operators"][:2])
+    return share + (f"; longest {ops}" if ops else "")
+
+
 LAYOUT_WHO = {"cost": "chosen by cost)", "measured": "every convolution channels-first, measured faster than the "
               "cost model's choice)"}
 
@@ -1083,6 +1100,7 @@ def format_report(r: dict[str, Any]) -> str:
         "  forwarding   " + _forwarding_line(r["forwarded"]),
         "  engines      " + "  ".join(f"{k} {v:.0%}" for k, v in r["engines"].items() if not k.startswith("q"))
         + f"  DMA queues {sum(1 for k in r['engines'] if k.startswith('q'))}",
+        "  critical path " + _path_line(r["critical_path"], r["latency_us"] * 1000),
         f"  e-graph      {r['egraph']['nodes']:,} nodes, {r['egraph']['classes']:,} classes, "
         f"{r['egraph']['iterations']} iterations ({r['egraph']['stop_reason']})",
         "  stages       " + ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items()),

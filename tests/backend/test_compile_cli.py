@@ -700,3 +700,18 @@ print("reported")
         p.communicate()
         pytest.fail("the forked check never reported")
     assert p.returncode == 0 and out.strip() == "reported", err[-2000:]
+
+
+def test_the_report_says_what_the_latency_is_made_of(tmp_path, capsys) -> None:
+    """The compile report's critical path adds up to the latency and names the model's operators; the text
+    report prints it."""
+    from nxsat.driver import CompileOptions, compile_model, format_report
+
+    r = compile_model(str(DATA / "jax" / "mlp.hlo"), CompileOptions()).report
+    p = r["critical_path"]
+    assert sum(p["by_engine_ns"].values()) == pytest.approx(r["latency_us"] * 1000, abs=0.5)  # us to 3 places
+    assert p["steps"] > 1 and 0 < len(p["operators"]) <= 4
+    text = (DATA / "jax" / "mlp.hlo").read_text()
+    assert all(f"{o['operator']} = " in text for o in p["operators"] if o["operator"]), p["operators"]
+    line = next(x for x in format_report(r).splitlines() if x.startswith("  critical path "))
+    assert "%" in line and "longest" in line
