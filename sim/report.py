@@ -194,8 +194,9 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def chrome_trace(lk: Linked, tl: Timeline) -> str:
-    """A Chrome trace-event JSON (Perfetto opens it): one track (thread) per engine and DMA queue."""
+def chrome_trace(lk: Linked, tl: Timeline, critical: frozenset[int] = frozenset()) -> str:
+    """A Chrome trace-event JSON (Perfetto opens it): one track (thread) per engine and DMA queue; the
+    instructions on the critical path (``critical``) carry ``"critical": true``, which Perfetto finds."""
     t = lk.target
     prog = lk.program
     tracks = sorted(set(ENGINE_STREAMS) | set(lk.streams), key=stream_order)
@@ -218,6 +219,8 @@ def chrome_trace(lk: Linked, tl: Timeline) -> str:
         if label is None:
             label = labels[i] = format_instr(c.instr, prog)
         args: dict[str, Any] = {"line": c.line, "instruction": label}
+        if i in critical:
+            args["critical"] = True
         if c.instr.origin:
             args["origin"] = c.instr.origin
         tr = tl.transfers.get(i)

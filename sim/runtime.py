@@ -195,8 +195,8 @@ class Model:
         tl = simulate(self.linked)
         return summarize(self.linked, tl), tl
 
-    def trace(self, tl: Timeline) -> str:
-        return chrome_trace(self.linked, tl)
+    def trace(self, tl: Timeline, critical: frozenset[int] = frozenset()) -> str:
+        return chrome_trace(self.linked, tl, critical)
 
 
 def max_neff_bytes() -> int:

@@ -63,7 +63,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """``nxsat profile``: the timing report (text or JSON) and optionally the Perfetto trace."""
     from nxsat.io import atomic_write, check_output
     from nxsat.sim import load_file
-    from nxsat.sim.critical import format_path
+    from nxsat.sim.critical import critical_path, format_path
     from nxsat.sim.critical import summary as path_summary
     from nxsat.sim.report import format_summary
 
@@ -71,9 +71,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         check_output(args.trace, inputs=[args.model])
     model = load_file(args.model, args.target, args.lnc, args.verify)
     summary, tl = model.profile()
+    steps = critical_path(model.linked, tl)
     if args.trace:
-        atomic_write(args.trace, model.trace(tl))
-    summary["critical_path"] = path_summary(model.linked, tl, args.critical_path)
+        atomic_write(args.trace, model.trace(tl, frozenset(s.instr for s in steps)))
+    summary["critical_path"] = path_summary(model.linked, tl, args.critical_path, steps)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -139,7 +140,7 @@ def register(sub: Any) -> None:
                        "busy time and utilization, MFU, HBM traffic and bandwidth, SBUF/PSUM peaks, spills.")
     p.add_argument("model", metavar="MODEL.neff")
     p.add_argument("--trace", metavar="TRACE.json", help="write a Chrome/Perfetto trace (one track per engine "
-                   "and DMA queue)")
+                   "and DMA queue; the critical path's slices carry critical: true)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--critical-path", type=count_arg(0), default=8, metavar="N",
                    help="how many of the critical path's operators to list, longest first (default 8): the "

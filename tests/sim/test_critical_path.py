@@ -85,8 +85,11 @@ def test_profile_prints_and_reports_it(tmp_path, capsys) -> None:
     line = next(x for x in out.splitlines() if x.startswith("critical path"))
     assert "3 steps" in line and "DMA" in line and "ScalarE" in line
     assert len([x for x in out.splitlines() if x.startswith("  ") and " us  " in x]) == 2
-    assert main(["profile", str(neff), "--json"]) == 0
+    assert main(["profile", str(neff), "--json", "--trace", str(tmp_path / "t.json")]) == 0
     rep = json.loads(capsys.readouterr().out)
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    marked = [e for e in events if e.get("args", {}).get("critical")]
+    assert sorted(e["cat"] for e in marked) == ["act", "q0", "q2"]  # the long chain's load, pass and store
     assert rep["critical_path"]["steps"] == 3
     assert sum(rep["critical_path"]["by_engine_ns"].values()) == pytest.approx(rep["latency_ns"], abs=1e-3)
     with pytest.raises(SystemExit):
