@@ -535,7 +535,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
     from nxsat.backend import Options, graph_summary, lower_graph, schedule_graph
     from nxsat.backend.forward import BUDGETS as FORWARD_BUDGETS
     from nxsat.backend.forward import Forwarded, forward_stores
-    from nxsat.sim.critical import summary as critical_path
+    from nxsat.sim.critical import path_summary
     from nxsat.sim.report import summarize
     from nxsat.sim.runtime import encode
     from nxsat.sim.timing import simulate
@@ -630,7 +630,7 @@ def _backend(st: _Stages, formed: Module, target: Any, opts: CompileOptions, war
         def run() -> dict[str, Any]:
             def measured() -> dict[str, Any]:
                 tl = simulate(linked)
-                return {**summarize(linked, tl), "critical_path": critical_path(linked, tl, CRITICAL_TOP)}
+                return {**summarize(linked, tl), "critical_path": path_summary(linked, tl, CRITICAL_TOP)}
             return st.run("simulate", measured)
         data, model = None, None
         if now:  # the one schedule, finished whatever it measures: the simulation runs beside the race check

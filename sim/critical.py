@@ -86,7 +86,7 @@ def critical_path(lk: Linked, tl: Timeline) -> list[Step]:
     return steps
 
 
-def summary(lk: Linked, tl: Timeline, top: int = 8, steps: list[Step] | None = None) -> dict[str, Any]:
+def path_summary(lk: Linked, tl: Timeline, top: int = 8, steps: list[Step] | None = None) -> dict[str, Any]:
     """The path's time by engine (DMA queues as one) and waiting, and its ``top`` operators by engine
     (``steps``: the path, when the caller has it already)."""
     steps = critical_path(lk, tl) if steps is None else steps

@@ -63,8 +63,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """``nxsat profile``: the timing report (text or JSON) and optionally the Perfetto trace."""
     from nxsat.io import atomic_write, check_output
     from nxsat.sim import load_file
-    from nxsat.sim.critical import critical_path, format_path
-    from nxsat.sim.critical import summary as path_summary
+    from nxsat.sim.critical import critical_path, format_path, path_summary
     from nxsat.sim.report import format_summary
 
     if args.trace:

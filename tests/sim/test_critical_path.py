@@ -9,7 +9,7 @@ from nxsim_progs import EXAMPLES, build
 
 from nxsat.cli import main
 from nxsat.io import atomic_write
-from nxsat.sim.critical import WAITING, critical_path, summary
+from nxsat.sim.critical import WAITING, critical_path, path_summary
 
 # Two independent chains: a long one (a 2 MiB load, a pass over it on ScalarE, its store) and a short one
 # (a 64 KiB load, a copy on VectorE, its store). The latency is the long chain's.
@@ -47,7 +47,7 @@ def test_the_path_is_the_longer_chain_and_adds_up_to_the_latency() -> None:
     assert [(s.stream, m.linked.instrs[s.instr].instr.opcode) for s in steps] == \
         [("q0", "dma"), ("act", "activation"), ("q2", "dma")]
     assert all(a.end <= b.start - b.wait + 1e-9 for a, b in zip(steps, steps[1:]))
-    s = summary(m.linked, tl)
+    s = path_summary(m.linked, tl)
     assert sum(s["by_engine_ns"].values()) == pytest.approx(tl.latency, abs=1e-6)
     assert s["by_engine_ns"]["dma"] > s["by_engine_ns"]["act"] > 0 and s["by_engine_ns"][WAITING] > 0
     assert set(s["by_engine_ns"]) == {"dma", "act", WAITING}  # VectorE's copy is off the path
@@ -70,7 +70,7 @@ def test_a_wait_is_released_by_the_signal_that_met_it() -> None:
 def test_a_corpus_model_path_names_its_operators() -> None:
     m = build((EXAMPLES / "matmul.nxs").read_text())
     tl = m.timeline()
-    s = summary(m.linked, tl, top=3)
+    s = path_summary(m.linked, tl, top=3)
     assert sum(s["by_engine_ns"].values()) == pytest.approx(tl.latency, abs=1e-6)
     assert len(s["operators"]) <= 3 and s["operators"][0]["ns"] >= s["operators"][-1]["ns"]
 
