@@ -702,10 +702,12 @@ class _Clock:
     :class:`_Ready` to take the steps in time. Durations follow the target's cost table in shape, not to
     the cycle (a pass of N elements per partition, two-input passes at 2N; a matmul of N moving columns,
     fp32 at four passes), a step on another engine than its input's producer waits the dependent-step
-    stall; a DMA takes the fixed latency, then its bytes over the engines its descriptors keep busy, every
-    transfer in flight sharing the core's DMA engines, after the transfer before it on its queue (the queue
-    ``_emit`` will give it: a queue runs its transfers one after the other). What the simulator measures is
-    what -O2 keeps."""
+    stall; a DMA takes the fixed latency, then its bytes over the engines its descriptors keep busy, at
+    most an even share of the core's DMA engines with the transfers in flight when it begins (the
+    simulator shares them max-min fairly: a transfer issued beside seven others moves at an eighth of
+    the rate, however few bytes they have), and no sooner than the engines finish every transfer issued
+    before it, after the transfer before it on its queue (the queue ``_emit`` will give it: a queue runs its
+    transfers one after the other). What the simulator measures is what -O2 keeps."""
 
     PASS = {"tensor_tensor": 2.0, "select": 2.0}  # cycles per element where not one
 
@@ -724,6 +726,7 @@ class _Clock:
         self.free: dict[str, float] = defaultdict(float)
         self.end: dict[int, float] = {}
         self.dma_pool = 0.0  # when the DMA engines' share of the transfers issued so far is done
+        self.in_flight: list[float] = []  # heap: when each transfer issued so far ends
 
     def ready(self, i: Inst) -> float:
         return max((self.end[d.index] + (self.stall if d.engine != i.engine else 0.0) for d in i.deps),
@@ -769,7 +772,13 @@ class _Clock:
         q = self.queues.pick(i, self.extra)
         begin = max(t + self.latency, self.queue_free[q])  # the latency overlaps the queue's transfer before
         self.dma_pool = max(self.dma_pool, begin) + work / self.engines
-        end = self.queue_free[q] = max(begin + work / k, self.dma_pool)
+        flying = self.in_flight
+        while flying and flying[0] <= begin:
+            heapq.heappop(flying)
+        # an even share of the engines with the transfers still in flight when it begins, at most its own
+        share = min(k, self.engines / (len(flying) + 1))
+        end = self.queue_free[q] = max(begin + work / share, self.dma_pool)
+        heapq.heappush(flying, end)
         return end
 
 
