@@ -689,18 +689,19 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
 
 
 def _fold_stride(cv: Conv, ck: int, nblk: int) -> int:
-    """The partitions between consecutive fold blocks of ``ck`` channels: a quadrant's multiple where
-    ``ck`` is not one and the blocks still fit, else ``ck``. Engines start at partitions 0, 32, 64 and 96,
-    so a block at a quadrant's start is filled by an engine copy of a value still on chip (the forwarding
-    pass) where a block at partition 16 took an SBUF-to-SBUF DMA, 1.8 us on resnet_small's critical path
-    for a copy of 0.2. The rows between blocks are zeros in both operands (TensorE's time is the moving
+    """The partitions between consecutive fold blocks of ``ck`` channels: ``ck`` where every block then
+    starts where an engine may start an operand of ``ck`` partitions, else the nearest such start that
+    makes them all so and still fits (a quadrant's multiple on NeuronCore-v2: 0, 32, 64, 96), else ``ck``.
+    A block at such a start is filled by an engine copy of a value still on chip (the forwarding pass)
+    where a block at partition 16 took an SBUF-to-SBUF DMA, 1.8 us on resnet_small's critical path for a
+    copy of 0.2. The rows between blocks are zeros in both operands (TensorE's time is the moving
     operand's columns, not its rows). Only for inputs loaded channels-first, the fold blocks' own loads."""
-    quad = 32
-    stride = -(-ck // quad) * quad
-    if nblk < 2 or ck % quad == 0 or cv.plan.transpose_in != "dma" or \
-            (nblk - 1) * stride + ck > cv.lw.target.partitions:
+    target = cv.lw.target
+    starts = target.start_partitions(ck)
+    if nblk < 2 or cv.plan.transpose_in != "dma" or all(k * ck in starts for k in range(nblk)):
         return ck
-    return stride
+    return next((s for s in starts if s >= ck and all(k * s in starts for k in range(nblk))
+                 and (nblk - 1) * s + ck <= target.partitions), ck)
 
 
 def len_of(b: Box | list[Box]) -> int:

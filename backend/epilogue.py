@@ -266,7 +266,6 @@ class Epilogue:
         g.add("dve", "tensor_copy", full.reshape(*shape), wide)
         return full
 
-
     def _load_runs(self, runs: list[tuple[int, Ref]], flat: tuple[int, int]) -> Ref:
         """A tile loaded run by run (:func:`_row_runs`), once per distinct set of runs: the tiles of a value
         repeated along the rows (every one of them, when the period divides the tile) share one load."""

@@ -19,6 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compile_bench import ROOT, compile_one  # noqa: E402
 
+from nxsat.sim.critical import shares  # noqa: E402
+
 FAMILIES = {
     "transformer": {
         "transformer_layer": ROOT / "tests/data/jax/transformer_layer.hlo",
@@ -80,11 +82,9 @@ def report(name: str, family: str, other: str, runs: dict[str, dict]) -> None:
           f"{o / g - 1:+9.2%} {'yes' if met else 'no':>4}  {fused}" + (f" / {rules}" if rules else ""), flush=True)
     if not met:
         p = runs[family]["critical_path"]
-        total = sum(p["by_engine_ns"].values()) or 1.0
-        share = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(p["by_engine_ns"].items(), key=lambda kv: -kv[1])
-                          if v / total >= 0.005)
         ops = ", ".join(f"{o['operator'] or '-'} on {o['engine']} {o['ns'] / 1000:.1f}" for o in p["operators"])
-        print(f"{'':<18} critical path: {share}\n{'':<18} longest: {ops} (us)", flush=True)
+        print(f"{'':<18} critical path: {shares(p)}\n{'':<18} longest: {ops} (us)", flush=True)
+
 
 if __name__ == "__main__":
     main()

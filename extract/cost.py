@@ -35,6 +35,7 @@ from nxsat.extract.plan import (
     ADD_ENGINES,
     BN_STATS_MAX,
     DMA_T_BLOCK,
+    FORMULA_DEFAULTS,
     GROUP_NORM_RESIDENT,
     MAX_COLS,
     NARROW_WRITERS,
@@ -65,7 +66,6 @@ from nxsat.extract.plan import (
     vector_dot,
     weights_by_rows,
 )
-from nxsat.extract.plan import FORMULA_DEFAULTS as _FORMULA_DEFAULTS
 from nxsat.ops import registry
 from nxsat.rules import terms
 from nxsat.rules.egraph import EGraph, View, operand_layout
@@ -81,7 +81,6 @@ _ENGINE = {registry.SCALAR: ("act", "activation"), registry.VECTOR: ("dve", "ten
            registry.GPSIMD: ("pool", "tensor_tensor")}
 # A depthwise tile's products and sums (extract/plan.py prices the same instructions): fp32 in SBUF, strided.
 _DW_VARS = {"psum_in": 0, "all_sbuf": 1, "lowp": 0, "contig": 0, "fp32": 1, "fast": 0, "accum": 0}
-# The variables of the target's cost formulas an operator-level price does not distinguish.
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ class CostModel:
         per = -(-elements // self.P)
         if per == 0:
             return 0.0
-        v = {**_FORMULA_DEFAULTS, **values}
+        v = {**FORMULA_DEFAULTS, **values}
         tile = min(per, 512)
         full, rest = divmod(per, tile)
         ns = full * op_ns(self.target, opcode, engine, N=tile, **v)
@@ -168,7 +167,7 @@ class CostModel:
 
     def instr_ns(self, engine: str, opcode: str, count: int, **values: float) -> float:
         """``count`` instructions of one shape on ``engine`` (the formula's variables in ``values``)."""
-        return count * op_ns(self.target, opcode, engine, **{**_FORMULA_DEFAULTS, **values}) if count else 0.0
+        return count * op_ns(self.target, opcode, engine, **{**FORMULA_DEFAULTS, **values}) if count else 0.0
 
     @staticmethod
     def pipelined(stages: Sequence[float], resources: Sequence[float], tiles: int) -> float:
@@ -511,8 +510,8 @@ class CostModel:
                 pe += mc * nc * ktiles * op_ns(t, "matmul", "pe", M=mn, N=nn, K=plan.k_tile, P=plan.k_tile,
                                                dtype_factor=factor)
                 ev = mc * nc
-                act += (ev + 1) // 2 * op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": nn})
-                dve += ev // 2 * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": nn})
+                act += (ev + 1) // 2 * op_ns(t, "activation", "act", **{**FORMULA_DEFAULTS, "N": nn})
+                dve += ev // 2 * op_ns(t, "tensor_copy", "dve", **{**FORMULA_DEFAULTS, "N": nn})
         bank = t.psum_bank_bytes // 4
 
         def transposed(rows: int, loads: int, dtype: str) -> tuple[float, float, float]:
@@ -525,8 +524,8 @@ class CostModel:
                 p_ns += xc * ktiles * op_ns(t, "transpose", "pe", P=xn, N=plan.k_tile, fp32=fp32)
                 for cnt, cc in _tiles(ktiles, per_bank):
                     copies = xc * cc
-                    v_ns += (copies + 1) // 2 * op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": cnt * xn})
-                    a_ns += copies // 2 * op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": cnt * xn})
+                    v_ns += (copies + 1) // 2 * op_ns(t, "tensor_copy", "dve", **{**FORMULA_DEFAULTS, "N": cnt * xn})
+                    a_ns += copies // 2 * op_ns(t, "activation", "act", **{**FORMULA_DEFAULTS, "N": cnt * xn})
             return p_ns * loads, v_ns * loads, a_ns * loads
 
         if lt:
@@ -572,7 +571,7 @@ class CostModel:
             store = B * self.dma_ns(M * os_, plan.m_tile * os_, min(-(-M // plan.m_tile), self.P))
             for cn, cc in _tiles(mtiles, t.matmul["cols"]):
                 pe += cc * op_ns(t, "transpose", "pe", P=plan.m_tile, N=cn, fp32=1)
-                act += cc * op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": plan.m_tile})
+                act += cc * op_ns(t, "activation", "act", **{**FORMULA_DEFAULTS, "N": plan.m_tile})
         else:
             store = B * self.dma_ns(M * N * os_, min(N, plan.n_tile) * os_, min(M, self.P))
         pe, act, dve = B * pe, B * act, B * dve
@@ -592,7 +591,7 @@ class CostModel:
             # (over 4 x 56 x 56: 24 us, not the 6 of its bytes alone)
             xn = min(M + N, t.matmul["rows"])
             per_bank = max(1, t.psum_bank_bytes // 4 // xn)  # K tiles one bank holds
-            bubbles = sum(op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS,
+            bubbles = sum(op_ns(t, "tensor_copy", "dve", **{**FORMULA_DEFAULTS,
                                                              "N": min(per_bank, -(-r // plan.k_tile)) * xn})
                           for r in runs)
             rows = t.matmul["rows"]  # a DMA per 128-row block and operand in it (_load_pe_transposed)
@@ -772,8 +771,8 @@ class CostModel:
         evac: list[tuple[float, float]] = []  # (ScalarE, VectorE) price of each PSUM evacuation
 
         def evacuate(n: int, parts: int) -> None:
-            evac.append((op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": n, "P": parts}),
-                         op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": n, "P": parts})))
+            evac.append((op_ns(t, "activation", "act", **{**FORMULA_DEFAULTS, "N": n, "P": parts}),
+                         op_ns(t, "tensor_copy", "dve", **{**FORMULA_DEFAULTS, "N": n, "P": parts})))
 
         # --- weights: bytes and run of one key's loads, and TensorE's transposes of them
         def weight_load(ck: int, on: int) -> tuple[float, float, float]:
@@ -847,7 +846,7 @@ class CostModel:
             nbk, nbn = chunk[0]
             out_elems = math.prod(jn for _, jn in chunk[1:])
             if any(not a for a in active):
-                pool += op_ns(t, "memset", "dve", **{**_FORMULA_DEFAULTS, "N": nbn * out_elems})
+                pool += op_ns(t, "memset", "dve", **{**FORMULA_DEFAULTS, "N": nbn * out_elems})
                 s_res, s_lat = self._xfer(on * nbn * out_elems * osz, out_elems * osz, on)
                 dma_res += s_res
                 works += 1
@@ -893,7 +892,7 @@ class CostModel:
                         w_keys += bool(tps)
                         if (wsz != geo.itemsize or tps) and plan.pack == 1:  # converted (or copied out of PSUM)
                             per = math.prod(ksize) // (ksize[fd] if folding else 1) * won
-                            copy = {**_FORMULA_DEFAULTS, "P": ck * nblk}
+                            copy = {**FORMULA_DEFAULTS, "P": ck * nblk}
                             if w_float and tps == 0 and dt.by_name(geo.dtype).is_float:
                                 # backend/conv.py's _weights_converted: ScalarE's share, VectorE's the rest
                                 k = cast_split(t, per, won)
@@ -903,7 +902,7 @@ class CostModel:
                             else:
                                 dve += op_ns(t, "tensor_copy", "dve", **{**copy, "N": per})
                         if plan.pack > 1:
-                            dve += math.prod(ksize) * op_ns(t, "select", "dve", **{**_FORMULA_DEFAULTS,
+                            dve += math.prod(ksize) * op_ns(t, "select", "dve", **{**FORMULA_DEFAULTS,
                                                                                   "N": on})
             # matmuls: one per step per PSUM piece
             pieces = 1
@@ -1021,7 +1020,7 @@ class CostModel:
                     src_str = (xs[0], *(s_ * st for s_, st in zip(xs[2:], steps_)))
                     src_run = _run(src_str, (nb, *cnt), tuple(range(nsp + 1)))
                     if on_chip:
-                        pool += op_ns(t, "tensor_copy", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(cnt),
+                        pool += op_ns(t, "tensor_copy", "pool", **{**FORMULA_DEFAULTS, "N": nb * math.prod(cnt),
                                                                    "P": ck})
                         continue
                     nbytes = ck * nb * math.prod(cnt) * isz
@@ -1029,12 +1028,12 @@ class CostModel:
                     dma += r_
                     lat = max(lat, l_)
                 if pad:
-                    pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": padding})
+                    pool += op_ns(t, "memset", "pool", **{**FORMULA_DEFAULTS, "N": padding})
                 return (dma, pe, pool), lat
             # channels-last: blocks of positions [w, rows, ck] loaded, transposed on TensorE, evacuated
             valid = [_box_valid(bx, n) for bx, n in zip(boxes, geo.in_spatial)]
             if any(a >= b for a, b in valid) or any(a > 0 or b < bx[2] for (a, b), bx in zip(valid, boxes)):
-                pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
+                pool += op_ns(t, "memset", "pool", **{**FORMULA_DEFAULTS, "N": nb * math.prod(ext)})
             if any(a >= b for a, b in valid):
                 return (dma, pe, pool), lat
             use_dma = plan.transpose_in == "dma_transpose"
@@ -1073,7 +1072,7 @@ class CostModel:
         if w0 > 0 or w1 < ext[-1] or any(a > 0 or b < bx[2] for (a, b), bx in zip(valid[:fd], boxes)):
             # the fold tile zeroed where the window meets padding: a block's rows of the union's width
             fext = [blocks[fd][0][2] if dd == fd else e for dd, e in enumerate(ext)]
-            pool += op_ns(t, "memset", "pool", **{**_FORMULA_DEFAULTS, "N": nb * math.prod(fext)})
+            pool += op_ns(t, "memset", "pool", **{**FORMULA_DEFAULTS, "N": nb * math.prod(fext)})
         rstep = max(1, blocks[fd][0][1] // u[1])
         for a in range(w0, w1, PE_BLOCK):
             seg = min(w1, a + PE_BLOCK) - a
@@ -1086,7 +1085,7 @@ class CostModel:
                     # copied out of PSUM in the multiply type (the windows' transposes then read that type)
                     r_, l_ = self._xfer(seg * R * ck * isz, seg * ck * isz, R)
                     if isz != _itemsize(self.matmul_dtype):
-                        pool += nb * head * op_ns(t, "tensor_copy", "pool", **{**_FORMULA_DEFAULTS, "N": seg * ck,
+                        pool += nb * head * op_ns(t, "tensor_copy", "pool", **{**FORMULA_DEFAULTS, "N": seg * ck,
                                                                               "P": R})
                     pe += nb * head * ck * op_ns(t, "transpose", "pe", P=R, N=seg, fp32=0)
                     for _ in range(nb * head):
@@ -1122,7 +1121,7 @@ class CostModel:
             r_, _ = self._xfer(J * cn * taps * _itemsize(w.dtype), taps * _itemsize(w.dtype), J * cn)
             dma += r_
             if w.dtype != "f32":
-                dve += op_ns(t, "tensor_copy", "dve", **{**_FORMULA_DEFAULTS, "N": taps})
+                dve += op_ns(t, "tensor_copy", "dve", **{**FORMULA_DEFAULTS, "N": taps})
             for n0 in range(0, geo.batch, J * tl.batch):
                 jn = min(J, (geo.batch - n0) // tl.batch)
                 parts = jn * cn
@@ -1145,7 +1144,7 @@ class CostModel:
                     else:
                         pool += (taps - 1) * add_ns
                     if osz != 4:
-                        act += op_ns(t, "activation", "act", **{**_FORMULA_DEFAULTS, "N": elems, "P": parts})
+                        act += op_ns(t, "activation", "act", **{**FORMULA_DEFAULTS, "N": elems, "P": parts})
                     run_out = _run(ys, (tl.batch, cn, qn, *geo.out_spatial[1:]), (0, *range(2, len(ys))))
                     sres, slat = self._xfer(elems * cn * osz, run_out * osz, cn)
                     dma += ld_res + jn * sres

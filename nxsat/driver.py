@@ -1074,13 +1074,13 @@ def _decisions(opts: CompileOptions, by_cost: tuple[str, ...], before: Module, a
 CRITICAL_TOP = 4  # the critical path's longest operators the report names (nxsat profile lists more)
 
 
-def _path_line(p: dict[str, Any], latency_ns: float) -> str:
+def _path_line(p: dict[str, Any]) -> str:
     """What the latency is made of (the critical path: sim/critical.py), its share by engine and its
     longest operators, in one line."""
-    share = "  ".join(f"{k} {v / latency_ns:.0%}" for k, v in sorted(p["by_engine_ns"].items(), key=lambda kv: -kv[1])
-                      if latency_ns and v >= 0.005 * latency_ns)
+    from nxsat.sim.critical import shares
+
     ops = ", ".join(f"{o['operator'] or '-'} ({o['engine']}) {o['ns'] / 1000:.1f} us" for o in p["operators"][:2])
-    return share + (f"; longest {ops}" if ops else "")
+    return shares(p, sep="  ") + (f"; longest {ops}" if ops else "")
 
 
 LAYOUT_WHO = {"cost": "chosen by cost)", "measured": "every convolution channels-first, measured faster than the "
@@ -1100,7 +1100,7 @@ def format_report(r: dict[str, Any]) -> str:
         "  forwarding   " + _forwarding_line(r["forwarded"]),
         "  engines      " + "  ".join(f"{k} {v:.0%}" for k, v in r["engines"].items() if not k.startswith("q"))
         + f"  DMA queues {sum(1 for k in r['engines'] if k.startswith('q'))}",
-        "  critical path " + _path_line(r["critical_path"], r["latency_us"] * 1000),
+        "  critical path " + _path_line(r["critical_path"]),
         f"  e-graph      {r['egraph']['nodes']:,} nodes, {r['egraph']['classes']:,} classes, "
         f"{r['egraph']['iterations']} iterations ({r['egraph']['stop_reason']})",
         "  stages       " + ", ".join(f"{k} {v:.2f}s" for k, v in r["stages"].items()),

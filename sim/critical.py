@@ -105,12 +105,21 @@ def path_summary(lk: Linked, tl: Timeline, top: int = 8, steps: list[Step] | Non
             "operators": [{"engine": k, "operator": o, "ns": round(v, 3)} for (k, o), v in ops]}
 
 
+def shares(s: dict[str, Any], names: dict[str, str] | None = None, digits: int = 0, least: float = 0.005,
+           sep: str = ", ") -> str:
+    """A path summary's time by engine (and waiting) as shares of the whole, the latency, largest first;
+    those under ``least`` of it left out. ``names``: what to call each engine."""
+    total = sum(s["by_engine_ns"].values())
+    rows = sorted(s["by_engine_ns"].items(), key=lambda kv: (-kv[1], kv[0]))
+    return sep.join(f"{(names or {}).get(k, k)} {v / total:.{digits}%}" for k, v in rows
+                    if v > 0 and v >= least * total)
+
+
 def format_path(s: dict[str, Any], latency_ns: float, names: dict[str, str]) -> str:
     """The path's summary as text lines for ``nxsat profile``."""
     if not latency_ns:
         return "critical path  (empty program)"
-    share = ", ".join(f"{names.get(k, k)} {v / latency_ns:.1%}" for k, v in s["by_engine_ns"].items() if v > 0)
-    lines = [f"critical path  {s['steps']} steps: {share}"]
+    lines = [f"critical path  {s['steps']} steps: {shares(s, names, digits=1, least=0.0)}"]
     for o in s["operators"]:
         lines.append(f"  {o['ns'] / 1000:>9.3f} us  {names.get(o['engine'], o['engine']):<8} {o['operator'] or '-'}")
     return "\n".join(lines)

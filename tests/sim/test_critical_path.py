@@ -9,7 +9,7 @@ from nxsim_progs import EXAMPLES, build
 
 from nxsat.cli import main
 from nxsat.io import atomic_write
-from nxsat.sim.critical import WAITING, critical_path, path_summary
+from nxsat.sim.critical import WAITING, critical_path, path_summary, shares
 
 # Two independent chains: a long one (a 2 MiB load, a pass over it on ScalarE, its store) and a short one
 # (a 64 KiB load, a copy on VectorE, its store). The latency is the long chain's.
@@ -67,12 +67,14 @@ def test_a_wait_is_released_by_the_signal_that_met_it() -> None:
         assert m.linked.instrs[steps[0].instr].ops[0].name == "b"
 
 
-def test_a_corpus_model_path_names_its_operators() -> None:
+def test_a_summary_adds_up_and_lists_its_longest_operators_first() -> None:
     m = build((EXAMPLES / "matmul.nxs").read_text())
     tl = m.timeline()
     s = path_summary(m.linked, tl, top=3)
     assert sum(s["by_engine_ns"].values()) == pytest.approx(tl.latency, abs=1e-6)
-    assert len(s["operators"]) <= 3 and s["operators"][0]["ns"] >= s["operators"][-1]["ns"]
+    ns = [o["ns"] for o in s["operators"]]
+    assert 0 < len(ns) <= 3 and ns == sorted(ns, reverse=True)
+    assert shares(s, least=0.0).split(", ")[0].startswith(max(s["by_engine_ns"], key=s["by_engine_ns"].get))
 
 
 def test_profile_prints_and_reports_it(tmp_path, capsys) -> None:
