@@ -80,6 +80,11 @@ SEARCH_ROOMS = (0.55, 0.7)  # -O3's shares of SBUF for loads ahead by the progra
 # PREFETCH_SBUF_FRACTION): ResNet-50 under unet-inference, -O2's program, 584.1 us at 0.3, 582.8 at 0.4,
 # 574.0 at 0.5, 594.9 at 0.6 (generic 646.9, 654.2, 664.8): no share wins everywhere, so -O3 measures them
 SEARCH_TIMED_SHARES = (0.4, 0.5)
+# The share of SBUF the converted weights stream through (ScheduleOptions.ring) in -O2's schedule in time
+# with half the prefetch share; -O3 measures the others too. ResNet-50 at 0.35, 0.4, 0.45: 544.0, 532.7,
+# 556.9 us under unet-inference, 616.5, 590.6, 638.7 generic (without a ring 563.4 and 640.2)
+RING_SHARE = 0.4
+SEARCH_RINGS = (0.3, 0.5)
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
 # 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)
 LEVEL1_CHECK_INSTRUCTIONS = 50_000
@@ -368,6 +373,10 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # during the stem); BERT-12 1,711.5 with the prefetch share, 1,723.3 and 1,787.6 with these
     rooms = [replace(stream, room=r) for r in SEARCH_ROOMS]
     shares = [replace(timed_half, prefetch=p) for p in SEARCH_TIMED_SHARES]
+    # and with the weights it converts in a ring of their own (ResNet-50 under unet-inference 563.4 -> 532.7 us,
+    # generic 640.2 -> 590.6)
+    ring = replace(timed_half, ring=RING_SHARE)
+    rings = [replace(timed_half, ring=r) for r in SEARCH_RINGS]
 
     def streams_weights() -> bool:
         """The model's inputs and constants do not all fit in the prefetch share: what it holds ahead matters."""
@@ -387,14 +396,15 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if len(done) == len(windows):
             found_la = {s.lookahead: _latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
-                    half_stream, timed_half, *(rooms + shares if streams_weights() else [])]
+                    half_stream, timed_half, *(rooms + shares + [ring, *rings] if streams_weights() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
         also in time; then the streaming one in program order and, where the weights do not all fit in the
-        prefetch share, with half of it in time: five or six at once, on as many CPUs as there are
-        (BERT-12: three each on two). (The streaming one with half the share in program order won on none
+        prefetch share, with half of it in time and that one again with the converted weights in a ring of
+        their own: five or seven at once, on as many CPUs as there are (BERT-12: three and four on two).
+        (The streaming one with half the share in program order won on none
         of the eleven models of bench/model_types.py in either family once the schedules in time were
         measured: -O3 still tries it; gemma3_1b under transformer keeps the streaming one in program order,
         7,973.9 us against 8,916.9 without it.)"""
@@ -402,7 +412,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             return []
         if n > SEARCH_MAX_INSTRUCTIONS:
             return [DEFAULT_SCHEDULE]
-        return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half] if streams_weights() else [])]
+        return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half, ring] if streams_weights() else [])]
 
     @cache
     def level1() -> tuple[Any, tuple[str, ...], frozenset[str]]:
@@ -1129,6 +1139,7 @@ def format_report(r: dict[str, Any]) -> str:
                          + (", in time" if t.get("timed") else "")
                          + (f", loads ahead within {t['room']:.0%} of SBUF by the program's profile"
                             if t.get("room") else "")
+                         + (f", converted weights through a ring of {t['ring']:.0%} of SBUF" if t.get("ring") else "")
                          + ("" if len(sr["tried"]) > 1 else f" (over {sr['limit_instructions']:,} instructions: "
                                                              "compiled once)"))
     return "\n".join(lines)

@@ -1,12 +1,14 @@
 """The scheduler: its memory allocator (`backend.schedule._Space`) against brute force (after any
 sequence of allocations and frees, an allocation fails exactly when no aligned place has room, and
 the widest free gap it keeps, its fail-fast test, is the true one), its rule that work far ahead
-of program order takes no on-chip memory, and loads ahead by the program's profile (``room``)."""
+of program order takes no on-chip memory, loads ahead by the program's profile (``room``) and the converted
+weights' ring (``ring``)."""
 
 from __future__ import annotations
 
 import random
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -174,6 +176,56 @@ def test_loads_go_ahead_while_the_programs_profile_has_room() -> None:
     got = sim.load(sim.build_neff(ahead(0.75)[1].program, t, ahead(0.75)[1].constants), verify=True).run(data)
     for k in range(3):
         np.testing.assert_allclose(got[1 + k], np.exp(np.float32(k)), rtol=1e-6)
+
+
+def test_converted_weights_stream_through_a_ring_of_their_own() -> None:
+    """``ring``: a weight loaded to be converted to bf16 goes ahead, in program order, while the ring (its own
+    share of SBUF, at the top) has room, however much the work before its use holds; with half the prefetch
+    share and no ring, none goes ahead of a step that holds half of SBUF. A weight read as it is (not
+    converted) stays in the work's memory. The same values either way."""
+    g = Graph()
+    t = sim.load_target("trn1")
+    cols = t.sbuf_bytes * 12 // 100 // 4  # 12% of SBUF in fp32: three fit a ring of 40%, not four
+    ws = [g.buf(f"w{k}", "input", dt.F32, (128, cols)).ref() for k in range(4)]
+    x = g.buf("x", "input", dt.F32, (128, 4 * cols + 64)).ref()  # 50% of SBUF
+    y = g.buf("y", "output", dt.F32, x.buf.shape).ref()
+    outs = [g.buf(f"out{k}", "output", dt.BF16, (128, cols)).ref() for k in range(4)]
+    plain = g.buf("plain", "output", dt.F32, (128, cols)).ref()
+    big = g.tile(x.buf.shape, dt.F32)
+    g.add("dma", "dma", big.ref(), x)
+    step = g.add("act", "activation", big.ref(), big.ref(), func="exp")
+    g.add("dma", "dma", y, big.ref())
+    loads, raws = [], []
+    for w, o in zip(ws, outs):
+        raw, conv = g.tile((128, cols), dt.F32), g.tile((128, cols), dt.BF16)
+        loads.append(g.add("dma", "dma", raw.ref(), w))
+        g.copy(True, conv.ref(), raw.ref())
+        g.add("dma", "dma", o, conv.ref())
+        raws.append(raw)
+    kept = g.tile((128, cols), dt.F32)
+    g.add("dma", "dma", kept.ref(), ws[0])
+    g.add("act", "activation", kept.ref(), kept.ref(), func="exp")
+    g.add("dma", "dma", plain, kept.ref())
+
+    def run(ring: float) -> tuple[int, list]:
+        sch = schedule(g, t, [w.buf for w in ws] + [x.buf], [y.buf, *(o.buf for o in outs), plain.buf],
+                       options=ScheduleOptions(lookahead=100, prefetch=0.3, ring=ring))
+        order = [i.index for i in sch.order]
+        ahead = sum(order.index(ld.index) < order.index(step.index) for ld in loads)
+        data = {f"w{k}": np.random.default_rng(k).standard_normal((128, cols)).astype(np.float32) for k in range(4)}
+        data["x"] = np.zeros(x.buf.shape, np.float32)
+        got = sim.load(sim.build_neff(sch.program, t, sch.constants), verify=True).run(data)
+        for k in range(4):
+            np.testing.assert_array_equal(got[1 + k], data[f"w{k}"].astype(ml_dtypes.bfloat16))
+        np.testing.assert_allclose(got[5], np.exp(data["w0"]), rtol=1e-6)
+        return ahead, [b.offset for b in (*raws, kept)]
+
+    ahead, _ = run(0.0)
+    assert ahead == 0
+    ahead, offsets = run(0.4)
+    assert ahead == 3
+    top = t.sbuf_bytes - int(0.4 * t.sbuf_bytes) // 64 * 64
+    assert all(off >= top for off in offsets[:4]) and offsets[4] + kept.row_bytes <= top
 
 
 def test_far_ahead_work_takes_no_memory_while_the_frontier_waits_for_some() -> None:
