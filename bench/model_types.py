@@ -68,7 +68,8 @@ def main() -> None:
 
 def report(name: str, family: str, other: str, runs: dict[str, dict]) -> None:
     """One model's row; below it, where it misses the target, what limits it: the critical path of the
-    family's program (the compile report's; ``nxsat profile`` prints it in full)."""
+    family's program (the compile report's; ``nxsat profile`` prints it in full) and its DMA work (the DMA
+    engines' time for its transfers, at their descriptors' rates: a floor the roofline's bytes do not show)."""
     bad = next((r for r in runs.values() if "error" in r), None)
     if bad:
         print(f"{name:<18} {family:<15} failed: {bad['error'][:150]}")
@@ -83,7 +84,10 @@ def report(name: str, family: str, other: str, runs: dict[str, dict]) -> None:
     if not met:
         p = runs[family]["critical_path"]
         ops = ", ".join(f"{o['operator'] or '-'} on {o['engine']} {o['ns'] / 1000:.1f}" for o in p["operators"])
-        print(f"{'':<18} critical path: {shares(p)}\n{'':<18} longest: {ops} (us)", flush=True)
+        work = runs[family]["dma_work_us"]
+        print(f"{'':<18} critical path: {shares(p)}\n{'':<18} longest: {ops} (us)\n{'':<18} DMA work {work:.1f} us "
+              f"({work / roof:.2f}x the roofline; generic's {runs['generic']['dma_work_us']:.1f}): no schedule of its "
+              "transfers ends sooner", flush=True)
 
 
 if __name__ == "__main__":

@@ -1039,6 +1039,7 @@ def _report(opts: CompileOptions, target: Any, info: Any, summary: dict[str, Any
                      "bound": "compute" if compute_ns >= memory_ns else "memory", "flops": flops,
                      "matmul_precision": matmul_type, "compulsory_hbm_bytes": io_bytes, "cores": cores},
         "latency_over_roofline": round(lat / roof, 3) if roof else None,
+        "dma_work_us": round(summary["dma"]["work_ns"] / 1000, 3),
         "stages": seconds,
         "egraph": egraph,
         "precision": prec.to_json(),
@@ -1105,6 +1106,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"  latency      {r['latency_us']:>12.3f} us   (simulated)",
         f"  roofline     {r['roofline_us']:>12.3f} us   ({r['roofline']['bound']}-bound)"
         + (f"; latency / roofline {r['latency_over_roofline']:.2f}" if r["latency_over_roofline"] else ""),
+        f"  DMA work     {r['dma_work_us']:>12.3f} us   (the DMA engines' time for the program's transfers: no "
+        "schedule of them ends sooner)",
         f"  instructions {r['instructions']:>12,}     MFU {r['mfu']:.1%}",
         f"  HBM traffic  {r['hbm_bytes']:>12,} B   spill {r['spill_bytes']:,} B   SBUF peak {r['sbuf_peak_bytes']:,} B",
         "  forwarding   " + _forwarding_line(r["forwarded"]),
