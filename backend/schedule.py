@@ -65,11 +65,11 @@ class ScheduleOptions:
     # was its only reader (``_write_in_place``); -O1 does not: its instructions then stay alike, and the NEFF
     # stage and the replay take them by template (BERT-12: 0.25 s of -O1's 3.2)
     write_in_place: bool = True
-    # > 0: the tiles of the model's weights (``_streamed``) stream through a ring of this share of SBUF, apart
-    # from the work's tiles: each load goes ahead, in program order, as soon as the ring has room, however
-    # far ahead of its use, and the work's tiles neither wait behind the weights nor find their memory cut
-    # up by them (ResNet-50: the stem's and first stages' activations held the weights back behind the
-    # prefetch share, the DMA queues idle for 100 us)
+    # > 0: the weights loaded to be converted to the matmul's type (``_streamed``) stream through a ring of
+    # this share of SBUF, at its top, apart from the work's tiles: each load goes ahead, in program order, as
+    # soon as the ring has room, however far ahead of its use, and the work's tiles neither wait behind the
+    # weights nor find their memory cut up by them (ResNet-50: the stem's and first stages' activations held
+    # the weights back behind the prefetch share, the DMA queues idle for 100 us)
     ring: float = 0.0
 
     def to_json(self) -> dict[str, int | bool | float]:
