@@ -54,7 +54,7 @@ from nxsat.collector import no_cycle_collection
 from nxsat.diagnostics import NxsatError, Warnings, error
 from nxsat.extract import EXTRACTORS
 from nxsat.io import atomic_write
-from nxsat.ir import Module, restart_names
+from nxsat.ir import Module, TensorType, restart_names
 from nxsat.progress import Progress
 
 AUTO_CAST = ("none", "matmult", "all")
@@ -384,6 +384,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             sum(n.type.nbytes for n in canonical.entry.post_order() if n.op == "constant")
         return held > stream.prefetch * target.partitions * target.sbuf_bytes
 
+    def converts_weights() -> bool:
+        """fp32 inputs that TensorE multiplies in a narrower type: the weights the program converts on chip,
+        which the ring takes (without them its schedule is the one without a ring)."""
+        return matmul_precision(opts) not in ("f32", "tf32") and any(
+            isinstance(p.type, TensorType) and p.type.dtype.name == "f32" for p in canonical.entry.params)
+
     def search_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O3's: the load windows; then the weights apart at the best window and with every load far
         ahead (-O2's streaming schedules, with the whole and half the prefetch share, and its critical-path
@@ -396,7 +402,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if len(done) == len(windows):
             found_la = {s.lookahead: _latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
-                    half_stream, timed_half, *(rooms + shares + [ring, *rings] if streams_weights() else [])]
+                    half_stream, timed_half, *(rooms + shares if streams_weights() else []),
+                    *([ring, *rings] if streams_weights() and converts_weights() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
@@ -412,7 +419,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             return []
         if n > SEARCH_MAX_INSTRUCTIONS:
             return [DEFAULT_SCHEDULE]
-        return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half, ring] if streams_weights() else [])]
+        return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half] if streams_weights() else []),
+                *([ring] if streams_weights() and converts_weights() else [])]
 
     @cache
     def level1() -> tuple[Any, tuple[str, ...], frozenset[str]]:

@@ -810,6 +810,27 @@ def test_resnet50(target: str) -> None:
     print(f"resnet50 {target}: compile+simulate {t1 - t0:.0f} s, latency {prof['latency_ns'] / 1e6:.2f} ms")
 
 
+@pytest.mark.slow
+def test_resnet50_under_unet_inference_streams_its_weights_through_the_ring() -> None:
+    """-O2 with bf16 matmuls keeps the schedule whose converted weights stream through a ring of their own
+    (backend/schedule.py ``ScheduleOptions.ring``), and it computes what the reference does: the class
+    scores within bf16's error, the state passed through unchanged."""
+    from nxsat.driver import CompileOptions, compile_model
+
+    path = DATA / "hlo" / "resnet50_keras_jax_f32.hlo"
+    result = compile_model(str(path), CompileOptions(model_type="unet-inference", auto_cast="matmult"))
+    search = result.report["search"]
+    assert search["tried"][search["chosen"]].get("ring")
+    m = module_of(path, optimized=True)
+    inputs = resnet_inputs(m)
+    got = sim.load(result.neff).run(inputs)
+    want = reference_run(m, inputs)
+    err = np.linalg.norm(got[0].astype(np.float64) - want[0]) / np.linalg.norm(want[0].astype(np.float64))
+    assert err <= 1.6e-2, err
+    for k in range(1, len(want)):
+        np.testing.assert_array_equal(got[k], want[k])
+
+
 def test_an_input_channel_tiles_weights_load_in_one_dma_for_every_output_channel_tile() -> None:
     """A 1x1 HWIO weight of 512 output channels: each input-channel tile's weights are one DMA of whole
     rows (512 fp32, 2 KB) sliced into the four output-channel tiles on chip, not four DMAs of 512-byte
