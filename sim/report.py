@@ -10,7 +10,7 @@ import numpy as np
 
 from nxsat.sim.asm import format_instr
 from nxsat.sim.program import ENGINE_STREAMS, stream_kind, stream_order
-from nxsat.sim.timing import PS, Timeline
+from nxsat.sim.timing import PS, Timeline, engine_ps_per_byte
 from nxsat.sim.verify import Linked, flops_total
 
 
@@ -126,6 +126,22 @@ def overlap(tl: Timeline) -> dict[str, float]:
             "both_of_run": round(both / lat, 6) if lat else 0.0}
 
 
+def descriptor_runs(tl: Timeline, dma: dict[str, Any]) -> list[dict[str, Any]]:
+    """The program's transfers by descriptor size (powers of two, the bytes of each run): the bytes moved in
+    them, their DMA work (their engines' time over all the engines) and the engines' efficiency on them (their
+    bytes at full rate over that time): why the DMA work exceeds the bytes' own time."""
+    bpps = float(dma["engine_gbps"]) / PS
+    overhead = float(dma["descriptor_overhead_ns"]) * PS
+    runs: dict[int, list[float]] = {}
+    for tr in tl.transfers.values():
+        size = 1 << max(0, int(tr.descriptor_bytes).bit_length() - 1)
+        r = runs.setdefault(size, [0.0, 0.0])
+        r[0] += tr.nbytes
+        r[1] += tr.nbytes * engine_ps_per_byte(tr, bpps, overhead)
+    return [{"descriptor_bytes": size, "bytes": int(b), "work_ns": round(ps / PS / float(dma["engines"]), 3),
+             "efficiency": round(b / bpps / ps, 6) if ps else 1.0} for size, (b, ps) in sorted(runs.items())]
+
+
 def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
     """The profile as a JSON-ready dict (numbers per rank; SPMD ranks run the same timeline)."""
     t = lk.target
@@ -161,7 +177,7 @@ def summarize(lk: Linked, tl: Timeline) -> dict[str, Any]:
         # them: no schedule of these transfers ends sooner (descriptors of a few hundred bytes, where the
         # model's layout makes them so, cost time the roofline's bandwidth does not count)
         "dma": {"engine_utilization": round(tl.dma_engine_ns / (lat * t.dma["engines"]), 6) if lat else 0.0,
-                "work_ns": round(tl.dma_engine_ns / t.dma["engines"], 3)},
+                "work_ns": round(tl.dma_engine_ns / t.dma["engines"], 3), "runs": descriptor_runs(tl, t.dma)},
         "sbuf": {"peak_bytes": sbuf_peak, "capacity": t.partitions * t.sbuf_bytes,
                  "utilization": round(sbuf_peak / (t.partitions * t.sbuf_bytes), 6)},
         "psum": {"peak_bytes": psum_peak, "capacity": t.partitions * t.psum_bytes,
@@ -186,6 +202,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"({s['hbm']['utilization']:.1%} of {s['hbm']['peak_gbps']:.1f})",
         f"DMA engines    {s['dma']['engine_utilization']:.1%} busy; their work {s['dma']['work_ns'] / 1000:.3f} us "
         "(no schedule of these transfers ends sooner)",
+        "DMA runs       " + _runs_line(s["dma"]["runs"]),
         f"SBUF peak      {s['sbuf']['peak_bytes']} bytes ({s['sbuf']['utilization']:.1%})",
         f"PSUM peak      {s['psum']['peak_bytes']} bytes ({s['psum']['utilization']:.1%})",
         f"spill          {s['spill_bytes']} bytes",
@@ -197,6 +214,17 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  {k:<6} {e['name'][:13]:<13} {e['instructions']:>6} {e['busy_ns'] / 1000:>11.3f} "
                      f"{e['utilization']:>6.1%}")
     return "\n".join(lines)
+
+
+def _runs_line(runs: list[dict[str, Any]], most: int = 4) -> str:
+    """The descriptor sizes that take most of the DMA work, each with its bytes and the engines' efficiency."""
+    top = sorted(runs, key=lambda r: -r["work_ns"])[:most]
+    return ", ".join(f"{_size(r['descriptor_bytes'])} runs {_size(r['bytes'])} at {r['efficiency']:.0%}"
+                     for r in sorted(top, key=lambda r: r["descriptor_bytes"])) or "none"
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n // 1024} KB" if n >= 1024 else f"{n} B"
 
 
 def chrome_trace(lk: Linked, tl: Timeline, critical: frozenset[int] = frozenset()) -> str:

@@ -110,6 +110,13 @@ class _Flow:
         self.version = 0
 
 
+def engine_ps_per_byte(tr: Transfer, engine_bpps: float, overhead_ps: float) -> float:
+    """DMA-engine picoseconds a byte of ``tr`` costs: its share of a descriptor's bytes at the engine's rate
+    and of the descriptor's fixed overhead (so short runs cost more than their bytes)."""
+    desc = max(1.0, tr.descriptor_bytes)
+    return (desc / engine_bpps + overhead_ps) / desc / tr.efficiency
+
+
 def _fair_share(flows: list[_Flow], engines: float, hbm: float) -> None:
     """Max-min fair shares of DMA-engine time: every transfer in flight gets an equal number of engines
     (engines serve them round-robin), up to the engines its shape allows, the core's engines and its
@@ -294,8 +301,7 @@ def simulate(lk: Linked) -> Timeline:
 
     def start_flow(i: int, k: int, tr: Transfer, now: int) -> None:
         advance_flows(now)
-        desc = max(1.0, tr.descriptor_bytes)
-        ecost = (desc / engine_bpps + overhead_ps) / desc / tr.efficiency  # engine-ps per byte
+        ecost = engine_ps_per_byte(tr, engine_bpps, overhead_ps)
         transfers[i] = tr
         flows.append(_Flow(i, k, tr, ecost, now))
         reflow(now)

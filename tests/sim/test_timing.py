@@ -79,6 +79,12 @@ def test_the_dma_work_counts_the_descriptors_the_roofline_does_not() -> None:
     want = (loads * (1 / 17 + 12 / 512) + loads * (1 / 17 + 12 / 16384)) / 16
     assert sliced["dma"]["work_ns"] == pytest.approx(want, rel=1e-6)
     assert sliced["roofline"]["memory_ns"] < sliced["dma"]["work_ns"] <= sliced["latency_ns"]
+    # by descriptor size: the loads' 512-byte runs at 17 B/ns plus 12 ns each, the stores' whole rows
+    runs = {r["descriptor_bytes"]: r for r in sliced["dma"]["runs"]}
+    assert sorted(runs) == [512, 16384]
+    assert runs[512]["bytes"] == runs[16384]["bytes"] == loads
+    assert runs[512]["efficiency"] == pytest.approx((512 / 17) / (512 / 17 + 12), rel=1e-5)
+    assert sum(r["work_ns"] for r in runs.values()) == pytest.approx(want, rel=1e-5)
     rows, _, _ = _profile(program(4096))
     assert rows["dma"]["work_ns"] == pytest.approx(moved * (1 / 17 + 12 / 16384) / 16, rel=1e-6)
     assert rows["dma"]["work_ns"] < rows["roofline"]["memory_ns"] * 1.02
