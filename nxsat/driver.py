@@ -384,11 +384,13 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             sum(n.type.nbytes for n in canonical.entry.post_order() if n.op == "constant")
         return held > stream.prefetch * target.partitions * target.sbuf_bytes
 
-    def converts_weights() -> bool:
-        """fp32 inputs that TensorE multiplies in a narrower type: the weights the program converts on chip,
-        which the ring takes (without them its schedule is the one without a ring)."""
-        return matmul_precision(opts) not in ("f32", "tf32") and any(
-            isinstance(p.type, TensorType) and p.type.dtype.name == "f32" for p in canonical.entry.params)
+    def streams_converted() -> bool:
+        """As :func:`streams_weights`, and TensorE multiplies fp32 inputs or constants in a narrower type:
+        weights the program converts on chip, which the ring takes (without them its schedule is the one
+        without a ring; gemma3's fp32 constants are tables, its weights bf16)."""
+        return streams_weights() and matmul_precision(opts) not in ("f32", "tf32") and any(
+            _held(o).dtype.name == "f32" for n in canonical.entry.post_order() if n.op in ("dot", "convolution")
+            for o in n.operands if _held(o) is not None)
 
     def search_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O3's: the load windows; then the weights apart at the best window and with every load far
@@ -403,7 +405,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             found_la = {s.lookahead: _latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
                     half_stream, timed_half, *(rooms + shares if streams_weights() else []),
-                    *([ring, *rings] if streams_weights() and converts_weights() else [])]
+                    *([ring, *rings] if streams_converted() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
@@ -420,7 +422,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if n > SEARCH_MAX_INSTRUCTIONS:
             return [DEFAULT_SCHEDULE]
         return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half] if streams_weights() else []),
-                *([ring] if streams_weights() and converts_weights() else [])]
+                *([ring] if streams_converted() else [])]
 
     @cache
     def level1() -> tuple[Any, tuple[str, ...], frozenset[str]]:
@@ -1088,6 +1090,13 @@ def _decisions(opts: CompileOptions, by_cost: tuple[str, ...], before: Module, a
     return {"precision": "cost" if by_cost else "policy", "offered": len(casts), "narrowed": narrow,
             "layout": opts.layout, "convolutions": convs, "channels_first": cf(after),
             "channels_first_in_model": cf(before)}
+
+
+def _held(n: Any) -> Any:
+    """The type of the input or constant ``n`` is (through moves of its elements), else None."""
+    while n.op in ("reshape", "transpose", "broadcast", "copy", "bitcast", "slice") and n.operands:
+        n = n.operands[0]
+    return n.type if n.op in ("parameter", "constant") and isinstance(n.type, TensorType) else None
 
 
 CRITICAL_TOP = 4  # the critical path's longest operators the report names (nxsat profile lists more)

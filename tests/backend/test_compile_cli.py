@@ -264,7 +264,7 @@ def test_o2_streams_weights_that_do_not_fit_with_half_the_prefetch_share_too() -
     """BERT-2's weights (over 100 MB) do not fit in the prefetch share of SBUF: -O2 measures its streaming
     schedule once more with half the share, in time, then that one with the weights it converts in a ring of
     their own, and keeps the fastest of the seven (the ring's may not fit: the work's tiles then lack the
-    ring's share; the report says why)."""
+    ring's share; the report says why). Compiled in fp32, nothing is converted and the ring is not tried."""
     from nxsat import driver
     from nxsat.backend.schedule import PREFETCH_SBUF_FRACTION
 
@@ -279,6 +279,10 @@ def test_o2_streams_weights_that_do_not_fit_with_half_the_prefetch_share_too() -
         (4800, 8, False, True, half, driver.RING_SHARE)]
     assert tried[-1]["latency_us"] is not None or tried[-1]["failed"] == "NCC_EOOM001"
     assert rep["latency_us"] == min(t["latency_us"] for t in tried if t["latency_us"] is not None)
+    # in fp32 nothing is converted: the ring would be empty, its schedule the one before it, so it is not tried
+    fp32 = driver.compile_model(str(DATA / "bert" / "bert_base_l2.hlo"), driver.CompileOptions(
+        target="trn1", optlevel=2)).report["search"]["tried"]
+    assert len(fp32) == 6 and not any(t.get("ring") for t in fp32) and fp32[-1].get("prefetch") == half
 
 
 def test_o2_measures_o1s_program_where_it_differs() -> None:
