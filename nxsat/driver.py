@@ -81,8 +81,8 @@ SEARCH_ROOMS = (0.55, 0.7)  # -O3's shares of SBUF for loads ahead by the progra
 # 574.0 at 0.5, 594.9 at 0.6 (generic 646.9, 654.2, 664.8): no share wins everywhere, so -O3 measures them
 SEARCH_TIMED_SHARES = (0.4, 0.5)
 # The share of SBUF the converted weights stream through (ScheduleOptions.ring) in -O2's schedule in time
-# with half the prefetch share; -O3 measures the others too. ResNet-50 at 0.35, 0.4, 0.45: 544.0, 532.7,
-# 556.9 us under unet-inference, 616.5, 590.6, 638.7 generic (without a ring 563.4 and 640.2)
+# with half the prefetch share; -O3 measures the others too. ResNet-50 at 0.35, 0.4, 0.45: 540.3, 532.7,
+# 533.7 us under unet-inference, 602.6, 590.6, 610.3 generic (without a ring 563.4 and 640.2)
 RING_SHARE = 0.4
 SEARCH_RINGS = (0.3, 0.5)
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
