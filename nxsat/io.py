@@ -194,6 +194,10 @@ def conform_input(a: np.ndarray, t: object, what: str) -> np.ndarray:
         raise error("NCC_EINP001", f"{what} has shape {list(a.shape)}, the parameter is {t}")
     if a.dtype == t.dtype.np:
         return a
+    if a.dtype.kind == "V" and a.dtype.itemsize == t.dtype.itemsize and t.dtype.is_float and a.dtype.fields is None:
+        # numpy.savez writes ml_dtypes' bfloat16 and fp8 arrays (what JAX hands back) as raw bytes, |V2 or |V1:
+        # they are the parameter's own bits
+        return a.view(t.dtype.np)
     src_float = a.dtype.kind == "f" or a.dtype in (dt.BF16.np, dt.F8E4M3FN.np, dt.F8E5M2.np)
     if t.dtype.is_float and src_float:
         return dt.cast(a, t.dtype)

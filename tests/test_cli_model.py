@@ -135,6 +135,34 @@ def test_bad_inputs_are_refused(capsys, tmp_path):
     assert code == 1 and "NCC_EFIL001" in err
 
 
+BF16_MODEL = """HloModule m
+ENTRY e {
+  x = bf16[2,3] parameter(0)
+  ROOT y = bf16[2,3] add(x, x)
+}
+"""
+
+
+def test_bf16_inputs_saved_by_numpy_as_raw_bytes_are_read_as_their_bits(capsys, tmp_path):
+    """numpy.savez stores ml_dtypes' bfloat16 (what JAX returns) as 2-byte void, |V2: those are the bits."""
+    import ml_dtypes
+
+    model = tmp_path / "m.hlo"
+    model.write_text(BF16_MODEL)
+    x = np.array([[1.5, -2.25, 3.0], [0.5, 1e-3, -7.0]], ml_dtypes.bfloat16)
+    raw = tmp_path / "raw.npz"
+    np.savez(raw, in0=x)
+    assert np.load(raw)["in0"].dtype == np.dtype("V2")  # what the user's file holds
+    out = tmp_path / "out.npz"
+    code, _, err = run(capsys, "interpret", str(model), "--inputs", str(raw), "-o", str(out))
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(out)["out0"], (x.astype(np.float32) * 2))
+    # raw bytes of another width are still refused
+    np.savez(raw, in0=np.zeros((2, 3), "V4"))
+    code, _, err = run(capsys, "interpret", str(model), "--inputs", str(raw))
+    assert code == 1 and "NCC_EINP001" in err
+
+
 def test_console_script_has_no_traceback_for_bad_model(tmp_path):
     bad = tmp_path / "bad.hlo"
     bad.write_text("HloModule m\nENTRY e {\n  ROOT x = f32[?] parameter(0)\n}\n")
