@@ -2069,9 +2069,11 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
     n_, c = X.shape[0], X.shape[1]
     o = W.shape[0]
     b, og = n_ // G, o // G
+    Xo, Wo = xs0, ws0  # in their own dimension order (stacked)
     if (tx or X.dtype) != (tw or W.dtype) or (G > 1 and b == og == 1):
         # mixed types, or products summed on VectorE: in the result's type (the casts first, as written)
         X, W = narrow(narrow(X, tx), out_t), narrow(narrow(W, tw), out_t)
+        Xo, Wo = narrow(narrow(Xo, tx), out_t), narrow(narrow(Wo, tw), out_t)
         tx = tw = None
     spatial = X.shape[2:]
     out_sp = tuple(node.shape[i] for i in d.output_spatial)
@@ -2126,24 +2128,37 @@ def _weight_gradient(rw: Rewriter, node: Node, ops: list[Node], attrs: dict) -> 
     def stacked() -> Node:
         """All positions as one dot: the input padded once so that every position's window is whole,
         the windows concatenated along a new leading axis (an im2col of the kernel positions), one
-        contraction against the unsliced gradient. Returns the [b, O, Q...] result."""
+        contraction against the unsliced gradient. Returns the [b, O, Q...] result.
+
+        The windows hold the contraction in the operand's memory order, its batch outermost: an NHWC
+        image's windows copy rows of ``kw * C`` elements. With the channels first they copied one element
+        per descriptor (a ViT's 8x8 patches of a 2x32x32x3 image: 62.2 -> 39.7 us for its whole block)."""
+        order = (d.input_batch, *sorted((d.input_feature, *d.input_spatial)))
+        Xs = op("transpose", [Xo], dimensions=order)
+        at = {i: k for k, i in enumerate(order)}  # an operand dimension's place in Xs
         pads = [PadDim(max(0, w.pad_lo), max(0, (n_out - 1) * w.stride - w.pad_lo + (w.size - 1) * w.rhs_dilation
-                                              - (s - 1)))
-                for w, n_out, s in zip(window, out_sp, spatial)]  # the first window starts at -pad_lo
-        Xp = X if not any(p.lo or p.hi for p in pads) else op(
-            "pad", [X, zero if X.dtype == out_t else zeros(X.dtype)], padding=(PadDim(), PadDim(), *pads))
+                                              - (sz - 1)))
+                for w, n_out, sz in zip(window, out_sp, spatial)]  # the first window starts at -pad_lo
+        pad_cfg = [PadDim()] * len(order)
+        for k, i in enumerate(d.input_spatial):
+            pad_cfg[at[i]] = pads[k]
+        Xp = Xs if not any(p.lo or p.hi for p in pads) else op(
+            "pad", [Xs, zero if Xs.dtype == out_t else zeros(Xs.dtype)], padding=tuple(pad_cfg))
         windows = []
         for q in np.ndindex(*out_sp):
-            key = [SliceDim(0, n_), SliceDim(0, c)]
-            for w, qi, p in zip(window, q, pads):
+            key = [SliceDim(0, n) for n in Xs.shape]
+            for k, (w, qi, p) in enumerate(zip(window, q, pads)):
                 start = qi * w.stride - w.pad_lo + p.lo
-                key.append(SliceDim(start, start + (w.size - 1) * w.rhs_dilation + 1, w.rhs_dilation))
+                key[at[d.input_spatial[k]]] = SliceDim(start, start + (w.size - 1) * w.rhs_dilation + 1,
+                                                       w.rhs_dilation)
             xq = op("slice", [Xp], slice=tuple(key))
             windows.append(op("reshape", [xq], shape=(1, *xq.shape)))
-        xcat = op("concatenate", windows, dimension=0)  # [P, b, C, T...]
-        rev = tuple(2 + k for k, w in enumerate(window) if w.reversal)
-        wq = op("reverse", [W], dimensions=rev) if rev else W
-        r = op("dot", [narrow(xcat, tx), narrow(wq, tw)], dims=DotDims((2, *(t + 1 for t in taps)), (1, *taps)),
+        xcat = op("concatenate", windows, dimension=0)  # [P, b, the contraction's dimensions in order]
+        rev = tuple(i for k, i in enumerate(d.kernel_spatial) if window[k].reversal)
+        wq = op("reverse", [Wo], dimensions=rev) if rev else Wo
+        pair = {d.input_feature: d.kernel_input_feature, **dict(zip(d.input_spatial, d.kernel_spatial))}
+        r = op("dot", [narrow(xcat, tx), narrow(wq, tw)],
+               dims=DotDims(tuple(range(2, 1 + len(order))), tuple(pair[i] for i in order[1:])),
                dtype=out_t)  # [P, b, O]
         r = op("reshape", [r], shape=(*out_sp, b, o))
         return op("transpose", [r], dimensions=(nsp, nsp + 1, *range(nsp)))

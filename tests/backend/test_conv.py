@@ -266,6 +266,23 @@ def test_grouped_hwio_weights_load_in_runs_of_a_groups_outputs() -> None:
     assert_device_matches(m, random_inputs(m), "trn1", rtol=1e-4, atol_scale=1e-4)
 
 
+def test_patch_embedding_windows_copy_whole_rows_of_the_image() -> None:
+    """A ViT's patch embedding (8x8 patches, stride 8, of an NHWC image: more taps than outputs, so one
+    dot over the stacked windows, backend/conv.py ``weight_gradients``): each window is copied in rows of
+    ``kw * C`` elements, as the image lies in HBM. Seen channels-first, the copies and the dot's loads
+    moved one element per descriptor (the block's latency 62.2 -> 39.7 us). Same values."""
+    from nxsat.backend import device_forms, lower_graph
+
+    m = module_of(conv_hlo("2,32,32,3", "8,8,3,64", "2,4,4,64", "window={size=8x8 stride=8x8}, "
+                           "dim_labels=b01f_01io->b01f"))
+    t = sim.load_target("trn1")
+    insts = lower_graph(device_forms(m, t), t).graph.insts
+    image = [i for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
+             and i.reads[0].buf.shape == (2, 32, 32, 3)]
+    assert image and all(i.reads[0].ap.contiguous_run() == 8 * 3 for i in image)
+    assert_device_matches(m, random_inputs(m), "trn1", rtol=1e-4, atol_scale=1e-4)
+
+
 @pytest.mark.parametrize("shapes", [
     ("1,128,14,14", "128,128,3,3", "1,128,14,14", "size=3x3 pad=1_1x1_1", ""),
     ("1,192,9,9", "160,192,3,3", "1,160,9,9", "size=3x3 pad=1_1x1_1", ""),  # two channel tiles, 160 outputs
