@@ -48,6 +48,25 @@ def _unary(op: str, **attrs) -> Callable[[], Module]:  # noqa: ANN003
     return make
 
 
+def _binary_with(op: str, view_first: bool, **attrs) -> Callable[[], Module]:  # noqa: ANN003
+    def make() -> Module:
+        b = Builder(op)
+        v, other = _view(b), b.param(F32, (1, 5, 6, 4))
+        return b.module(b.op(op, [v, other] if view_first else [other, v], **attrs))
+    return make
+
+
+def _select(which: int) -> Callable[[], Module]:
+    """select(pred, on_true, on_false) with operand ``which`` a channels-last view (of a predicate: what
+    layout-compare-* make of a compare of a view)."""
+    def make() -> Module:
+        b = Builder("select")
+        ops = [b.param(dt.PRED, (1, 5, 6, 4)), b.param(F32, (1, 5, 6, 4)), b.param(F32, (1, 5, 6, 4))]
+        ops[which] = b.op("transpose", [b.param(dt.PRED if which == 0 else F32, NCHW)], dimensions=TO_NHWC)
+        return b.module(b.op("select", ops))
+    return make
+
+
 def _conv() -> Module:
     b = Builder("conv")  # a Keras-style NHWC convolution: its output channels-last
     x, w = b.param(F32, (1, 5, 5, 4)), b.param(F32, (3, 3, 4, 6))
@@ -121,6 +140,16 @@ CASES: dict[str, Callable[[], Module]] = {
     "layout-negate": _unary("negate"),
     "layout-logistic": _unary("logistic"),
     "layout-silu": _unary("silu"),
+    **{f"layout-{op}": _unary(op) for op in (
+        "abs", "sign", "floor", "ceil", "round-nearest-even", "exponential", "exponential-minus-one", "log",
+        "log-plus-one", "sqrt", "rsqrt", "tanh", "erf", "sine", "cosine")},
+    **{f"layout-{op}-{side}": _binary(op, side == "lhs")
+       for op in ("power", "remainder", "atan2") for side in ("lhs", "rhs")},
+    "layout-compare-lhs": _binary_with("compare", True, direction="LT"),
+    "layout-compare-rhs": _binary_with("compare", False, direction="GE"),
+    "layout-select-pred": _select(0),
+    "layout-select-true": _select(1),
+    "layout-select-false": _select(2),
     "layout-broadcast": _broadcast,
     "layout-pad": _pad,
     "layout-reduce-window": _reduce_window,
