@@ -689,6 +689,29 @@ def stored_stride(r: Ref) -> int | None:
     return found.pop() if len(found) == 1 else None
 
 
+SCATTERED_RUN = 64  # bytes: an operand read in runs shorter than this is read one descriptor a run
+COMPACT_REUSE = 4  # ... and compacted once where the cluster reads each of its elements this many times
+
+
+def _compacted(lw: Lowering, v: Ref, node: Node) -> Ref:
+    """``v``, or where it is a broadcast of a scattered HBM value (each element read many times, each read
+    a descriptor of a few bytes) the same broadcast of a compact copy: the distinct elements copied once,
+    in the order the tiles read them. Swin's relative-position bias, a [3, 49, 49] view of a gathered
+    [2401, 3] table broadcast over 64 windows, was loaded four bytes at a time for every window."""
+    dims = v.ap.dims
+    wide = [i for i, (n, st) in enumerate(dims) if st == 0 and n > 1]
+    if v.buf.onchip or not wide:
+        return v
+    src = v[tuple(slice(0, 1) if i in wide else slice(None) for i in range(len(dims)))]
+    if src.ap.contiguous_run() * v.dtype.itemsize >= SCATTERED_RUN or \
+            math.prod(v.shape) < COMPACT_REUSE * math.prod(src.shape):
+        return v
+    out = lw.contiguous(src, node)
+    for i in wide:
+        out = out.broadcast(i, v.shape[i])
+    return out
+
+
 def _read_elementwise(lw: Lowering, nid: int) -> bool:
     """Is value ``nid`` read only by elementwise operators (through views), and not returned? Not by a dot,
     which would take it from SBUF in the layout its producer chose."""
@@ -742,7 +765,7 @@ def lower_cluster(lw: Lowering, cl: Cluster, consumers: dict[int, set[int]]) -> 
     lay = plan_layout(shape, [r.ap.dims for r in views], part, any(m.op == "iota" for m in members), of_params,
                       stored, len(members))
     nf = lay.nfree
-    view_of = {oid: lay.view(r) for oid, r in inputs.items() if isinstance(r, Ref)}
+    view_of = {oid: _compacted(lw, lay.view(r), members[0]) for oid, r in inputs.items() if isinstance(r, Ref)}
     # inputs repeated along the free axes (a per-row value): a column per tile
     per_row = {oid for oid, v in view_of.items() if lay.cols > 1
                and all(n == 1 or st == 0 for n, st in v.ap.dims[-nf:])}

@@ -845,3 +845,31 @@ def test_values_from_the_parameters_are_computed_level_by_level() -> None:
     assert ops == ["add", "add", "rsqrt", "rsqrt"]
     assert_device_matches(module, {"in0": np.ones((1, 64, 8, 8), np.float32),
                                    "in1": np.full(64, 3.0, np.float32), "in2": np.full(64, 0.5, np.float32)})
+
+
+BIAS_OVER_WINDOWS = """HloModule bias
+ENTRY e {
+  s = f32[64,3,49,49] parameter(0)
+  table = f32[2401,3] parameter(1)
+  r = f32[49,49,3] reshape(table)
+  t = f32[3,49,49] transpose(r), dimensions={2,0,1}
+  b = f32[64,3,49,49] broadcast(t), dimensions={1,2,3}
+  ROOT y = f32[64,3,49,49] add(s, b)
+}
+"""
+
+
+def test_a_scattered_value_broadcast_over_the_tiles_is_compacted_once() -> None:
+    """Swin's relative-position bias: a [3, 49, 49] view (stride 3) of a gathered table, broadcast over 64
+    windows. Read through its view, each tile loaded it four bytes a descriptor, for every window (a Swin
+    attention block 589.3 -> 248.9 us on trn1). The table's distinct elements are now copied once into a
+    row-major scratch and the tiles read that: the table is read once, the copy in long runs."""
+    from nxsat.backend import device_forms, lower_graph
+
+    m = module_of(BIAS_OVER_WINDOWS)
+    t = load_target("trn1")
+    insts = lower_graph(device_forms(m, t), t).graph.insts
+    table = [i for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
+             and i.reads[0].buf.shape == (2401, 3)]
+    assert sum(math.prod(i.reads[0].shape) for i in table) == 2401 * 3  # once, not once a window
+    assert_device_matches(m, random_inputs(m))
