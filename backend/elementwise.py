@@ -691,6 +691,9 @@ def stored_stride(r: Ref) -> int | None:
 
 SCATTERED_RUN = 64  # bytes: an operand read in runs shorter than this is read one descriptor a run
 COMPACT_REUSE = 4  # ... and compacted once where the cluster reads each of its elements this many times
+COMPACT_DESCRIPTORS = 4096  # ... and its reads would take this many descriptors (~3 us of all 16 engines):
+# below, the copy's own round trip through HBM costs more than it saves (gemma3's [11, 11] masks broadcast
+# over the heads: 7,966.5 -> 7,977.2 us under transformer, generic 8,914.3 -> 9,282.2, compacted)
 
 
 def _compacted(lw: Lowering, v: Ref, node: Node) -> Ref:
@@ -703,8 +706,10 @@ def _compacted(lw: Lowering, v: Ref, node: Node) -> Ref:
     if v.buf.onchip or not wide:
         return v
     src = v[tuple(slice(0, 1) if i in wide else slice(None) for i in range(len(dims)))]
-    if src.ap.contiguous_run() * v.dtype.itemsize >= SCATTERED_RUN or \
-            math.prod(v.shape) < COMPACT_REUSE * math.prod(src.shape):
+    run = src.ap.contiguous_run()
+    reads = math.prod(v.shape)
+    if run * v.dtype.itemsize >= SCATTERED_RUN or reads < COMPACT_REUSE * math.prod(src.shape) \
+            or reads // run < COMPACT_DESCRIPTORS:
         return v
     out = lw.contiguous(src, node)
     for i in wide:
