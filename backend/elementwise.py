@@ -584,6 +584,7 @@ def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> lis
 
 
 MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
+MIN_II = 64  # cycles: an engine instruction's least time, and about its fixed cost (plan_layout)
 # A cluster of at most this many elements reads each input in its producer's partitions where a tiling
 # can (then the forwarding pass copies it on chip instead of a store and a load through HBM, ~3 us on
 # the critical path); a larger one keeps the most partitions (its engine time)
@@ -661,8 +662,11 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
             for rows in ([len(lead) - 1] if positional else range(len(lead))):
                 n = lead[rows]
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
-                score = (scattered(k), 0 if follow and tiles * steps <= FOLLOW_STEPS else tiles,
-                         -follows(k, b, rows, lead) if follow else 0, tiles,
+                # an instruction's time is its elements per partition (at least MIN_II) and a fixed cost: 3
+                # tiles of [8, 1,024] take longer than 8 of [77, 77] (CLIP's scores, its 8 heads on 8 lanes)
+                est = tiles * (max(MIN_II, min(b, cap) * tail if chunk else math.prod(free)) + MIN_II)
+                score = (scattered(k), 0 if follow and tiles * steps <= FOLLOW_STEPS else est,
+                         -follows(k, b, rows, lead) if follow else 0, est,
                          -min(n, part, useful) if small else -min(n, part),
                          n if small and n > useful else 0)
                 if best is None or score < best[0]:
