@@ -1,5 +1,5 @@
 """The zoo of tests/data/zoo (models as users write them: a ViT's patches, Swin's relative-position bias,
-an EfficientNet block, CLIP's and BERT's additive masks, bf16 inputs), compiled for trn1 under generic
+an EfficientNet block, CLIP's and BERT's additive masks, bf16 inputs, a CNN on a batch), compiled for trn1 under generic
 and each model type, run on the simulator, reproduce XLA's outputs: fp32 within rtol 1e-5 and
 atol 1e-5 x max|reference| (the bf16 model too: its results are bf16)."""
 
@@ -20,7 +20,7 @@ CASES = sorted(p.stem for p in ZOO.glob("*.hlo"))
 
 
 def test_every_zoo_model_is_here() -> None:
-    assert CASES == ["bert_padding", "bf16_mlp", "clip_causal", "mbconv", "swin_window", "vit_patch"]
+    assert CASES == ["bert_padding", "bf16_mlp", "clip_causal", "cnn_batch4", "mbconv", "swin_window", "vit_patch"]
     assert all((ZOO / f"{c}.npz").exists() for c in CASES)
 
 

@@ -17,7 +17,10 @@ are stored as numpy saves them, raw 2-byte values).
   -inf, and the quick GELU, x * sigmoid(1.702 x);
 - bert_padding: BERT attention (4 sequences of 128, 4 heads of 32) with a padding mask added as
   (1 - mask) * -10000, then a residual LayerNorm;
-- bf16_mlp: a dense layer on bf16 inputs.
+- bf16_mlp: a dense layer on bf16 inputs;
+- cnn_batch4: a small CNN on a batch of 4 (5x5 stride-2 and 3x3 convolutions with ReLU, 3x3 max
+  pooling, global average pooling, a dense head): its layout measured channels-first beats the cost
+  model's.
 """
 import os
 import sys
@@ -116,6 +119,14 @@ def bf16_mlp(x, w, b):
     return jax.nn.relu(x @ w + b).sum(-1)
 
 
+def cnn_batch4(x, w1, w2, w3, wd):
+    h = jax.nn.relu(conv(x, w1, 2))
+    h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+    h = jax.nn.relu(conv(h, w2))
+    h = jax.nn.relu(conv(h, w3, 2))
+    return h.mean((1, 2)) @ wd
+
+
 def main():
     c = 64
     emit("vit_patch", vit_patch, [rand(2, 32, 32, 3), rand(8, 8, 3, c, scale=0.1), rand(c),
@@ -135,6 +146,8 @@ def main():
     mask[1, 100:] = 0
     mask[3, 17:] = 0
     emit("bert_padding", bert_padding, [rand(4, 128, d), mask, *[rand(d, d, scale=0.08) for _ in range(4)], rand(d)])
+    emit("cnn_batch4", cnn_batch4, [rand(4, 40, 40, 3), rand(5, 5, 3, 24, scale=0.2), rand(3, 3, 24, 40, scale=0.1),
+                                    rand(3, 3, 40, 136, scale=0.1), rand(136, 11, scale=0.1)])
     emit("bf16_mlp", bf16_mlp, [jnp.asarray(rand(8, 64), jnp.bfloat16), jnp.asarray(rand(64, 32, scale=0.1), jnp.bfloat16),
                                 jnp.asarray(rand(32), jnp.bfloat16)])
 
