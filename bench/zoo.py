@@ -1,7 +1,8 @@
 """Zoo benchmark: the models of tests/data/zoo (a ViT block, Swin window attention, an EfficientNet block, a
-CLIP text layer, BERT attention with a padding mask, a bf16 dense layer, a CNN on a batch of 4), each compiled under generic and
-both model types on trn1 at -O2 with --auto-cast matmult (bf16). Prints the simulated latency of each beside
-the roofline: what a user bringing such a model gets, and which type suits it.
+CLIP text layer, BERT attention with a padding mask, a bf16 dense layer, a CNN on a batch of 4), each
+compiled under generic and both model types on trn1 at -O2 with --auto-cast matmult (bf16). Prints the
+simulated latency of each beside the roofline: what a user bringing such a model gets, and which type
+suits it.
 
     python bench/zoo.py
     python bench/zoo.py --models clip_causal,swin_window
