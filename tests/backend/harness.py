@@ -35,6 +35,20 @@ def device_run(module: Module, inputs: dict[str, np.ndarray], target: str = "trn
     return model.run(inputs), model
 
 
+def lowered(module: Module, target: str = "trn1") -> list:
+    """The module's instructions as lowering made them (before forwarding and scheduling)."""
+    from nxsat.backend import device_forms, lower_graph
+
+    t = sim.load_target(target)
+    return lower_graph(device_forms(module, t), t).graph.insts
+
+
+def input_loads(module: Module, shape: tuple[int, ...], target: str = "trn1") -> list:
+    """The lowered DMAs that read the model input of ``shape``: how a test sees an operand loaded."""
+    return [i for i in lowered(module, target) if i.engine == "dma" and i.reads[0].buf.kind == "input"
+            and i.reads[0].buf.shape == shape]
+
+
 def reference_run(module: Module, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     out = run_module(module, match_inputs(module, inputs))
     return [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import DATA, assert_device_matches, device_run, module_of, random_inputs, reference_run
+from harness import (
+    DATA,
+    assert_device_matches,
+    device_run,
+    input_loads,
+    lowered,
+    module_of,
+    random_inputs,
+    reference_run,
+)
 
 from nxsat import sim
 from nxsat.attrs import WindowDim
@@ -254,14 +263,9 @@ def test_grouped_hwio_weights_load_in_runs_of_a_groups_outputs() -> None:
     the block-diagonal stationaries is loaded with its 8 output channels innermost, where they lie
     together in HBM (4-byte descriptors before: 7 us for each group's 2.3 KB, 41.4 -> 28.8 us for the
     layer on trn1). Same values."""
-    from nxsat.backend import device_forms, lower_graph
-
     m = module_of(conv_hlo("1,28,28,256", "3,3,8,256", "1,28,28,256", "window={size=3x3 pad=1_1x1_1}, "
                            "dim_labels=b01f_01io->b01f, feature_group_count=32"))
-    t = sim.load_target("trn1")
-    insts = lower_graph(device_forms(m, t), t).graph.insts
-    weights = [i for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
-               and i.reads[0].buf.shape == (3, 3, 8, 256)]
+    weights = input_loads(m, (3, 3, 8, 256))
     assert len(weights) == 32 and all(i.reads[0].ap.contiguous_run() == 8 for i in weights)
     assert_device_matches(m, random_inputs(m), "trn1", rtol=1e-4, atol_scale=1e-4)
 
@@ -271,14 +275,9 @@ def test_patch_embedding_windows_copy_whole_rows_of_the_image() -> None:
     dot over the stacked windows, backend/conv.py ``weight_gradients``): each window is copied in rows of
     ``kw * C`` elements, as the image lies in HBM. Seen channels-first, the copies and the dot's loads
     moved one element per descriptor (the block's latency 62.2 -> 39.7 us). Same values."""
-    from nxsat.backend import device_forms, lower_graph
-
     m = module_of(conv_hlo("2,32,32,3", "8,8,3,64", "2,4,4,64", "window={size=8x8 stride=8x8}, "
                            "dim_labels=b01f_01io->b01f"))
-    t = sim.load_target("trn1")
-    insts = lower_graph(device_forms(m, t), t).graph.insts
-    image = [i for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
-             and i.reads[0].buf.shape == (2, 32, 32, 3)]
+    image = input_loads(m, (2, 32, 32, 3))
     assert image and all(i.reads[0].ap.contiguous_run() == 8 * 3 for i in image)
     assert_device_matches(m, random_inputs(m), "trn1", rtol=1e-4, atol_scale=1e-4)
 
@@ -293,17 +292,12 @@ def test_pytorch_layout_weights_load_as_rows_and_transpose_on_tensore(shapes: tu
     moved one element per descriptor (114 us for a 3x3 convolution of 128 channels on trn1: 119.2 -> 9.4 us
     with its epilogue); now each output channel's row loads whole and each tap's ``[O, I]`` block is
     transposed on TensorE (``extract.plan.weights_by_rows``). Same values."""
-    from nxsat.backend import device_forms, lower_graph
-
     x, w, y, window, extra = shapes
     m = module_of(conv_hlo(x, w, y, f"window={{{window}}}, dim_labels=bf01_oi01->bf01{extra}"))
-    t = sim.load_target("trn1")
-    insts = lower_graph(device_forms(m, t), t).graph.insts
     wshape = tuple(int(v) for v in w.split(","))
-    loads = [i.reads[0] for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
-             and i.reads[0].buf.shape == wshape]
+    loads = [i.reads[0] for i in input_loads(m, wshape)]
     assert loads and all(r.ap.contiguous_run() >= math.prod(r.shape[1:]) for r in loads)  # whole rows
-    transposes = [i for i in insts if i.opcode == "transpose"]
+    transposes = [i for i in lowered(m) if i.opcode == "transpose"]
     assert len(transposes) >= math.prod(wshape[2:])
     assert_device_matches(m, random_inputs(m), "trn1", rtol=1e-4, atol_scale=1e-4)
 

@@ -15,7 +15,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from harness import DATA, assert_device_matches, device_run, module_of, random_inputs, reference_run
+from harness import DATA, assert_device_matches, device_run, input_loads, module_of, random_inputs, reference_run
 
 from nxsat import dtypes as dt
 from nxsat.backend import compile_graph
@@ -868,12 +868,7 @@ def test_a_scattered_value_broadcast_over_the_tiles_is_compacted_once() -> None:
     windows. Read through its view, each tile loaded it four bytes a descriptor, for every window (a Swin
     attention block 589.3 -> 248.9 us on trn1). The table's distinct elements are now copied once into a
     row-major scratch and the tiles read that: the table is read once, the copy in long runs."""
-    from nxsat.backend import device_forms, lower_graph
-
     m = module_of(BIAS_OVER_WINDOWS)
-    t = load_target("trn1")
-    insts = lower_graph(device_forms(m, t), t).graph.insts
-    table = [i for i in insts if i.engine == "dma" and i.reads[0].buf.kind == "input"
-             and i.reads[0].buf.shape == (2401, 3)]
+    table = input_loads(m, (2401, 3))
     assert sum(math.prod(i.reads[0].shape) for i in table) == 2401 * 3  # once, not once a window
     assert_device_matches(m, random_inputs(m))
