@@ -584,16 +584,19 @@ def _runs(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]]) -> lis
 
 
 MIN_ROW = 16  # elements a partition of a small elementwise tile (plan_layout)
-MIN_II = 64  # cycles: an engine instruction's least time (plan_layout)
-# ... and what a tile costs beside its elements, in the same units: its instructions' fixed costs and its
-# loads and stores. Against it, a tile on few lanes: CLIP's scores in 6 tiles of [8, 1024] rather than 8 of
-# [77, 77]; with 64, gemma3's MLP product went in 8 tiles of [11, 864] rather than 7 of [11, 1024] (+0.3%)
+# A large cluster's tiling is the one of least time (plan_layout), in an engine's cycles: per tile and step,
+# the elements a partition holds (at least MIN_II, an instruction's least time) and TILE_FIXED for its fixed
+# costs and its loads and stores; less ROUND_TRIP for each input (two at most) read in its producer's
+# partitions, a store and a load through HBM saved. By tile count alone CLIP's scores went in 6 tiles of
+# [8, 1024], 8 of 128 lanes busy, rather than 8 of [77, 77]; with TILE_FIXED 64, gemma3's MLP product went
+# in 8 tiles of [11, 864] rather than 7 of [11, 1024] (+0.3%); without the round trips, in 11 of [128, 54]
+# that read its inputs through HBM (+1.8%).
+MIN_II = 64
 TILE_FIXED = 512
-# ... and an input read in its producer's partitions saves a store and a load through HBM (~6 us)
 ROUND_TRIP = 8192
 # A cluster of at most this many elements reads each input in its producer's partitions where a tiling
 # can (then the forwarding pass copies it on chip instead of a store and a load through HBM, ~3 us on
-# the critical path); a larger one keeps the most partitions (its engine time)
+# the critical path), in as few tiles as can; a larger one weighs that against its time (above)
 FOLLOW_ELEMS = 16384
 # ... and does so even in more tiles, while their extra steps (an instruction per operator and tile, ~0.06
 # us each) cost less than the round trip through HBM they save (a store and a load, ~3 us): a [1, 256] mean
@@ -668,13 +671,10 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
             for rows in ([len(lead) - 1] if positional else range(len(lead))):
                 n = lead[rows]
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
-                # an instruction's time is its elements per partition (at least MIN_II) and a fixed cost: 3
-                # tiles of [8, 1,024] take longer than 8 of [77, 77] (CLIP's scores, its 8 heads on 8 lanes)
                 est = tiles * (max(MIN_II, min(b, cap) * tail if chunk else math.prod(free)) + TILE_FIXED)
                 fl = -follows(k, b, rows, lead)
                 # a small cluster: the fewest tiles, then its producers' partitions; a large one: the least
-                # time, its steps' engine time against the round trips through HBM of the inputs it does not
-                # read in their producers' partitions (two at most: more overlap)
+                # time (MIN_II above)
                 score = (scattered(k), (0 if tiles * steps <= FOLLOW_STEPS else est) if follow
                          else est * steps + ROUND_TRIP * max(fl, -2), fl if follow else est, est,
                          -min(n, part, useful) if small else -min(n, part),
