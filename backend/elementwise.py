@@ -673,11 +673,11 @@ def plan_layout(shape: tuple[int, ...], aps: list[tuple[tuple[int, int], ...]], 
                 tiles = total // n * -(-n // part) * (-(-b // cap) if chunk else 1)
                 est = tiles * (max(MIN_II, min(b, cap) * tail if chunk else math.prod(free)) + TILE_FIXED)
                 fl = -follows(k, b, rows, lead)
-                # a small cluster: the fewest tiles, then its producers' partitions; a large one: the least
-                # time (MIN_II above)
-                score = (scattered(k), (0 if tiles * steps <= FOLLOW_STEPS else est) if follow
-                         else est * steps + ROUND_TRIP * max(fl, -2), fl if follow else est, est,
-                         -min(n, part, useful) if small else -min(n, part),
+                if follow:  # a small cluster: the fewest tiles, then its producers' partitions
+                    first = (0 if tiles * steps <= FOLLOW_STEPS else est, fl)
+                else:  # a large one: the least time (MIN_II above)
+                    first = (est * steps + ROUND_TRIP * max(fl, -2), est)
+                score = (scattered(k), *first, est, -min(n, part, useful) if small else -min(n, part),
                          n if small and n > useful else 0)
                 if best is None or score < best[0]:
                     best = (score, Layout((*lead, *free), rows, len(free), chunk, cap))

@@ -41,6 +41,14 @@ MODELS = {
 }
 
 
+def compile_args(ap: argparse.ArgumentParser) -> None:
+    """The flags :func:`compile_one` reads, with the benchmarks' defaults (trn1, -O2, bf16 matmuls)."""
+    ap.add_argument("--target", default="trn1")
+    ap.add_argument("-O", type=int, default=2)
+    ap.add_argument("--auto-cast", default="matmult")
+    ap.add_argument("--auto-cast-type", default="bf16")
+
+
 def compile_one(path: Path, args: argparse.Namespace, level: int, extractor: str | None = None,
                 model_type: str = "generic", extra: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,11 +107,8 @@ def xla_compile_seconds(path: Path, repeat: int = 3) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help="names (see MODELS) or paths, comma-separated")
-    ap.add_argument("--target", default="trn1")
-    ap.add_argument("-O", type=int, default=2)
+    compile_args(ap)
     ap.add_argument("--model-type", default="generic", help="generic (default), transformer, unet-inference")
-    ap.add_argument("--auto-cast", default="matmult")
-    ap.add_argument("--auto-cast-type", default="bf16")
     ap.add_argument("--variants", default=None,
                     help="LEVEL[:EXTRACTOR],... e.g. O2:smallest,O1,O2,O3: each model compiled each way; "
                          "'vs first' is the latency over the first variant's (default: -O as given)")

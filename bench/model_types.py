@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compile_bench import ROOT, compile_one  # noqa: E402
+from compile_bench import ROOT, compile_args, compile_one  # noqa: E402
 
 from nxsat.sim.critical import shares  # noqa: E402
 
@@ -45,10 +45,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=sorted(FAMILIES), action="append", help="default: every family")
     ap.add_argument("--models", default=None, help="names of FAMILIES' models, comma-separated (default: all)")
-    ap.add_argument("--target", default="trn1")
-    ap.add_argument("-O", type=int, default=2)
-    ap.add_argument("--auto-cast", default="matmult")
-    ap.add_argument("--auto-cast-type", default="bf16")
+    compile_args(ap)
     args = ap.parse_args()
     wanted = set(args.models.split(",")) if args.models else None
     print(f"target {args.target}, -O{args.O}, --auto-cast {args.auto_cast} ({args.auto_cast_type}); us")
