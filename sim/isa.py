@@ -1113,15 +1113,18 @@ class Dma(Op):
     name = "dma"
     engines = ("dma",)
     operands = (Operand("dst", SBHBM, write=True), Operand("src", SBHBM))
-    doc = "dst = src, byte for byte (same element type), any strides on either side"
+    doc = ("dst = src, byte for byte (same element type) or converted between the float types the target's "
+           "DMA casts (rounded to nearest even), any strides on either side")
 
     def check(self, c: LInstr, target: Any) -> None:
         dst, src = c.ops
         if not _sq(dst.shape) == _sq(src.shape):
             raise CheckFail(f"dma: {_shape_str(dst)} and {_shape_str(src)} differ in shape")
         same = dst.dtype is src.dtype or {dst.dtype.name, src.dtype.name} == {"pred", "u8"}
-        if not same:
-            raise CheckFail(f"dma copies bytes: {dst.name} is {dst.dtype.name}, {src.name} is {src.dtype.name} "
+        if not same and not target.dma_casts(dst.dtype.name, src.dtype.name):
+            casts = target.spec["dma"].get("cast_dtypes") or ()
+            how = f"copies bytes or converts among {', '.join(casts)}" if casts else "copies bytes"
+            raise CheckFail(f"dma {how}: {dst.name} is {dst.dtype.name}, {src.name} is {src.dtype.name} "
                             "(convert on an engine)")
         if dst.tensor.kind in ("input", "const"):
             raise CheckFail(f"{dst.name} is a read-only {dst.tensor.kind}")
@@ -1129,6 +1132,9 @@ class Dma(Op):
     def run(self, x: ExecCtx, c: LInstr) -> None:
         dst, src = c.ops
         v = x.read(src)
+        if dst.dtype.is_float and src.dtype.is_float and dst.dtype is not src.dtype:
+            x.write(dst, nm.to_f32(v).reshape(dst.shape))  # a converting copy (check: the target casts)
+            return
         if dst.dtype is not src.dtype:
             v = v.view(dst.dtype.np)
         x.write_raw(dst, v.reshape(dst.shape))
@@ -1183,11 +1189,12 @@ def _two_dims(ra: RAccess, what: str) -> tuple[int, int]:
 
 
 def dma_transfer(dst: RAccess, src: RAccess, target: Any) -> Transfer:
-    """Descriptor size and DMA-engine count of a copy between two access patterns."""
+    """Descriptor size and DMA-engine count of a copy between two access patterns (a converting one at its
+    wider side's bytes)."""
     d = target.dma
-    size = dst.dtype.itemsize
+    size = max(dst.dtype.itemsize, src.dtype.itemsize)
     run = min(dst.ap.contiguous_run(), src.ap.contiguous_run())
-    nbytes = dst.nbytes
+    nbytes = max(dst.nbytes, src.nbytes)
     engines = 1
     for r in (dst, src):
         if r.ap.part:

@@ -118,6 +118,12 @@ class Target:
     def dma_queues(self) -> int:
         return int(self.spec["dma"]["queues"])
 
+    def dma_casts(self, dst: str, src: str) -> bool:
+        """Does a DMA convert ``src``-typed elements to ``dst`` as it copies? (a weight loaded into the
+        matmul's type with no engine pass)"""
+        types = self.spec["dma"].get("cast_dtypes", ())
+        return dst != src and dst in types and src in types
+
     @property
     def matmul(self) -> dict[str, Any]:
         return self.spec["matmul"]

@@ -1149,6 +1149,20 @@ def check_dma(dtype: str, seed: int = 12) -> None:
     fails.raise_any()
 
 
+def check_dma_cast(src: str, dst: str, seed: int = 14) -> None:
+    """A DMA between two float types converts as it copies (nki.isa.dma_copy): each element rounded once to
+    the nearest even of ``dst``, through a strided source and on the way back to HBM; NaN stays NaN."""
+    rng = np.random.default_rng(seed)
+    x = cast(rng.standard_normal((8, 16)).astype(np.float32) * np.float32(3.0), src)
+    x[0, :4] = cast(np.array([np.inf, -np.inf, np.nan, 1 + 2.0 ** -8], np.float32), src)
+    got = run(["q0 dma s, x_in[:, 0:16:2]", "q2 dma h_out, x_in"], {"x": x},
+              {"s": (dst, (8, 8)), "h": (dst, (8, 16))}, hbm_ins=("x",), hbm_outs=("h",))
+    fails = Failures()
+    for k, ref in {"s": x[:, 0:16:2], "h": x}.items():
+        fails.check(f"dma {src}->{dst} {k}", same_bits, got[k], cast(f32_of(np.ascontiguousarray(ref)), dst))
+    fails.raise_any()
+
+
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
     assert a.tobytes() == b.tobytes(), "bytes differ"

@@ -165,6 +165,21 @@ pe      matmul acc, a, b, start=true
     assert e.value.code == "NCC_ESPP004" and e.value.loc.line == 6
 
 
+@pytest.mark.parametrize("target,src,says", [("trn1", "s32", "converts among f32, bf16, f16"),
+                                               ("inf1", "f32", "dma copies bytes:")])
+def test_a_dma_the_target_cannot_convert_is_refused(target: str, src: str, says: str) -> None:
+    """trn1's DMA converts between float types as it copies, never to or from an integer; inf1's copies bytes."""
+    text = f""".isa 1.0
+.target {target}
+input   x: {src}[128, 64]
+sbuf    t: bf16[128, 64]
+q0    dma  t, x
+"""
+    with pytest.raises(NxsatError) as e:
+        build(text)
+    assert e.value.code == "NCC_EASM004" and e.value.loc.line == 5 and says in e.value.message
+
+
 def test_isa_major_version_mismatch() -> None:
     with pytest.raises(NxsatError) as e:
         parse(".isa 2.0\n", "p.nxs")

@@ -271,6 +271,11 @@ def test_dma_access_patterns(dtype: str) -> None:
     sc.check_dma(dtype)
 
 
+@pytest.mark.parametrize("src,dst", [("f32", "bf16"), ("f32", "f16"), ("bf16", "f32"), ("f16", "bf16")])
+def test_dma_converts_between_float_types(src: str, dst: str) -> None:
+    sc.check_dma_cast(src, dst)
+
+
 def test_dma_moves_pred_through_u8() -> None:
     sc.check_dma_pred()
 

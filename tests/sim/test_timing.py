@@ -232,6 +232,25 @@ q1    dma  y, t, wait=s>=1
     assert strided["latency_ns"] > 10 * contiguous["latency_ns"]
 
 
+def test_a_converting_dma_moves_its_wider_sides_bytes() -> None:
+    """An fp32 load into a bf16 tile reads 4 bytes an element: it costs what the fp32 copy costs, not the bf16
+    one (the engines' rate is not documented to change with a cast)."""
+    base = """
+.isa 1.0
+.target trn1
+input   x: {src}[128, 4096]
+output  y: bf16[128, 16]
+sbuf    t: {dst}[128, 4096]
+sem     s
+q0    dma  t, x, signal=s
+q1    dma  y, t[:, 0:16], wait=s>=1
+"""
+    work = {k: _profile(base.format(src=k[0], dst=k[1]))[0]["dma"]["work_ns"]
+            for k in (("f32", "bf16"), ("f32", "f32"), ("bf16", "bf16"))}
+    assert work[("f32", "bf16")] == pytest.approx(work[("f32", "f32")], rel=0.02)
+    assert work[("f32", "bf16")] > 1.5 * work[("bf16", "bf16")]
+
+
 def test_spill_bytes_are_reported() -> None:
     text = """
 .isa 1.0
