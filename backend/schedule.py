@@ -38,6 +38,7 @@ from nxsat.sim.target import Target
 
 ALIGN = 64
 LOOKAHEAD = 48  # how many instructions a DMA load may go ahead of program order
+RING_FREE_QUEUES = 2  # of the weights' queues, with a ring: for the weights that do not stream through it
 REACH = 512  # how far past the lowest unscheduled instruction one may take on-chip memory
 ENGINES = ("pe", "act", "dve", "pool", "cc")
 
@@ -456,7 +457,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
     rank = by_rank if not options.critical else _inverse(by_rank)
 
-    clock = _Clock(target, _Queues(target, options.weight_queues, False), extra) if options.timed else None
+    clock = _Clock(target, _Queues(target, options.weight_queues, False, streamed), extra) if options.timed else None
     ready_other = _Ready(insts, rank, by_rank, clock)
 
     def push_ready(idx: int) -> None:
@@ -649,7 +650,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     if len(order) != n:
         raise error("NCC_IINT001", "internal compiler error: the instruction graph has a cycle")
     return _emit(graph, target, order, extra, inputs, outputs, flags, lnc, sbuf.peak + ring.peak, psum.peak,
-                 options.weight_queues)
+                 options.weight_queues, streamed)
 
 
 class _Ready:
@@ -840,33 +841,24 @@ def _of_inputs(i: Inst) -> bool:
 
 
 def _streamed(graph: Graph, most: int) -> set[int]:
-    """The tiles that stream through the ring (``ScheduleOptions.ring``): weights loaded to be converted
-    into the matmul's type (written only by loads of the model's inputs and constants, read only by copies
-    into a narrower type, within ``REACH`` instructions), at most ``most`` bytes per partition. Their
-    conversions sit next to their use, so the ring gives their room back in the order it took it. (Every
-    loaded weight, the ones read as they are and the small per-channel ones among them: ResNet-50 543.0 us
-    under unet-inference and 613.1 generic, against 532.7 and 590.6 with these.)"""
+    """The tiles that stream through the ring (``ScheduleOptions.ring``): weights converted to the matmul's
+    type as they are loaded (written only by loads of the model's inputs and constants into a narrower
+    type), at most ``most`` bytes per partition. Their uses come in program order, so the ring gives their
+    room back in the order it took it. (Every loaded weight, the ones read as they are and the small
+    per-channel ones among them: ResNet-50 543.0 us under unet-inference and 613.1 generic, against 532.7
+    and 590.6 with the converted ones, when they were converted on an engine.)"""
     out: set[int] = set()
     for b in graph.bufs:
         if b.kind != "sbuf" or b.base is not None or not b.users or b.row_bytes > most:
             continue
-        readers = []
-        for u in b.users:
-            if any(w.buf.root is b for w in u.writes):
-                if not (_is_load(u) and _of_inputs(u)):
-                    break
-            elif _narrowing(u):
-                readers.append(u.index)
-            else:
-                break
-        else:
-            if readers and max(readers) - min(readers) <= REACH:
-                out.add(id(b))
+        writers = [u for u in b.users if any(w.buf.root is b for w in u.writes)]
+        if writers and all(_is_load(u) and _of_inputs(u) and _narrowing(u) for u in writers):
+            out.add(id(b))
     return out
 
 
 def _narrowing(i: Inst) -> bool:
-    """A copy of one tile into a narrower type (a weight's conversion to bf16)."""
+    """A copy of one tile into a narrower type (a weight converted to bf16 as it is loaded)."""
     return (len(i.reads) == 1 and len(i.writes) == 1 and i.writes[0].buf.onchip
             and i.writes[0].dtype.itemsize < i.reads[0].dtype.itemsize)
 
@@ -887,7 +879,8 @@ class _Queues:
     ``_emit`` puts them there before the rest; the clock, which does not know them yet, counts them among
     the loads (a model with such copies is priced a few queues off)."""
 
-    def __init__(self, target: Target, weight_queues: int, background: bool) -> None:
+    def __init__(self, target: Target, weight_queues: int, background: bool,
+                 streamed: set[int] | frozenset[int] = frozenset()) -> None:
         queues = target.dma_queues
         load_q = list(range(load_queues(target)))
         self.store_q = list(range(len(load_q), queues - background)) or list(range(len(load_q), queues)) or load_q
@@ -895,9 +888,19 @@ class _Queues:
         self.split = 0 < weight_queues < len(load_q)
         self.weight_q, self.other_q = (load_q[:weight_queues], load_q[weight_queues:]) if self.split \
             else (load_q, load_q)
-        self.nl = self.ns = self.nw = 0
+        # the ring's weights, loaded far ahead, on queues of their own: the weights loaded for the work at
+        # hand (and the image) do not wait behind them in a queue
+        self.streamed = streamed
+        self.ring_q = self.weight_q[:-RING_FREE_QUEUES] if streamed and len(self.weight_q) > RING_FREE_QUEUES \
+            else []
+        if self.ring_q:
+            self.weight_q = self.weight_q[-RING_FREE_QUEUES:]
+        self.nl = self.ns = self.nw = self.nr = 0
 
     def pick(self, i: Inst, extra: dict[int, list[Inst]]) -> int:
+        if self.ring_q and _is_load(i) and id(i.writes[0].buf.root) in self.streamed:
+            self.nr += 1
+            return self.ring_q[(self.nr - 1) % len(self.ring_q)]
         if self.split and _is_load(i) and _of_inputs(i):
             self.nw += 1
             return self.weight_q[(self.nw - 1) % len(self.weight_q)]
@@ -910,7 +913,7 @@ class _Queues:
 
 def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list[Inst]], inputs: list[Buf],
           outputs: list[Buf], flags: tuple[str, ...], lnc: int | None, sbuf_peak: int, psum_peak: int,
-          weight_queues: int = 0) -> Scheduled:
+          weight_queues: int = 0, streamed: set[int] | frozenset[int] = frozenset()) -> Scheduled:
     prog = Program(target=target.name, lnc=lnc, flags=tuple(flags))
     consts: dict[str, np.ndarray] = {}
     order_kinds = {"input": 0, "output": 1, "const": 2, "scratch": 3}
@@ -956,7 +959,7 @@ def _emit(graph: Graph, target: Target, order: list[Inst], extra: dict[int, list
     stream: dict[int, str] = {}
     depended = {d.index for i in order for d in (*i.deps, *extra.get(i.index, ()))}
     background = [i for i in order if i.index not in depended and _passthrough(i, extra)]
-    queue = _Queues(target, weight_queues, bool(background))
+    queue = _Queues(target, weight_queues, bool(background), streamed)
     if background:
         ids = {i.index for i in background}
         order = background + [i for i in order if i.index not in ids]

@@ -181,19 +181,25 @@ class CostModel:
     # -- operators --------------------------------------------------------------------------------------
 
     def op_ns(self, op: str, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value | None,
-              inputs: Sequence[bool] = (), multiply_in: str | None = None, hosted: bool = False) -> float:
+              inputs: Sequence[bool] = (), multiply_in: str | None = None, hosted: bool = False,
+              loaded: Sequence[bool] | None = None) -> float:
         """The time of one operator; ``inputs[i]``: operand i is read from HBM (a model input or a
         constant) rather than from a neighbour fused on chip; ``multiply_in``: the type a dot's
         operands are converted to on chip (a cast the dot absorbs), when not the model's; ``hosted``:
-        a softmax the dot making its scores computes on its tiles."""
+        a softmax the dot making its scores computes on its tiles; ``loaded[i]``: operand i is a model input
+        or constant itself (default ``inputs``), which the DMA can convert as it loads it, where ``inputs``
+        also counts data another operator left in HBM."""
         if result is None or op in VIEWS:
             return NODE_NS
         if op == "dot":
             ahead = tuple(inputs) if self.in_program else ()
-            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead)
+            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead,
+                                         tuple(inputs if loaded is None else loaded))
         if op == "convolution":
             computed = bool(inputs) and not inputs[0]
-            return NODE_NS + self.conv_ns(attrs, operands, result, multiply_in, computed)
+            weights = inputs if loaded is None else loaded
+            weights_computed = len(weights) > 1 and not weights[1]
+            return NODE_NS + self.conv_ns(attrs, operands, result, multiply_in, computed, weights_computed)
         if op == "transpose":
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)
         if op == "softmax" and operands and operands[0] is not None:
@@ -432,7 +438,9 @@ class CostModel:
         return self.dma_ns(result.nbytes, run * size) + self.dma_fixed
 
     def dot_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
-               multiply_in: str | None = None, ahead: Sequence[bool] = ()) -> float:
+               multiply_in: str | None = None, ahead: Sequence[bool] = (), loaded: Sequence[bool] = ()) -> float:
+        """``loaded[i]``: operand i is a model input or constant, which the DMA converts to the multiply type
+        as it loads it where the target's can (backend/lower.py ``load_dtype``)."""
         lhs, rhs = operands[0], operands[1]
         if lhs is None or rhs is None:
             return 0.0
@@ -449,8 +457,10 @@ class CostModel:
         lk = _inner(d.lhs_contracting, lhs.shape)
         rk = _inner(d.rhs_contracting, rhs.shape)
         flags = tuple(ahead) + (False, False)
+        cast = tuple(bool(f) and self.target.dma_casts(mt, v.dtype) for f, v in zip(loaded, (lhs, rhs))) \
+            + (False, False)
         return self.matmul_ns(B, M, K, N, mt, lhs, rhs, result, lhs_k_contiguous=lk, rhs_k_contiguous=rk,
-                              ahead=flags[:2])
+                              ahead=flags[:2], dma_cast=cast[:2])
 
     def vector_dot_ns(self, B: int, M: int, K: int, N: int, lhs: Value, rhs: Value, result: Value, mt: str) -> float:
         """Many tiny products on VectorE (backend/matmul.py ``_dot_on_vector``): per tile of 128 batches both
@@ -476,7 +486,8 @@ class CostModel:
 
     def matmul_ns(self, B: int, M: int, K: int, N: int, mt: str, lhs: Value, rhs: Value, result: Value,
                   lhs_k_contiguous: bool = True, rhs_k_contiguous: bool = False,
-                  ahead: tuple[bool, bool] = (False, False), k_run: int = 0, repeats: int = 1) -> float:
+                  ahead: tuple[bool, bool] = (False, False), k_run: int = 0, repeats: int = 1,
+                  dma_cast: tuple[bool, bool] = (False, False)) -> float:
         """``B`` products ``[M, K] @ [K, N]`` as backend/matmul.py emits them, tiled by
         :func:`matmul_plan`: per M tile the stationary operand's K tiles (once if resident, else once
         per N tile), per (M, N) tile the moving operand's (once per N tile when the plan keeps them
@@ -485,7 +496,8 @@ class CostModel:
         contiguous dimension is K is loaded in rows and transposed on TensorE (fp32 into PSUM, copied
         out by VectorE); otherwise one DMA of rows of M (N) elements. A joint plan (both operands
         K-contiguous, one N tile) transposes them together, the moving one once. An operand whose
-        type is not the multiply type is converted on chip (VectorE) when it is loaded plainly.
+        type is not the multiply type is converted on chip (VectorE) when it is loaded plainly, unless
+        ``dma_cast`` says the DMA converts it as it loads it (rows then transposed in the multiply type).
         ``k_run``: the length of the contraction's contiguous segments (a weight gradient's taps), which
         the backend's K groups never cross (0: K is one segment). ``repeats``: that many such products
         one after another (a weight gradient's output positions), each loading while the one before
@@ -529,17 +541,17 @@ class CostModel:
             return p_ns * loads, v_ns * loads, a_ns * loads
 
         if lt:
-            p, v, a = transposed(M, st_loads, lhs.dtype)
+            p, v, a = transposed(M, st_loads, mt if dma_cast[0] else lhs.dtype)
             pe, dve, act = pe + p, dve + v, act + a
-        elif lhs.dtype != mt and not ahead[0]:  # a prefetched operand is converted ahead too
+        elif lhs.dtype != mt and not ahead[0] and not dma_cast[0]:  # a prefetched one is converted ahead too
             act += st_loads * self.instr_ns("act", "activation", mtiles * ktiles, N=min(M, plan.m_tile))
         if joint:
-            p, v, a = transposed(N, 1, rhs.dtype)
+            p, v, a = transposed(N, 1, mt if dma_cast[1] else rhs.dtype)
             pe, dve, act = pe + p, dve + v, act + a
         elif rt:
-            p, v, a = transposed(N, mv_loads, rhs.dtype)
+            p, v, a = transposed(N, mv_loads, mt if dma_cast[1] else rhs.dtype)
             pe, dve, act = pe + p, dve + v, act + a
-        elif rhs.dtype != mt and not ahead[1]:
+        elif rhs.dtype != mt and not ahead[1] and not dma_cast[1]:
             act += mv_loads * self.instr_ns("act", "activation", ntiles * ktiles, N=min(N, plan.n_tile))
         ls, rs, os_ = _itemsize(lhs.dtype), _itemsize(rhs.dtype), _itemsize(result.dtype)
         st_bytes = M * K * ls * st_loads
@@ -588,7 +600,10 @@ class CostModel:
             # groups' loads are issued together, a DMA per 128-row block and operand, one per load queue:
             # as many groups as fill the queues share the engines (a queue whose load ends takes the next
             # group's), and TensorE starts when the first has arrived with that share of the bandwidth
-            # (over 4 x 56 x 56: 24 us, not the 6 of its bytes alone)
+            # (over 4 x 56 x 56: 24 us, not the 6 of its bytes alone). Each group's matmuls wait for its banks'
+            # copies out of PSUM, ScalarE's and VectorE's in turn: hidden under fp32 transposes, exposed under
+            # bf16 ones (rows the DMA converted as it loaded them: 4 x 64 x 56 x 56 predicted 42.3 us with
+            # them spread over the groups, 49.2 now, simulated 53.2)
             xn = min(M + N, t.matmul["rows"])
             per_bank = max(1, t.psum_bank_bytes // 4 // xn)  # K tiles one bank holds
             bubbles = sum(op_ns(t, "tensor_copy", "dve", **{**FORMULA_DEFAULTS,
@@ -598,7 +613,7 @@ class CostModel:
             per_group = sum((x0 < M) + (x0 + rows > M) for x0 in range(0, M + N, rows))
             together = max(1, load_queues(t) // per_group)
             first = min(load, self.dma_ns(B * (M * ls + N * rs) * runs[0] * min(together, groups), min(st_run, mv_run)))
-            steady = max(repeats * (load + store), first + repeats * (pe + B * bubbles + (act + dve) / (2 * groups)))
+            steady = max(repeats * (load + store), first + repeats * (pe + B * bubbles + (act + dve) / 2))
             return steady + 2 * self.dma_fixed  # the first wave once, not per repeat
         steady = self.pipelined((load, pe, max(act, dve), store), (load + store, pe, act, dve), tiles)
         if plan.n_block and not joint:
@@ -613,11 +628,12 @@ class CostModel:
         return repeats * steady + 2 * self.dma_fixed
 
     def _weight_gradient_ns(self, x: Value, w: Value, result: Value, d: Any, window: tuple, bgc: int,
-                            mt: str) -> float:
+                            mt: str, dma_cast: tuple[bool, bool] = (False, False)) -> float:
         """A weight gradient as device-forms rewrites it (backend/conv.py ``weight_gradients``): per
         output position, a dot of the input's and the output gradient's windows over (channels, taps),
         the operand with fewer rows stationary; a group of one channel in and out a product summed on
-        VectorE. Both operands are read through slices whose taps are their contiguous dimension."""
+        VectorE. Both operands are read through slices whose taps are their contiguous dimension;
+        ``dma_cast``: the DMA converts the input's, the gradient's slices (model inputs)."""
         n_, c = x.shape[d.input_batch], x.shape[d.input_feature]
         o = w.shape[d.kernel_output_feature]
         b, og = n_ // bgc, o // bgc
@@ -637,10 +653,10 @@ class CostModel:
             if wd.size < x.shape[i]:
                 break
         return self.matmul_ns(bgc, M, K, N, mt, lhs, rhs, Value((M, N), result.dtype), lhs_k_contiguous=True,
-                              rhs_k_contiguous=True, k_run=run, repeats=positions)
+                              rhs_k_contiguous=True, k_run=run, repeats=positions, dma_cast=dma_cast)
 
     def conv_ns(self, attrs: dict[str, Any], operands: Sequence[Value | None], result: Value,
-                multiply_in: str | None = None, computed: bool = False) -> float:
+                multiply_in: str | None = None, computed: bool = False, weights_computed: bool = False) -> float:
         """A convolution as backend/conv.py emits :func:`~nxsat.extract.plan.conv_plan`: fp32 operands that
         TensorE multiplies in a narrower type are converted by a pass through HBM first (the precision
         policy's ``convert`` nodes); then per output chunk its input tiles (one DMA per fold block,
@@ -650,13 +666,16 @@ class CostModel:
         the vector engines by :meth:`_depthwise_ns`. ``multiply_in``: fp32 weights (a model input) cast to
         the input's type by the convolution as it loads them (the cast it absorbs). ``computed``: the input
         is another operator's result, not a model input; in a program its channels-first tiles are then
-        read on chip (:func:`forwarded_input`)."""
+        read on chip (:func:`forwarded_input`). A model input's (or constant's) tiles, the image and the
+        weights, are converted by the DMA that loads them where the target's can (``weights_computed``:
+        the weights are another operator's result, converted on chip)."""
         x, w = operands[0], operands[1]
         if x is None or w is None:
             return 0.0
         if multiply_in is not None and w.dtype == "f32" and x.dtype == multiply_in:
             x = Value(x.shape, "f32")  # as the policy's fp32 model: its weights' cast absorbed, its input's
-            return (self._with_matmul_dtype(multiply_in).conv_ns(attrs, [x, w], result, computed=computed)
+            return (self._with_matmul_dtype(multiply_in).conv_ns(attrs, [x, w], result, computed=computed,
+                                                                 weights_computed=weights_computed)
                     - self._convert_x(x, multiply_in))
         d = attrs["dims"]
         window = tuple(attrs["window"])
@@ -686,7 +705,13 @@ class CostModel:
         if _weight_gradient(window, fgc, result, d):
             # device-forms' per-position dots absorb the policy's casts: they load the fp32 slices and
             # convert the tiles (backend/conv.py _weight_gradient)
-            return self._weight_gradient_ns(x, w, result, d, window, bgc, mt)
+            # the DMA converts both operands' rows where both are model inputs read whole: a window narrower
+            # than the input is a slice the backend copies into a scratch first, and the rows TensorE
+            # transposes together share one type (backend/matmul.py _load_pe_transposed)
+            whole = all(wd.size >= x.shape[i] for wd, i in zip(window, d.input_spatial))
+            cast = whole and not computed and not weights_computed and self.target.dma_casts(mt, x.dtype) \
+                and self.target.dma_casts(mt, w.dtype)
+            return self._weight_gradient_ns(x, w, result, d, window, bgc, mt, (cast, cast))
         if mt != "f32" and x.dtype == w.dtype == "f32":
             # the precision policy's converts: an operand through VectorE and back to HBM, one trigger
             # latency of each pass hidden under its neighbour's; the implicit GEMM absorbs the weights'
@@ -704,12 +729,15 @@ class CostModel:
         xs, ws, ys = (_canonical_strides(v.shape, dims) for v, dims in ((x, xdims), (w, wdims), (result, ydims)))
         cache = self._conv_cache
         on_chip = self.in_program and computed and forwarded_input(geo, plan)
-        key = (geo, x.dtype, w_wide.dtype, result.dtype, xs, ws, ys, on_chip)
+        # the DMA converts a model input's tiles as it loads them (backend/lower.py load_dtype)
+        x_cast = not computed and self.target.dma_casts(mt, x.dtype)
+        w_cast = not weights_computed and self.target.dma_casts(mt, w_wide.dtype)
+        key = (geo, x.dtype, w_wide.dtype, result.dtype, xs, ws, ys, on_chip, x_cast, w_cast)
         if key not in cache:
             if dw is not None and dw.pays:
                 cache[key] = self._depthwise_ns(geo, dw, x, w, result, xs, ys)
             else:
-                cache[key] = self._gemm_ns(geo, plan, x, w_wide, result, xs, ws, ys, on_chip)
+                cache[key] = self._gemm_ns(geo, plan, x, w_wide, result, xs, ws, ys, on_chip, x_cast, w_cast)
         forced = CHANNELS_LAST_NS if self.channels_first and geo.channels_last_out else 0.0
         return (convert if dw is not None and dw.pays else convert_x) + cache[key] + forced
 
@@ -743,16 +771,18 @@ class CostModel:
         return max(busy)
 
     def _gemm_ns(self, geo: ConvGeometry, plan: ConvPlan, x: Value, w: Value, y: Value, xs: tuple[int, ...],
-                 ws: tuple[int, ...], ys: tuple[int, ...], on_chip: bool = False) -> float:
+                 ws: tuple[int, ...], ys: tuple[int, ...], on_chip: bool = False, x_cast: bool = False,
+                 w_cast: bool = False) -> float:
         """The implicit GEMM chunk by chunk, as backend/conv.py's ``_job`` walks it (one representative job,
-        times the jobs); ``on_chip``: its input tiles are copied from the producer's (the forwarding pass)."""
+        times the jobs); ``on_chip``: its input tiles are copied from the producer's (the forwarding pass);
+        ``x_cast``, ``w_cast``: the DMA converts the input's, the weights' tiles to the multiply type."""
         t = self.target
         nsp = len(geo.in_spatial)
         isz, wsz, osz = _itemsize(x.dtype), _itemsize(w.dtype), _itemsize(y.dtype)
         w_float = dt.by_name(w.dtype).is_float
         factor = t.matmul_dtype_factor(geo.dtype) or 1.0
         bank = t.psum_bank_bytes // 4
-        fp32_in = int(isz == 4)
+        fp32_in = int((geo.itemsize if x_cast else isz) == 4)
         fp32_out = int(osz == 4)
         groups = geo.groups * geo.batch_groups
         jobs = -(-groups // plan.pack)
@@ -785,7 +815,8 @@ class CostModel:
                 parts = min(on, t.matmul["rows"])
                 tps = -(-on // parts) * math.prod(ksize)
                 return (*self._xfer(on * row * wsz, row * wsz, parts),
-                        tps * op_ns(t, "transpose", "pe", P=parts, N=ck, fp32=int(wsz == 4)))
+                        tps * op_ns(t, "transpose", "pe", P=parts, N=ck,
+                                    fp32=int((geo.itemsize if w_cast else wsz) == 4)))
             if plan.pack > 1:
                 og = geo.out_channels
                 o_last = packed_outputs_last(geo.in_channels, og, ws[0])
@@ -870,7 +901,7 @@ class CostModel:
                             inputs_seen.add(ikey)
                         home = homes[gid][0]
                         r_, l_ = self._conv_input(geo, plan, combo, chunk, ck, groups[home], xs, isz, bank, fp32_in,
-                                                     evacuate, on_chip, grow.get(home, 0))
+                                                     evacuate, on_chip, grow.get(home, 0), x_cast)
                         l_res += r_[0]
                         l_lat = max(l_lat, l_)
                         pe += r_[1]
@@ -890,10 +921,11 @@ class CostModel:
                         pe += tps
                         w_pe += tps
                         w_keys += bool(tps)
-                        if (wsz != geo.itemsize or tps) and plan.pack == 1:  # converted (or copied out of PSUM)
+                        if (wsz != geo.itemsize and not w_cast or tps) and plan.pack == 1:  # converted (or
+                            # copied out of PSUM)
                             per = math.prod(ksize) // (ksize[fd] if folding else 1) * won
                             copy = {**FORMULA_DEFAULTS, "P": ck * nblk}
-                            if w_float and tps == 0 and dt.by_name(geo.dtype).is_float:
+                            if w_float and tps == 0 and dt.by_name(geo.dtype).is_float:  # (not w_cast)
                                 # backend/conv.py's _weights_converted: ScalarE's share, VectorE's the rest
                                 k = cast_split(t, per, won)
                                 act += op_ns(t, "activation", "act", **{**copy, "N": per * k // won})
@@ -964,10 +996,11 @@ class CostModel:
 
     def _conv_input(self, geo: ConvGeometry, plan: ConvPlan, combo: tuple, chunk: tuple, ck: int, group: tuple,
                     xs: tuple[int, ...], isz: int, bank: int, fp32: int, evacuate: Any, on_chip: bool = False,
-                    grow: int = 0) -> tuple[tuple[float, float, float], float]:
+                    grow: int = 0, cast: bool = False) -> tuple[tuple[float, float, float], float]:
         """One input tile (backend/conv.py's ``_load_input``): ((DMA share, TensorE, GpSimd), DMA time alone);
         ``on_chip``: the tile's loads are GpSimd copies of the producer's tiles instead; ``grow``: more rows
-        on the fold dimension for the groups that read it (``fold_homes``)."""
+        on the fold dimension for the groups that read it (``fold_homes``); ``cast``: the DMA converts the
+        loaded positions to the multiply type (no GpSimd conversion)."""
         t = self.target
         nsp = len(geo.in_spatial)
         folding = plan.fold > 1
@@ -1084,7 +1117,7 @@ class CostModel:
                     # backend/conv.py's _load_positions: whole rows, converted once, a transpose per channel,
                     # copied out of PSUM in the multiply type (the windows' transposes then read that type)
                     r_, l_ = self._xfer(seg * R * ck * isz, seg * ck * isz, R)
-                    if isz != _itemsize(self.matmul_dtype):
+                    if isz != _itemsize(self.matmul_dtype) and not cast:
                         pool += nb * head * op_ns(t, "tensor_copy", "pool", **{**FORMULA_DEFAULTS, "N": seg * ck,
                                                                               "P": R})
                     pe += nb * head * ck * op_ns(t, "transpose", "pe", P=R, N=seg, fp32=0)
@@ -1315,11 +1348,12 @@ def node_costs(eg: EGraph, view: View, model: CostModel) -> list[float]:
         from_hbm = [inputs[k] or k in reread or moved[k] for k in kids]
         if ops[i] == "convolution" and kids and kids[0] in cast_from and inputs[cast_from[kids[0]]]:
             from_hbm[0] = True  # a model input's cast, absorbed or a pass of its own: loaded from HBM either way
-        key = (node.ctor, node.slots, vals, value(c), tuple(from_hbm), multiply_in, hosted)
+        loaded = tuple(inputs[k] for k in kids)  # the model's own inputs and constants: the DMA converts them
+        key = (node.ctor, node.slots, vals, value(c), tuple(from_hbm), multiply_in, hosted, loaded)
         cost = cache.get(key)
         if cost is None:
             op, attrs = eg.operator(node)
-            cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in, hosted)
+            cost = cache[key] = model.op_ns(op, attrs, vals, value(c), key[4], multiply_in, hosted, loaded)
         out.append(cost)
     return out
 

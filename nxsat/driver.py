@@ -82,7 +82,9 @@ SEARCH_ROOMS = (0.55, 0.7)  # -O3's shares of SBUF for loads ahead by the progra
 SEARCH_TIMED_SHARES = (0.4, 0.5)
 # The share of SBUF the converted weights stream through (ScheduleOptions.ring) in -O2's schedule in time
 # with half the prefetch share; -O3 measures the others too. ResNet-50 at 0.35, 0.4, 0.45: 540.3, 532.7,
-# 533.7 us under unet-inference, 602.6, 590.6, 610.3 generic (without a ring 563.4 and 640.2)
+# 533.7 us under unet-inference, 602.6, 590.6, 610.3 generic (without a ring 563.4 and 640.2), when the
+# weights were converted on an engine; converted by the DMA, generic 598.6 -> 567.0 with the ring and
+# unet-inference 509.4 without it (512.2 with)
 RING_SHARE = 0.4
 SEARCH_RINGS = (0.3, 0.5)
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
@@ -373,8 +375,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # during the stem); BERT-12 1,711.5 with the prefetch share, 1,723.3 and 1,787.6 with these
     rooms = [replace(stream, room=r) for r in SEARCH_ROOMS]
     shares = [replace(timed_half, prefetch=p) for p in SEARCH_TIMED_SHARES]
-    # and with the weights it converts in a ring of their own (ResNet-50 under unet-inference 563.4 -> 532.7 us,
-    # generic 640.2 -> 590.6)
+    # and with the weights it converts in a ring of their own (ResNet-50 generic 598.6 -> 567.0 us; RING_SHARE)
     ring = replace(timed_half, ring=RING_SHARE)
     rings = [replace(timed_half, ring=r) for r in SEARCH_RINGS]
 
@@ -386,8 +387,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
 
     def streams_converted() -> bool:
         """As :func:`streams_weights`, and TensorE multiplies fp32 inputs or constants in a narrower type:
-        weights the program converts on chip, which the ring takes (without them its schedule is the one
-        without a ring; gemma3's fp32 constants are tables, its weights bf16)."""
+        weights the program converts as it loads them, which the ring takes (without them its schedule is
+        the one without a ring; gemma3's fp32 constants are tables, its weights bf16)."""
         return streams_weights() and matmul_precision(opts) not in ("f32", "tf32") and any(
             _held(o).dtype.name == "f32" for n in canonical.entry.post_order() if n.op in ("dot", "convolution")
             for o in n.operands if _held(o) is not None)

@@ -1,7 +1,8 @@
 """A cast of a convolution's weights, or of an image it convolves (a model input of a few channels), into the
-TensorE type (what --auto-cast matmult inserts) is absorbed: the implicit GEMM loads the fp32 values and converts the
-tiles on chip, so no cast is written to HBM; the depthwise path, which multiplies in the weights' type on
-the vector engines, computes the casts first. Both match the reference interpreter (the same rounding)."""
+TensorE type (what --auto-cast matmult inserts) is absorbed: the implicit GEMM loads the fp32 values and converts
+the tiles on chip (or the DMA converts them as it loads them), so no cast is written to HBM; the depthwise path,
+which multiplies in the weights' type on the vector engines, computes the casts first. Both match the reference
+interpreter (the same rounding)."""
 
 from __future__ import annotations
 
@@ -59,16 +60,16 @@ def test_weight_cast(case: str, target: str) -> None:
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_the_stem_converts_the_image_once(target: str) -> None:
-    """The stem's rows are converted to bf16 once, before TensorE transposes them; the positions those
-    transposes give are copied out of PSUM in bf16 already (another GpSimd pass over every chunk of the
-    image made ResNet-50's stem 16.5 us longer)."""
+def test_the_stem_loads_the_image_in_bf16(target: str) -> None:
+    """The stem's fp32 rows are converted to bf16 by the DMA that loads them, before TensorE transposes them
+    (a GpSimd pass over every chunk of the image before; before that, another over every window made
+    ResNet-50's stem 16.5 us longer): no engine converts an fp32 tile, and the positions the transposes give
+    are copied out of PSUM in bf16 already."""
     prog = compile_graph(module_of(STEM), sim.load_target(target)).program
-    fp32 = {n for n, t in prog.tensors.items() if t.kind == "sbuf" and t.dtype.name == "f32"}
-    converts = [i for i in prog.instrs if i.opcode == "tensor_copy" and i.operands[1].tensor in fp32
-                and i.operands[0].tensor not in fp32]
     loads = [i for i in prog.instrs if i.opcode == "dma" and i.operands[1].tensor == "x"]
-    assert converts and len(converts) == len(loads)
+    assert loads and {prog.tensors[i.operands[0].tensor].dtype.name for i in loads} == {"bf16"}
+    fp32 = {n for n, t in prog.tensors.items() if t.kind == "sbuf" and t.dtype.name == "f32"}
+    assert not [i for i in prog.instrs if i.opcode == "tensor_copy" and i.operands[1].tensor in fp32]
 
 
 def test_a_stem_transposes_the_next_rows_while_the_last_ones_are_copied_out() -> None:
@@ -94,19 +95,23 @@ def test_a_stem_transposes_the_next_rows_while_the_last_ones_are_copied_out() ->
     pe = [i.opcode if i.opcode == "matmul" else i.operands[1].buf.root.name.rstrip("_0123456789")
           for i in lw.graph.insts if i.engine == "pe"]
     runs = [(k, len(list(g))) for k, g in itertools.groupby(pe)]
-    rows = dict(runs[4:8]).get("cvinc")  # a bank's rows, once the pipeline is full
-    assert rows and sum(n for k, n in runs[:runs.index(("matmul", 7))] if k == "cvinc") == 3 * rows, runs[:6]
+    rows = dict(runs[4:8]).get("cvrows")  # a bank's rows, once the pipeline is full
+    assert rows and sum(n for k, n in runs[:runs.index(("matmul", 7))] if k == "cvrows") == 3 * rows, runs[:6]
     assert_device_matches(module_of(text), rtol=1e-5, atol_scale=1e-5)
 
 
-def test_gemm_weight_tiles_convert_on_scalare() -> None:
-    """The implicit GEMM's weight tiles are converted on ScalarE, which a convolution otherwise only uses to
-    evacuate PSUM, and not on VectorE, which runs the layers' elementwise work (the same rounding)."""
-    c = compile_graph(module_of(GEMM), sim.load_target("trn1"))
-    weights = {i.operands[0].tensor for i in c.program.instrs if i.opcode == "dma" and i.operands[1].tensor == "w"}
-    casts = [i for i in c.program.instrs if i.operands and len(i.operands) > 1 and i.operands[1].tensor in weights
-             and i.opcode in ("activation", "tensor_copy")]
-    assert casts and {i.stream for i in casts} == {"act"}
+def test_gemm_weight_tiles_are_converted_by_the_dma_that_loads_them() -> None:
+    """The implicit GEMM's fp32 weights are loaded straight into bf16 tiles, the DMA converting as it copies
+    (the target's ``dma.cast_dtypes``): no engine reads them in fp32, and they take half the SBUF (ResNet-50
+    under unet-inference 532.7 -> 502.6 us, its 25M weights no longer converted on ScalarE and VectorE).
+    The values are the ones the engines' conversion gave (test_weight_cast: the same rounding)."""
+    prog = compile_graph(module_of(GEMM), sim.load_target("trn1")).program
+    loads = [i for i in prog.instrs if i.opcode == "dma" and i.operands[1].tensor == "w"]
+    assert loads and {prog.tensors[i.operands[0].tensor].dtype.name for i in loads} == {"bf16"}
+    fp32 = {n for n, t in prog.tensors.items() if t.kind == "sbuf" and t.dtype.name == "f32"}
+    assert not [i for i in prog.instrs if i.opcode in ("activation", "tensor_copy")
+                and i.operands[1].tensor in fp32 and prog.tensors[i.operands[0].tensor].dtype.name == "bf16"
+                and any(i.operands[1].tensor == ld.operands[0].tensor for ld in loads)]
 
 
 def _gradient(x: str, g: str, y: str, window: str) -> str:
@@ -146,11 +151,12 @@ def test_a_weight_gradients_casts_are_absorbed_by_its_dots(case: str, target: st
 def test_a_long_weight_conversion_is_shared_by_scalare_and_vectore() -> None:
     """A 3x3 kernel of 128 channels converted to bf16 is 1,152 elements a partition: ScalarE converts its
     share of the output channels and VectorE the rest, in proportion to their speeds (extract.plan.cast_split),
-    so that loads waiting for SBUF room wait half as long. A 1x1 kernel's 128 stay on ScalarE. Same values."""
+    so that loads waiting for SBUF room wait half as long. A 1x1 kernel's 128 stay on ScalarE. Same values.
+    (On inf1, whose DMA copies bytes: trn1's DMA converts the weights as it loads them.)"""
     from nxsat.backend import device_forms, lower_graph
     from nxsat.extract.plan import cast_split
 
-    t = sim.load_target("trn1")
+    t = sim.load_target("inf1")
     for w, split in (("[3,3,128,128]", True), ("[1,1,128,128]", False)):
         text = _conv("[1,8,8,128]", w, "[1,8,8,128]", window="size=3x3 pad=1_1x1_1" if split else "size=1x1")
         insts = lower_graph(device_forms(module_of(text), t), t).graph.insts
@@ -161,5 +167,5 @@ def test_a_long_weight_conversion_is_shared_by_scalare_and_vectore() -> None:
         if split:
             act = next(i for i in casts if i.engine == "act")
             assert act.operands[0].shape[-1] == cast_split(t, 9 * 128, 128) == 71  # 1.25 : 1
-        assert_device_matches(module_of(text), target="trn1", rtol=1e-5, atol_scale=1e-5)
+        assert_device_matches(module_of(text), target="inf1", rtol=1e-5, atol_scale=1e-5)
     assert cast_split(t, 256, 128) == 128 and cast_split(t, 4096, 1) == 1
