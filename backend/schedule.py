@@ -38,7 +38,11 @@ from nxsat.sim.target import Target
 
 ALIGN = 64
 LOOKAHEAD = 48  # how many instructions a DMA load may go ahead of program order
-RING_FREE_QUEUES = 2  # of the weights' queues, with a ring: for the weights that do not stream through it
+# Of the weights' queues, with a ring: the ones for the weights that do not stream through it (the rest are
+# the ring's). ResNet-50 generic (trn1, -O2, bf16; 8 weight queues): the ring's schedule 612.8 us with no
+# queues of its own; with 1 to 6 left free 568.1, 567.0, over 598.6 (the schedule without a ring kept),
+# 562.9, 560.6, 561.9: no trend worth fitting, 2 kept.
+RING_FREE_QUEUES = 2
 REACH = 512  # how far past the lowest unscheduled instruction one may take on-chip memory
 ENGINES = ("pe", "act", "dve", "pool", "cc")
 
