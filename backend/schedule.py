@@ -43,6 +43,11 @@ LOOKAHEAD = 48  # how many instructions a DMA load may go ahead of program order
 # queues of its own; with 1 to 6 left free 568.1, 567.0, over 598.6 (the schedule without a ring kept),
 # 562.9, 560.6, 561.9: no trend worth fitting, 2 kept.
 RING_FREE_QUEUES = 2
+# Out of program order, an accumulator leaves this many PSUM banks to the frontier: its work may hold one
+# (an attention's P.V accumulator) while it transposes into another (attention_s2048 under transformer,
+# critical-path order: seven output projections' accumulators started ahead, waiting for SBUF to evacuate
+# into, and the frontier's P.V then found no bank for its transposes with one left to it)
+PSUM_FRONTIER_BANKS = 2
 REACH = 512  # how far past the lowest unscheduled instruction one may take on-chip memory
 ENGINES = ("pe", "act", "dve", "pool", "cc")
 
@@ -501,7 +506,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         for b in new:
             space = space_of(b)
             if space is psum and (options.critical or options.timed) and i.index != frontier and \
-                    psum.size - psum.in_use - psum.need(b.row_bytes) < target.psum_bank_bytes:
+                    psum.size - psum.in_use - psum.need(b.row_bytes) < PSUM_FRONTIER_BANKS * target.psum_bank_bytes:
                 # out of program order, an accumulator may not take the last bank: the work it waits for may
                 # need one (an epilogue's per-channel column, transposed on TensorE), and eight accumulators
                 # started ahead held them all (ResNet-50's last convolution in critical-path order)

@@ -538,3 +538,20 @@ def test_the_clock_shares_the_dma_engines_with_the_transfers_in_flight() -> None
     lat = float(t.dma["fixed_latency_ns"])
     assert beside.end[x.index] - lat > 4 * (alone.end[x.index] - lat)
     assert max(beside.end[s.index] for s in small) < beside.end[x.index]
+
+
+def test_critical_path_order_leaves_the_frontier_two_psum_banks() -> None:
+    """attention_s2048 under transformer (trn1, bf16): with its inputs loaded in bf16 (the DMA converting
+    them), critical-path order started seven output projections' accumulators ahead, each waiting for SBUF
+    to evacuate into, and the frontier's P.V, holding its own accumulator, found no bank for its
+    transposes: the schedule ran out of PSUM and was redone with less forwarding (350.3 us, not 323.3).
+    Out of program order an accumulator leaves the frontier two banks (``PSUM_FRONTIER_BANKS``)."""
+    from pathlib import Path
+
+    from nxsat.driver import CompileOptions, compile_model
+
+    path = Path(__file__).resolve().parents[1] / "data" / "models" / "attention_s2048.hlo"
+    report = compile_model(str(path),
+                           CompileOptions(model_type="transformer", auto_cast="matmult")).report
+    chosen = report["search"]["tried"][report["search"]["chosen"]]
+    assert chosen["critical"] and report["forwarded"]["refused_for_sbuf"] == 0, (chosen, report["forwarded"])
