@@ -191,14 +191,13 @@ class CostModel:
         also counts data another operator left in HBM."""
         if result is None or op in VIEWS:
             return NODE_NS
+        loaded = inputs if loaded is None else loaded
         if op == "dot":
             ahead = tuple(inputs) if self.in_program else ()
-            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead,
-                                         tuple(inputs if loaded is None else loaded))
+            return NODE_NS + self.dot_ns(attrs, operands, result, multiply_in, ahead, tuple(loaded))
         if op == "convolution":
             computed = bool(inputs) and not inputs[0]
-            weights = inputs if loaded is None else loaded
-            weights_computed = len(weights) > 1 and not weights[1]
+            weights_computed = len(loaded) > 1 and not loaded[1]
             return NODE_NS + self.conv_ns(attrs, operands, result, multiply_in, computed, weights_computed)
         if op == "transpose":
             return NODE_NS + self.transpose_ns(attrs, operands[0] if operands else None, result)

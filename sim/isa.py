@@ -1122,7 +1122,7 @@ class Dma(Op):
             raise CheckFail(f"dma: {_shape_str(dst)} and {_shape_str(src)} differ in shape")
         same = dst.dtype is src.dtype or {dst.dtype.name, src.dtype.name} == {"pred", "u8"}
         if not same and not target.dma_casts(dst.dtype.name, src.dtype.name):
-            casts = target.spec["dma"].get("cast_dtypes") or ()
+            casts = target.dma_cast_dtypes
             how = f"copies bytes or converts among {', '.join(casts)}" if casts else "copies bytes"
             raise CheckFail(f"dma {how}: {dst.name} is {dst.dtype.name}, {src.name} is {src.dtype.name} "
                             "(convert on an engine)")

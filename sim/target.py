@@ -118,11 +118,15 @@ class Target:
     def dma_queues(self) -> int:
         return int(self.spec["dma"]["queues"])
 
+    @property
+    def dma_cast_dtypes(self) -> tuple[str, ...]:
+        """The element types a DMA converts between as it copies (none: it copies bytes)."""
+        return tuple(self.spec["dma"].get("cast_dtypes", ()))
+
     def dma_casts(self, dst: str, src: str) -> bool:
         """Does a DMA convert ``src``-typed elements to ``dst`` as it copies? (a weight loaded into the
         matmul's type with no engine pass)"""
-        types = self.spec["dma"].get("cast_dtypes", ())
-        return dst != src and dst in types and src in types
+        return dst != src and dst in self.dma_cast_dtypes and src in self.dma_cast_dtypes
 
     @property
     def matmul(self) -> dict[str, Any]:
