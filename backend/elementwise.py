@@ -188,10 +188,11 @@ def clusters(lw: Lowering, order: list[Node]) -> dict[int, Cluster]:
 
 @dataclass(frozen=True)
 class Scaled:
-    """``src * scale`` not computed: the activation that alone reads it applies the scale itself."""
+    """``src * scale + bias`` not computed: the activation that alone reads it applies them itself."""
 
     src: Ref
     scale: float
+    bias: float = -0.0
 
 
 def _pass_readers(members: list[Node]) -> tuple[set[int], dict[int, list[Node]]]:
@@ -205,11 +206,14 @@ def _pass_readers(members: list[Node]) -> tuple[set[int], dict[int, list[Node]]]
     return ids, readers
 
 
-def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, tuple[Node, float]]:
-    """The fp32 multiplications by a number that only an activation of the same pass reads (GELU's
-    ``tanh(0.797885 * u)``, softmax's scaled ``exp``): ScalarE computes ``func(scale * x + bias)`` in
-    fp32, so the product is its ``scale`` and VectorE's pass over the tile is saved. Member id -> (the
-    multiplied value, the number); ``kept``: the members whose values are stored or read elsewhere."""
+def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, tuple[Node, float, float]]:
+    """The fp32 multiplications by a number, and additions or subtractions of one, that only an activation
+    of the same pass reads (GELU's ``tanh(0.797885 * u)``, softmax's scaled ``exp``, a norm's
+    ``rsqrt(var + eps)``): ScalarE computes ``func(scale * x + bias)`` in fp32, so the number is its
+    ``scale`` or its ``bias`` and VectorE's (or ScalarE's own) pass over the tile is saved (resnet_small's
+    19 batch norms: 19 fewer ScalarE steps ahead of the stem). ``1 * x + b`` is ``x + b`` and
+    ``-1 * x + b`` is ``b - x`` exactly, so an addition or subtraction folds as XLA computes it. Member id
+    -> (the operand, the scale, the bias); ``kept``: the members whose values are stored or read elsewhere."""
     ids = {m.id for m in members}
     readers: dict[int, list[Node]] = {}
     for m in members:
@@ -218,13 +222,21 @@ def scale_folds(lw: Lowering, members: list[Node], kept: set[int]) -> dict[int, 
     out = {}
     for m in members:
         rs = readers.get(m.id, [])
-        if m.op != "multiply" or m.id in kept or len(rs) != 1 or EMITTERS.get(rs[0].op) is not _activation or \
-                lw.consumers.get(m.id, set()) - ids or _dtype(m) is not dt.F32:
+        if m.op not in ("multiply", "add", "subtract") or m.id in kept or len(rs) != 1 or \
+                EMITTERS.get(rs[0].op) is not _activation or lw.consumers.get(m.id, set()) - ids or \
+                _dtype(m) is not dt.F32:
             continue
         nums = [lw.scalar(o) if o.id not in ids else None for o in m.operands]
         k = next((i for i, v in enumerate(nums) if v is not None), None)
-        if k is not None and nums[1 - k] is None and math.isfinite(float(nums[k])):
-            out[m.id] = (m.operands[1 - k], float(nums[k]))
+        if k is None or nums[1 - k] is not None or not math.isfinite(float(nums[k])):
+            continue
+        v = float(nums[k])
+        if m.op == "multiply":
+            out[m.id] = (m.operands[1 - k], v, -0.0)
+        elif m.op == "add" or k == 1:  # x + b, b + x, x - b
+            out[m.id] = (m.operands[1 - k], 1.0, v if m.op == "add" else -v)
+        else:  # b - x is b + (-x) in IEEE arithmetic, and -1 * x is exact
+            out[m.id] = (m.operands[1], -1.0, v)
     return out
 
 
@@ -245,7 +257,7 @@ class Share:
     narrowed: tuple[tuple[int, Node], ...] = ()  # members written in their one reader's type (:func:`narrowings`)
 
 
-def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]]) -> Share:
+def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float, float]]) -> Share:
     """The members of a pass that ScalarE computes instead of VectorE: a float times, plus or minus a
     number is ``identity(scale * x + bias)`` on ScalarE, in fp32 as VectorE computes it. Taken in order
     while ScalarE has less of the pass's work than VectorE (a two-tile VectorE operation counting
@@ -266,7 +278,7 @@ def act_share(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, fl
     return Share(frozenset(out), act, dve)
 
 
-def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[int, tuple[Node, float]], Share]:
+def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[int, tuple[Node, float, float]], Share]:
     """What a pass over ``members`` computes where: the products its activations take as their scale
     (:func:`scale_folds`) and ScalarE's share of the rest (:func:`act_share`); ``kept``: the members
     whose values are stored or read elsewhere. A fused pass and a producer's epilogue both follow it."""
@@ -278,7 +290,7 @@ def pass_plan(lw: Lowering, members: list[Node], kept: set[int]) -> tuple[dict[i
                           doubled=doubles(lw, members, folds, chained, narrowed))
 
 
-def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float]],
+def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float, float]],
                chained: frozenset[int]) -> tuple[tuple[int, Node], ...]:
     """The members whose one reader converts them to a narrower float (an activation cast to bf16 for
     the next matmul): the engines compute in fp32 and round once as they write, so the member writes the
@@ -303,7 +315,7 @@ def narrowings(lw: Lowering, members: list[Node], kept: set[int], folds: dict[in
 SCALAR_ALU = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "divide"})  # tensor_scalar's steps
 
 
-def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float]],
+def chains(lw: Lowering, members: list[Node], kept: set[int], folds: dict[int, tuple[Node, float, float]],
            on_act: frozenset[int]) -> frozenset[int]:
     """The members that may be the first step of their reader's ``tensor_scalar``: ``(x op0 a) op1 b``
     is one VectorE pass when ``a`` and ``b`` are numbers or one value per partition (a batch norm's
@@ -331,7 +343,7 @@ def _narrower(want: dt.DType) -> bool:
     return want.is_float and want.itemsize < 4 and want is not dt.F8E4M3FN
 
 
-def doubles(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float]], chained: frozenset[int],
+def doubles(lw: Lowering, members: list[Node], folds: dict[int, tuple[Node, float, float]], chained: frozenset[int],
             narrowed: tuple[tuple[int, Node], ...]) -> tuple[tuple[int, Node], ...]:
     """The members that one reader converts to a narrower float while others (or a store) read them in
     fp32 (a residual block's ReLU: the next block's shortcut adds it in fp32, its first convolution reads
@@ -882,7 +894,7 @@ def _scalar_form(m: Node, ops: list[Any]) -> tuple[Any, str, Ref | float | int] 
     return None
 
 
-def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node, float]]) -> Any:
+def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node, float, float]]) -> Any:
     """``m`` on the tiles of ``val``, unless it is a product an activation takes as its scale (``folds``)
     or the first step of its reader's ``tensor_scalar`` (``Kernel.chained``), or a convert its operand
     already wrote (``Kernel.narrowed``)."""
@@ -896,7 +908,7 @@ def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node,
         m = copy.copy(m)
         m.type = k.narrowed[m.id].type
     if m.id in folds and isinstance(val[folds[m.id][0].id], Ref):
-        return Scaled(val[folds[m.id][0].id], folds[m.id][1])
+        return Scaled(val[folds[m.id][0].id], folds[m.id][1], folds[m.id][2])
     ops = [val[o.id] for o in m.operands]
     aff = next((v for v in ops if isinstance(v, Affine)), None)
     if aff is not None:  # a ReLU of a batch norm's x * a + b (relus): one activation
@@ -906,7 +918,7 @@ def folded(k: Kernel, m: Node, val: dict[int, Any], folds: dict[int, tuple[Node,
                 bias=aff.bias if isinstance(aff.bias, Ref) else float(aff.bias))
         return out
     if m.op not in ACTIVATION:  # only an activation takes a product as its scale
-        ops = [k.t.binary("mul", v.src, v.scale, dt.F32) if isinstance(v, Scaled) else v for v in ops]
+        ops = [_unfolded(k, v) if isinstance(v, Scaled) else v for v in ops]
     first = next((v for v in ops if isinstance(v, Chained)), None)
     if first is not None:
         form = _scalar_form(m, [v.src if v is first else v for v in ops])
@@ -976,8 +988,15 @@ def _dtype(node: Node) -> dt.DType:
 
 @emits(*ACTIVATION)
 def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
-    x, scale = (ops[0].src, ops[0].scale) if isinstance(ops[0], Scaled) else (ops[0], 1.0)
+    x, scale, bias = (ops[0].src, ops[0].scale, ops[0].bias) if isinstance(ops[0], Scaled) else (ops[0], 1.0, -0.0)
     if is_num(x):
         x = k.t.memset(x, dt.F32)
     d = _dtype(node)
-    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d, scale)  # e4m3fn: narrowed as XLA
+    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d, scale, bias)
+
+
+def _unfolded(k: Kernel, v: Scaled) -> Ref:
+    """A fold's value computed after all (a reader other than an activation): ``src * scale + bias``."""
+    if v.scale != 1.0:
+        return k.t.binary("mul", v.src, v.scale, dt.F32)
+    return k.t.binary("add", v.src, v.bias, dt.F32)  # e4m3fn: narrowed as XLA

@@ -58,10 +58,10 @@ class Epilogue:
     stores: dict[int, Ref] = field(default_factory=dict)  # member id -> framed view of its result
     affine: dict[int, AffinePredicate] = field(default_factory=dict)  # input id -> the mask it is (backend/affine.py)
     _loaded: dict[tuple, Ref] = field(default_factory=dict)  # distinct accesses -> the tile holding them
-    _share: tuple[dict[int, tuple[Node, float]], Share] | None = None  # the cluster's folds and engine split
+    _share: tuple[dict[int, tuple[Node, float, float]], Share] | None = None  # the cluster's folds and engine split
     _work: list[int] = field(default_factory=lambda: [0, 0])  # passes over tiles so far: ScalarE, VectorE
 
-    def split(self) -> tuple[dict[int, tuple[Node, float]], Share]:
+    def split(self) -> tuple[dict[int, tuple[Node, float, float]], Share]:
         """The cluster's products folded into activations and its ScalarE share (backend/elementwise.py)."""
         if self._share is None:
             assert self.cluster is not None

@@ -872,3 +872,39 @@ def test_a_scattered_value_broadcast_over_the_tiles_is_compacted_once() -> None:
     table = input_loads(m, (2401, 3))
     assert sum(math.prod(i.reads[0].shape) for i in table) == 2401 * 3  # once, not once a window
     assert_device_matches(m, random_inputs(m))
+
+
+BIASED = """HloModule biased
+ENTRY main {
+  v = f32[64] parameter(0)
+  x = f32[128,256] parameter(1)
+  e = f32[] constant(1e-05)
+  eb = f32[64] broadcast(e), dimensions={}
+  a = f32[64] add(v, eb)
+  r = f32[64] rsqrt(a)
+  c = f32[] constant(2.5)
+  cb = f32[128,256] broadcast(c), dimensions={}
+  p = f32[128,256] add(cb, x)
+  t = f32[128,256] tanh(p)
+  q = f32[128,256] subtract(x, cb)
+  u = f32[128,256] exponential(q)
+  s = f32[128,256] subtract(cb, x)
+  w = f32[128,256] exponential(s)
+  ROOT y = (f32[64], f32[128,256], f32[128,256], f32[128,256]) tuple(r, t, u, w)
+}
+"""
+
+
+def test_a_number_added_before_an_activation_is_its_bias() -> None:
+    """``rsqrt(v + eps)`` (a batch norm's), ``tanh(c + x)``, ``exp(x - c)`` and ``exp(c - x)``: ScalarE's
+    ``func(scale * x + bias)`` adds the number itself, one instruction each, bit for bit as the two
+    steps (``1 * x + b`` is ``x + b``, ``-1 * x + b`` is ``b - x``)."""
+    m = module_of(BIASED)
+    prog = compile_graph(m, load_target("trn1")).program
+    acts = [i for i in prog.instrs if i.opcode == "activation"]
+    assert sorted((i.attrs["func"], i.attrs["scale"], i.attrs["bias"]) for i in acts) == \
+        [("exp", -1.0, 2.5), ("exp", 1.0, -2.5), ("rsqrt", 1.0, float(np.float32(1e-05))), ("tanh", 1.0, 2.5)]
+    assert [i.opcode for i in prog.instrs if i.opcode != "dma"] == ["activation"] * 4
+    inputs = {"v": np.abs(RNG.standard_normal(64)).astype(np.float32),
+              "x": RNG.standard_normal((128, 256)).astype(np.float32)}
+    assert_device_matches(m, inputs, target="trn1", rtol=0, atol_scale=0)
