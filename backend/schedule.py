@@ -22,7 +22,7 @@ import heapq
 import itertools
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +81,16 @@ class ScheduleOptions:
     # weights nor find their memory cut up by them (ResNet-50: the stem's and first stages' activations held
     # the weights back behind the prefetch share, the DMA queues idle for 100 us)
     ring: float = 0.0
+    # with ``critical``: loads go ahead longest chain first too, where otherwise they go in program order
+    # (resnet_small under unet-inference: the 76 vectors of its batch norms, computed first in the
+    # program, were queued ahead of the stem's image)
+    loads_by_rank: bool = False
+    # with ``timed``: the clock counts the waits between dependent steps as the simulator replays them (the
+    # same engine's dependent-instruction stall, another's access latency), where otherwise it counts a
+    # flat stall between engines only. Neither wins everywhere: resnet_small under unet-inference, its
+    # batch norms' chains of three dependent VectorE steps filling the gap before the max pool, 20.9 ->
+    # 20.4 us with them (with ``loads_by_rank``); mha_block generic 19.8 -> 20.7 us
+    stalls: bool = False
 
     def to_json(self) -> dict[str, int | bool | float]:
         out: dict[str, int | bool | float] = {"lookahead": self.lookahead, "weight_queues": self.weight_queues,
@@ -95,6 +105,10 @@ class ScheduleOptions:
             out["write_in_place"] = False
         if self.ring:
             out["ring"] = self.ring
+        if self.loads_by_rank:
+            out["loads_by_rank"] = True
+        if self.stalls:
+            out["stalls"] = True
         return out
 
 
@@ -466,13 +480,22 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
     by_rank = _critical_order(insts, succ) if options.critical else list(range(n))
     rank = by_rank if not options.critical else _inverse(by_rank)
 
-    clock = _Clock(target, _Queues(target, options.weight_queues, False, streamed), extra) if options.timed else None
+    clock = _Clock(target, _Queues(target, options.weight_queues, False, streamed), extra,
+                   options.stalls) if options.timed else None
     ready_other = _Ready(insts, rank, by_rank, clock)
+    # the key loads wait by (``ready_loads``, ``parked_loads``): program position, or with ``loads_by_rank``
+    # their rank; ``at`` maps a key back to the instruction
+    by_rank_loads = options.loads_by_rank and options.critical
+    key: Callable[[int], int] = rank.__getitem__ if by_rank_loads else int
+    at: Callable[[int], int] = by_rank.__getitem__ if by_rank_loads else int
 
     def push_ready(idx: int) -> None:
         """Loads by program position, the rest by ``rank`` (``_Ready``)."""
         if _is_load(insts[idx]):
-            heapq.heappush(ring_loads if id(insts[idx].writes[0].buf.root) in streamed else ready_loads, idx)
+            if id(insts[idx].writes[0].buf.root) in streamed:
+                heapq.heappush(ring_loads, idx)
+            else:
+                heapq.heappush(ready_loads, key(idx))
         else:
             ready_other.push(idx)
 
@@ -537,7 +560,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         heapq.heappush(parked[id(space)], (need, idx))
         is_parked[idx] = 1
         if load:
-            heapq.heappush(parked_loads, idx)
+            heapq.heappush(parked_loads, key(idx))
 
     def unpark(space: _Space, everything: bool = False) -> None:
         waiting, wide = parked[id(space)], space.widest()
@@ -579,7 +602,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 profile.add(frontier, first, sbuf.need(b.row_bytes))
 
     def lowest_parked_load() -> int:
-        while parked_loads and not is_parked[parked_loads[0]]:
+        while parked_loads and not is_parked[at(parked_loads[0])]:
             heapq.heappop(parked_loads)
         return parked_loads[0] if parked_loads else n
 
@@ -592,15 +615,17 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
         # A load may go ahead of program order (within a window, while SBUF has room): its data then
         # arrives in a tile of its own while the tiles before it are still in use (double buffering).
         # (the earliest load first: when that one is parked, it would not fit)
-        if pick is None and ready_loads and ready_loads[0] <= frontier + options.lookahead \
-                and ready_loads[0] < lowest_parked_load() and may_go_ahead(ready_loads[0]):
-            new = new_tiles(insts[ready_loads[0]])
-            blocked = place(insts[ready_loads[0]], new)
+        first = at(ready_loads[0]) if ready_loads else n
+        if pick is None and ready_loads and first <= frontier + options.lookahead \
+                and ready_loads[0] < lowest_parked_load() and may_go_ahead(first):
+            new = new_tiles(insts[first])
+            blocked = place(insts[first], new)
+            heapq.heappop(ready_loads)
             if blocked is None:
-                went_ahead(ready_loads[0], new)
-                pick = insts[heapq.heappop(ready_loads)]
+                went_ahead(first, new)
+                pick = insts[first]
             else:
-                park(heapq.heappop(ready_loads), blocked, True)
+                park(first, blocked, True)
         for retry in (False, True):
             if pick is not None:
                 break
@@ -608,8 +633,8 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 for space in (sbuf, psum):
                     unpark(space, everything=True)
             while ready_loads or ready_other:
-                load = not ready_other or bool(ready_loads) and rank[ready_loads[0]] < rank[ready_other.peek()]
-                idx = heapq.heappop(ready_loads) if load else ready_other.pop()
+                load = not ready_other or bool(ready_loads) and rank[at(ready_loads[0])] < rank[ready_other.peek()]
+                idx = at(heapq.heappop(ready_loads)) if load else ready_other.pop()
                 new = new_tiles(insts[idx])
                 if new and idx > frontier + REACH:
                     heapq.heappush(deferred, idx)
@@ -621,7 +646,7 @@ def schedule(graph: Graph, target: Target, inputs: list[Buf], outputs: list[Buf]
                 park(idx, blocked, load)
         if pick is None:
             waiting = [idx for heap in parked.values() for _, idx in heap]
-            cands = (*ready_loads, *ready_other, *waiting)
+            cands = (*map(at, ready_loads), *ready_other, *waiting)
 
             def most_needed(kind: str, cands: tuple[int, ...] = cands) -> tuple[int, int]:
                 return max(((sum(r.buf.row_bytes for r in insts[i].writes if r.buf.kind == kind), i)
@@ -734,16 +759,17 @@ class _Clock:
     :class:`_Ready` to take the steps in time. Durations follow the target's cost table in shape, not to
     the cycle (a pass of N elements per partition, two-input passes at 2N; a matmul of N moving columns,
     fp32 at four passes), a step on another engine than its input's producer waits the dependent-step
-    stall; a DMA takes the fixed latency, then its bytes over the engines its descriptors keep busy, at
-    most an even share of the core's DMA engines with the transfers in flight when it begins (the
-    simulator shares them max-min fairly: a transfer issued beside seven others moves at an eighth of
-    the rate, however few bytes they have), and no sooner than the engines finish every transfer issued
-    before it, after the transfer before it on its queue (the queue ``_emit`` will give it: a queue runs its
-    transfers one after the other). What the simulator measures is what -O2 keeps."""
+    stall (with ``ScheduleOptions.stalls``, the waits the simulator replays: :meth:`ready`); a DMA takes
+    the fixed latency, then its bytes over the engines its descriptors keep busy, at most an even share
+    of the core's DMA engines with the transfers in flight when it begins (the simulator shares them
+    max-min fairly: a transfer issued beside seven others moves at an eighth of the rate, however few
+    bytes they have), and no sooner than the engines finish every transfer issued before it, after the
+    transfer before it on its queue (the queue ``_emit`` will give it: a queue runs its transfers one
+    after the other). What the simulator measures is what -O2 keeps."""
 
     PASS = {"tensor_tensor": 2.0, "select": 2.0}  # cycles per element where not one
 
-    def __init__(self, target: Target, queues: _Queues, extra: dict[int, list[Inst]]) -> None:
+    def __init__(self, target: Target, queues: _Queues, extra: dict[int, list[Inst]], stalls: bool = False) -> None:
         self.queues, self.extra = queues, extra
         self.queue_free: dict[int, float] = defaultdict(float)  # when each DMA queue's last transfer ends
         self.ghz = {k: e.clock_ghz for k, e in target.engines.items()}
@@ -753,7 +779,17 @@ class _Clock:
         self.engines = int(dma["engines"])
         self.per_engine = int(dma["partitions_per_engine"])
         self.overhead = float(dma["descriptor_overhead_ns"])
-        self.stall = float(target.spec["latency"]["dependent_stall_cycles"]) / self.ghz.get("act", 1.4)
+        lat = target.spec["latency"]
+        # after its producer, without ``stalls``: on another engine the dependent-instruction stall (at
+        # ScalarE's clock), on the same one nothing; with: on the same engine its dependent-instruction stall
+        # (where it has one), on another the producer's access latency and the semaphore's, as the
+        # simulator replays them
+        self.stalls = stalls
+        self.flat = float(lat["dependent_stall_cycles"]) / self.ghz.get("act", 1.4)
+        self.stall = {e: float(lat["dependent_stall_cycles"]) / self.ghz[e]
+                      for e in lat.get("dependent_stall_engines", ()) if e in self.ghz}
+        self.handoff = {e: float(lat["access_cycles"]) / g + float(lat.get("semaphore_ns", 0.0))
+                        for e, g in self.ghz.items()}
         self.min_ii = float(target.constants.get("MIN_II", 64))
         self.free: dict[str, float] = defaultdict(float)
         self.end: dict[int, float] = {}
@@ -761,8 +797,11 @@ class _Clock:
         self.in_flight: list[float] = []  # heap: when each transfer issued so far ends
 
     def ready(self, i: Inst) -> float:
-        return max((self.end[d.index] + (self.stall if d.engine != i.engine else 0.0) for d in i.deps),
-                   default=0.0)
+        if not self.stalls:
+            return max((self.end[d.index] + (self.flat if d.engine != i.engine else 0.0) for d in i.deps),
+                       default=0.0)
+        return max((self.end[d.index] + (self.stall.get(i.engine, 0.0) if d.engine == i.engine
+                                          else self.handoff.get(d.engine, 0.0)) for d in i.deps), default=0.0)
 
     def could_start(self, i: Inst) -> float:
         t = self.ready(i)

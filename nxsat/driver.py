@@ -362,8 +362,12 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     windows = [DEFAULT_SCHEDULE] + [ScheduleOptions(round(LOOKAHEAD * f)) for f in SEARCH_LOOKAHEAD_FACTORS[1:]]
     # critical-path order, and the streaming one also in time (ScheduleOptions.timed): ResNet-50 769.4 ->
     # 706.1 us, mha_block under transformer 14.5 -> 11.3 (BERT-12 keeps the untimed one: 1,560.7 against 1,630.9)
+    # and that one with the loads too taken longest chain first, and the clock counting the stalls the
+    # simulator does (ScheduleOptions.loads_by_rank, .stalls): resnet_small under unet-inference 21.7 ->
+    # 20.4 us, unet_diffusers 167.7 -> 165.7; elsewhere the schedule before it is as fast or faster
+    by_rank = replace(stream, critical=True, timed=True, loads_by_rank=True, stalls=True)
     critical = [replace(DEFAULT_SCHEDULE, critical=True), replace(stream, critical=True),
-                replace(stream, critical=True, timed=True)]
+                replace(stream, critical=True, timed=True), by_rank]
     # loads far ahead fill SBUF in program order, and the work at hand finds room later: resnet50 under
     # unet-inference streams in 709.8 us with half the share, 790.1 with the whole (BERT-12: 1,813.8 and 1,711.5)
     half_stream = replace(stream, prefetch=stream.prefetch / 2)
@@ -413,7 +417,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
         also in time; then the streaming one in program order and, where the weights do not all fit in the
         prefetch share, with half of it in time and that one again with the converted weights in a ring of
-        their own: five or seven at once, on as many CPUs as there are (BERT-12: three and four on two).
+        their own: six or eight at once, on as many CPUs as there are (BERT-12: three and four on two).
         (The streaming one with half the share in program order won on none
         of the eleven models of bench/model_types.py in either family once the schedules in time were
         measured: -O3 still tries it; gemma3_1b under transformer keeps the streaming one in program order,
@@ -1158,6 +1162,8 @@ def format_report(r: dict[str, Any]) -> str:
                          + (f", weights on {t['weight_queues']} queues of their own" if t["weight_queues"] else "")
                          + (", critical-path order" if t.get("critical") else "")
                          + (", in time" if t.get("timed") else "")
+                         + (", loads longest chain first" if t.get("loads_by_rank") else "")
+                         + (", the engines' stalls timed" if t.get("stalls") else "")
                          + (f", loads ahead within {t['room']:.0%} of SBUF by the program's profile"
                             if t.get("room") else "")
                          + (f", converted weights through a ring of {t['ring']:.0%} of SBUF" if t.get("ring") else "")

@@ -555,3 +555,62 @@ def test_critical_path_order_leaves_the_frontier_two_psum_banks() -> None:
                            CompileOptions(model_type="transformer", auto_cast="matmult")).report
     chosen = report["search"]["tried"][report["search"]["chosen"]]
     assert chosen["critical"] and report["forwarded"]["refused_for_sbuf"] == 0, (chosen, report["forwarded"])
+
+
+def test_loads_by_rank_go_ahead_longest_chain_first() -> None:
+    """resnet_small under unet-inference: its batch norms' vectors, computed first in the program, were
+    loaded ahead of the stem's image, which the longest chain waits for. With ``loads_by_rank`` (in
+    critical-path order) the loads go ahead by their chains too: the image's first; in program order
+    otherwise. Either way the same values."""
+    t = sim.load_target("trn1")
+
+    def program() -> tuple[Graph, list[Buf], list[Buf]]:
+        g = Graph()
+        vs = [g.buf(f"v{k}", "input", dt.F32, (64, 1)) for k in range(4)]
+        x = g.buf("x", "input", dt.F32, (64, 512))
+        outs = [g.buf(f"o{k}", "output", dt.F32, (64, 1)) for k in range(4)] + [g.buf("y", "output", dt.F32, (64, 512))]
+        for k, (v, o) in enumerate(zip(vs, outs)):  # a short chain each: load, one step, store
+            tile = g.tile((64, 1), dt.F32, "sbuf", f"vt{k}")
+            g.add("dma", "dma", tile.ref(), v.ref())
+            g.add("act", "activation", tile.ref(), tile.ref(), func="rsqrt", bias=1e-5)
+            g.add("dma", "dma", o.ref(), tile.ref())
+        xt = g.tile((64, 512), dt.F32, "sbuf", "xt")
+        g.add("dma", "dma", xt.ref(), x.ref())
+        for _ in range(8):  # the long chain
+            g.add("dve", "tensor_scalar", xt.ref(), xt.ref(), op0="mul", scalar0=0.5)
+        g.add("dma", "dma", outs[-1].ref(), xt.ref())
+        return g, [*vs, x], outs
+
+    def loads(by_rank: bool) -> tuple[list[str], list[np.ndarray]]:
+        g, ins, outs = program()
+        sch = schedule(g, t, ins, outs, options=ScheduleOptions(critical=True, timed=True, loads_by_rank=by_rank))
+        names = [i.operands[0].buf.name for i in sch.order if i.engine == "dma" and i.operands[0].buf.onchip]
+        model = sim.load(sim.build_neff(sch.program, t, sch.constants), verify=True)
+        rng = np.random.default_rng(5)
+        arrays = {b.name: np.abs(rng.standard_normal(b.shape)).astype(np.float32) for b in ins}
+        return names, model.run(arrays)
+
+    plain, out_plain = loads(False)
+    by_rank, out_by_rank = loads(True)
+    assert plain == ["vt0", "vt1", "vt2", "vt3", "xt"]
+    assert by_rank[0] == "xt"
+    assert all(np.array_equal(a, b) for a, b in zip(out_plain, out_by_rank, strict=True))
+
+
+def test_the_clock_times_the_stalls_the_simulator_replays() -> None:
+    """``stalls``: a step after its producer on the same engine waits that engine's dependent-instruction
+    stall (VectorE: 100 cycles at 1.12 GHz), after another engine's the producer's access latency (ScalarE:
+    60 cycles at 1.4 GHz); without, a flat stall between engines and none on one engine."""
+    from nxsat.backend.schedule import _Clock, _Queues
+
+    t = sim.load_target("trn1")
+    g = Graph()
+    a, b, c = (g.tile((128, 64), dt.F32, "sbuf", n) for n in "abc")
+    first = g.add("act", "activation", a.ref(), a.ref(), func="exp")
+    same = g.add("act", "activation", b.ref(), a.ref(), func="exp")
+    other = g.add("dve", "tensor_scalar", c.ref(), a.ref(), op0="mul", scalar0=2.0)
+    assert first in same.deps and first in other.deps
+    for stalls, want in ((True, (100 / 1.4, 60 / 1.4)), (False, (0.0, 100 / 1.4))):
+        clock = _Clock(t, _Queues(t, 0, False, set()), {}, stalls)
+        clock.issue(first)
+        assert [clock.ready(i) - clock.end[first.index] for i in (same, other)] == pytest.approx(want)
