@@ -392,21 +392,36 @@ def test_reduce_window_paths(name: str, target: str) -> None:
     assert_device_matches(m, small_ints(m, lo=-50, hi=50), target)
 
 
-def test_a_max_pooling_window_runs_in_two_chains() -> None:
-    """A 3x3 max pooling's nine taps reduce in two chains, on VectorE and on GpSimd (idle in a pooling),
-    joined by one step (the same maximum in any order), with no step for XLA's -inf init; a NaN anywhere
-    in a window still gives NaN."""
+def test_a_max_pooling_window_runs_in_two_passes() -> None:
+    """A 3x3 max pooling's nine taps reduce in two passes (``WinBlock.separable``): the three taps of one
+    dimension over every element of the other's box, then the other's three over that: four steps, not
+    eight (the same maximum in any order), on VectorE, with no step for XLA's -inf init; a NaN anywhere in
+    a window still gives NaN. (With the rows on the partitions, each row tap a copy of its own, two passes
+    take as many element-steps as one step per tap: the window is reduced as before.)"""
     from nxsat.backend import compile_graph
 
-    m = module_of(WINDOWS["maxpool_nhwc"])
+    m = module_of(window_hlo("1,32,30,30", "1,32,15,15", "maximum", "-inf",
+                             "size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1"))  # resnet_small's, channels first
     prog = compile_graph(m, sim.load_target("trn1")).program
-    steps = Counter(i.stream for i in prog.instrs if i.opcode == "tensor_tensor")
-    assert steps["pool"] > 0 and steps["dve"] > steps["pool"]
+    steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
+    assert len(steps) == 4 and {i.stream for i in steps} == {"dve"}
     assert not any(i.opcode == "tensor_scalar" for i in prog.instrs)
     inputs = small_ints(m, lo=-50, hi=50)
     x = next(iter(inputs.values()))
     x.reshape(-1)[::97] = np.nan
     assert_device_matches(m, inputs, "trn1")
+
+
+def test_a_window_along_three_dimensions_runs_in_two_chains() -> None:
+    """A max window with taps along three dimensions is not separable in two passes: its taps reduce in
+    two chains, on VectorE and on GpSimd, joined by one step."""
+    from nxsat.backend import compile_graph
+
+    m = module_of(window_hlo("4,9,9", "2,4,4", "maximum", "-inf", "size=2x3x3 stride=2x2x2"))
+    prog = compile_graph(m, sim.load_target("trn1")).program
+    steps = Counter(i.stream for i in prog.instrs if i.opcode == "tensor_tensor")
+    assert steps["pool"] > 0 and steps["dve"] > steps["pool"]
+    assert_device_matches(m, small_ints(m, lo=-50, hi=50), "trn1")
 
 
 def test_pooling_blocks_of_half_the_partitions_are_stacked() -> None:
@@ -420,7 +435,7 @@ def test_pooling_blocks_of_half_the_partitions_are_stacked() -> None:
                              "size=1x1x3x3 stride=1x1x2x2 pad=0_0x0_0x1_1x1_1"))
     prog = compile_graph(m, sim.load_target("trn1")).program
     steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
-    assert len(steps) == 16  # the window's two chains and their join, once per pack of two blocks
+    assert len(steps) == 8  # the window's two passes of two steps, once per pack of two blocks
     assert all(prog.tensors[i.operands[0].tensor].shape[0] == 128 and not i.operands[0].index for i in steps)
     inputs = small_ints(m, lo=-50, hi=50)
     x = next(iter(inputs.values()))
@@ -442,7 +457,7 @@ def test_a_max_pooling_read_only_by_a_cast_writes_the_cast() -> None:
     prog = compile_graph(m, sim.load_target("trn1")).program
     assert not any("convert" in (i.origin or "") for i in prog.instrs)
     steps = [i for i in prog.instrs if i.opcode == "tensor_tensor"]
-    assert len(steps) == 16 and prog.tensors[steps[-1].operands[0].tensor].dtype.name == "bf16"
+    assert len(steps) == 8 and prog.tensors[steps[-1].operands[0].tensor].dtype.name == "bf16"
     inputs = {k: v * 1.001 for k, v in small_ints(m, lo=-50, hi=50).items()}  # values bf16 rounds
     x = next(iter(inputs.values()))
     x.reshape(-1)[::97] = np.nan
