@@ -1311,10 +1311,9 @@ class WinBlock:
         dims = [k for k, tp in enumerate(self.taps) if len(tp) > 1]
         if len(dims) != 2 or self.part in dims:
             return None
-        bxs = [self.boxes[k] for k in dims]
         n = {k: len(self.taps[k]) for k in dims}
         out = {k: self.ranges[k][1] for k in dims}
-        ext = {k: bx.extent for k, bx in zip(dims, bxs) if bx is not None}
+        ext = {k: self.boxes[k].extent for k in dims}  # type: ignore[union-attr]  # free dimensions have boxes
         direct = (n[dims[0]] * n[dims[1]] - 1) * out[dims[0]] * out[dims[1]]
         costs = {(a, b): (n[a] - 1) * out[a] * ext[b] + (n[b] - 1) * out[a] * out[b]
                  for a, b in (dims, dims[::-1])}
@@ -1681,10 +1680,7 @@ def _rw_single(lw: Lowering, node: Node, pack: list[WinBlock], X: Ref, Y: Ref, x
                 g.add(eng, "tensor_tensor", dst, dst, blk.view(tile, c), op=op)
         t.binary_into(last, op, acc, other)
     else:
-        views = [blk.view(tile, c) for c in combos]
-        t.binary_into(last if len(views) == 2 else acc, op, views[0], views[1])
-        for k, v in enumerate(views[2:], start=3):
-            t.binary_into(last if k == len(views) else acc, op, acc, v)
+        _chain(t, op, [blk.view(tile, c) for c in combos], acc, last)
     if filled:
         t.binary_into(res, op, acc, fill)
     if not direct:
@@ -1700,24 +1696,26 @@ def _rw_separable(t: Tiles, blk: WinBlock, tile: Ref, op: str, acc_t: dt.DType, 
     element of ``second``'s box, then ``second``'s taps over that; the same extremum in any order. A 3x3
     max pooling at stride 2 (ResNet's, after its stem) is 2 steps over 33 rows of 16 and 2 over 16 x 16,
     where one step per tap was 8 over 16 x 16 (VectorE's tensor_tensor takes 2 cycles an element, and
-    GpSimd, which took half of them, shares its SBUF port: resnet_small 3.7 -> 2.8 us)."""
+    GpSimd, which took half of them, shares its SBUF port: the pooling's span of resnet_small's critical
+    path 3.5 -> 3.1 us)."""
     fixed = tuple(tp[0] for tp in blk.taps)
-
-    def chain(dst: Ref, views: list[Ref], final: Ref) -> None:
-        t.binary_into(final if len(views) == 2 else dst, op, views[0], views[1])
-        for k, v in enumerate(views[2:], start=3):
-            t.binary_into(final if k == len(views) else dst, op, dst, v)
-
     rows = [blk.view(tile, fixed[:first] + (tp,) + fixed[first + 1:], whole=second) for tp in blk.taps[first]]
     half = t.tile(acc_t, rows[0].shape)
-    chain(half, rows, half)
+    _chain(t, op, rows, half, half)
     axis = 1 + (blk.part is not None) + sum(1 for k in range(second) if k != blk.part)  # ``second``'s in ``half``
     key = [slice(0, n) for n in half.shape]
     cols = []
     for tp in blk.taps[second]:
         key[axis] = blk.tap_slice(second, tp)
         cols.append(half[tuple(key)])
-    chain(acc, cols, last)
+    _chain(t, op, cols, acc, last)
+
+
+def _chain(t: Tiles, op: str, views: list[Ref], acc: Ref, last: Ref) -> None:
+    """``op`` over ``views`` (two or more), one step after another into ``acc``, the last step into ``last``."""
+    t.binary_into(last if len(views) == 2 else acc, op, views[0], views[1])
+    for k, v in enumerate(views[2:], start=3):
+        t.binary_into(last if k == len(views) else acc, op, acc, v)
 
 
 def _eval_body(lw: Lowering, body: Computation, args: list[Operand], shape: tuple[int, ...]) -> list[Operand]:

@@ -992,11 +992,11 @@ def _activation(k: Kernel, node: Node, ops: list[Operand]) -> Ref:
     if is_num(x):
         x = k.t.memset(x, dt.F32)
     d = _dtype(node)
-    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d, scale, bias)
+    return k.t.act(ACTIVATION[node.op], x, dt.F32 if d is dt.F8E4M3FN else d, scale, bias)  # e4m3fn: narrowed as XLA
 
 
 def _unfolded(k: Kernel, v: Scaled) -> Ref:
-    """A fold's value computed after all (a reader other than an activation): ``src * scale + bias``."""
-    if v.scale != 1.0:
-        return k.t.binary("mul", v.src, v.scale, dt.F32)
-    return k.t.binary("add", v.src, v.bias, dt.F32)  # e4m3fn: narrowed as XLA
+    """A fold's value computed after all (a reader other than an activation): ``src * scale + bias``, the
+    steps the fold stood for (a bias of -0.0 adds nothing: ``x + -0.0`` is ``x``)."""
+    x = v.src if v.scale == 1.0 else k.t.binary("mul", v.src, v.scale, dt.F32)
+    return x if v.bias == 0.0 and math.copysign(1.0, v.bias) < 0 else k.t.binary("add", x, v.bias, dt.F32)

@@ -780,16 +780,17 @@ class _Clock:
         self.per_engine = int(dma["partitions_per_engine"])
         self.overhead = float(dma["descriptor_overhead_ns"])
         lat = target.spec["latency"]
-        # after its producer, without ``stalls``: on another engine the dependent-instruction stall (at
-        # ScalarE's clock), on the same one nothing; with: on the same engine its dependent-instruction stall
-        # (where it has one), on another the producer's access latency and the semaphore's, as the
-        # simulator replays them
-        self.stalls = stalls
-        self.flat = float(lat["dependent_stall_cycles"]) / self.ghz.get("act", 1.4)
-        self.stall = {e: float(lat["dependent_stall_cycles"]) / self.ghz[e]
-                      for e in lat.get("dependent_stall_engines", ()) if e in self.ghz}
+        # a step's wait after its producer, on the same engine (``same``, by engine) and after another
+        # (``handoff``, by the producer's engine). Without ``stalls``: none on the same engine, the
+        # dependent-instruction stall at ScalarE's clock after another; with: the same engine's
+        # dependent-instruction stall (where it has one), and the producer's access latency and the
+        # semaphore's after another, as the simulator replays them
+        flat = float(lat["dependent_stall_cycles"]) / self.ghz.get("act", 1.4)
+        self.same = {e: float(lat["dependent_stall_cycles"]) / self.ghz[e]
+                     for e in lat.get("dependent_stall_engines", ()) if e in self.ghz} if stalls else {}
         self.handoff = {e: float(lat["access_cycles"]) / g + float(lat.get("semaphore_ns", 0.0))
-                        for e, g in self.ghz.items()}
+                        for e, g in self.ghz.items()} if stalls else {}
+        self.handoff_else = 0.0 if stalls else flat  # after a producer ``handoff`` does not list (a DMA)
         self.min_ii = float(target.constants.get("MIN_II", 64))
         self.free: dict[str, float] = defaultdict(float)
         self.end: dict[int, float] = {}
@@ -797,11 +798,9 @@ class _Clock:
         self.in_flight: list[float] = []  # heap: when each transfer issued so far ends
 
     def ready(self, i: Inst) -> float:
-        if not self.stalls:
-            return max((self.end[d.index] + (self.flat if d.engine != i.engine else 0.0) for d in i.deps),
-                       default=0.0)
-        return max((self.end[d.index] + (self.stall.get(i.engine, 0.0) if d.engine == i.engine
-                                          else self.handoff.get(d.engine, 0.0)) for d in i.deps), default=0.0)
+        return max((self.end[d.index] + (self.same.get(i.engine, 0.0) if d.engine == i.engine
+                                          else self.handoff.get(d.engine, self.handoff_else)) for d in i.deps),
+                   default=0.0)
 
     def could_start(self, i: Inst) -> float:
         t = self.ready(i)

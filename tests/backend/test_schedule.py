@@ -599,18 +599,23 @@ def test_loads_by_rank_go_ahead_longest_chain_first() -> None:
 
 def test_the_clock_times_the_stalls_the_simulator_replays() -> None:
     """``stalls``: a step after its producer on the same engine waits that engine's dependent-instruction
-    stall (VectorE: 100 cycles at 1.12 GHz), after another engine's the producer's access latency (ScalarE:
-    60 cycles at 1.4 GHz); without, a flat stall between engines and none on one engine."""
+    stall (ScalarE: 100 cycles at 1.4 GHz), after another engine's the producer's access latency (ScalarE:
+    60 cycles at 1.4 GHz), after a load nothing more (its end is when its data is there); without, a flat
+    stall after any other engine or a load, and none on one engine."""
     from nxsat.backend.schedule import _Clock, _Queues
 
     t = sim.load_target("trn1")
     g = Graph()
-    a, b, c = (g.tile((128, 64), dt.F32, "sbuf", n) for n in "abc")
-    first = g.add("act", "activation", a.ref(), a.ref(), func="exp")
-    same = g.add("act", "activation", b.ref(), a.ref(), func="exp")
-    other = g.add("dve", "tensor_scalar", c.ref(), a.ref(), op0="mul", scalar0=2.0)
-    assert first in same.deps and first in other.deps
-    for stalls, want in ((True, (100 / 1.4, 60 / 1.4)), (False, (0.0, 100 / 1.4))):
+    x = g.buf("x", "input", dt.F32, (128, 64))
+    a, b, c, d = (g.tile((128, 64), dt.F32, "sbuf", n) for n in "abcd")
+    load = g.add("dma", "dma", a.ref(), x.ref())
+    first = g.add("act", "activation", b.ref(), a.ref(), func="exp")
+    same = g.add("act", "activation", c.ref(), b.ref(), func="exp")
+    other = g.add("dve", "tensor_scalar", d.ref(), b.ref(), op0="mul", scalar0=2.0)
+    assert load in first.deps and first in same.deps and first in other.deps
+    for stalls, after_load, want in ((True, 0.0, (100 / 1.4, 60 / 1.4)), (False, 100 / 1.4, (0.0, 100 / 1.4))):
         clock = _Clock(t, _Queues(t, 0, False, set()), {}, stalls)
+        clock.issue(load)
+        assert clock.ready(first) - clock.end[load.index] == pytest.approx(after_load)
         clock.issue(first)
         assert [clock.ready(i) - clock.end[first.index] for i in (same, other)] == pytest.approx(want)
