@@ -46,7 +46,7 @@ from nxsat.backend.tiles import Operand, Tiles, is_num
 from nxsat.diagnostics import error
 from nxsat.ir import Computation, Node
 from nxsat.ops.elementwise import total_order_key
-from nxsat.ops.indexing import _combiners, _gather_plan, _scatter_plan
+from nxsat.ops.indexing import _combiners, _gather_plan, _scatter_plan, _starts
 from nxsat.sim.program import AccessError
 
 LIMIT = 8192  # bytes per partition of one data tile
@@ -598,7 +598,7 @@ def gather(lw: Lowering, node: Node) -> None:
     if any(sizes[d] == 0 for d in range(len(sizes))):
         raise error("NCC_EUOC002", f"gather {node.name}: a slice size of 0 on a collapsed dimension leaves the "
                     "result undefined in XLA", node.loc)
-    if _gather_columns(lw, node, plan, dims, sizes, out):
+    if _gather_repeats(lw, node, out) or _gather_columns(lw, node, plan, dims, sizes, out):
         return
     ivd = plan.index_vector_dim
     dyn = tuple((d, k) for k, d in enumerate(plan.index_map) if operand.shape[d] > sizes[d])
@@ -612,6 +612,92 @@ def gather(lw: Lowering, node: Node) -> None:
     dst, done = _writable(lw, canon, (rows.B * rows.W, rows.R), node.name)
     _gather_rows(lw, ix, table, dst, table.dtype)
     done()
+
+
+def repeat_pattern(starts: np.ndarray) -> tuple[int, int, int] | None:
+    """``(base, step, k)`` when ``starts[i] == base + (i // k) * step`` with ``step >= 1`` (or one value
+    repeated throughout: step 1), else None: every k-th start a step further on."""
+    n = len(starts)
+    if n == 0:
+        return None
+    k = int(np.argmax(starts != starts[0])) or n  # the first run's length
+    if n % k:
+        return None
+    base = int(starts[0])
+    step = int(starts[k] - base) if k < n else 1
+    if step < 1 or not np.array_equal(starts, base + (np.arange(n) // k) * step):
+        return None
+    return base, step, k
+
+
+def repeat_gather(node: Node) -> tuple[int, int, int, int] | None:
+    """``(d, base, step, k)`` when ``node`` is a gather along dimension ``d`` by constant start indices
+    ``base + (i // k) * step`` (:func:`repeat_pattern`, after the gather's clamping) whose result has the
+    operand's dimensions, the gathered one in its place: nearest-neighbour up-sampling
+    (``jax.image.resize``'s ``floor((i + 0.5) / 2)``, once generic has folded it to ``i // 2``) and
+    strided takes. None for any other gather."""
+    if node.op != "gather":
+        return None
+    operand, indices = node.operands
+    value = indices.attrs.get("value") if indices.op == "constant" else None
+    if value is None:
+        return None
+    plan, dims, sizes = _gather_plan(operand.tensor, indices.tensor, node.attrs)
+    if len(plan.index_map) != 1 or plan.operand_batching or len(plan.batch_shape) != 1:
+        return None
+    (d,) = plan.index_map
+    rank = len(sizes)
+    if tuple(dims.collapsed_slice_dims) != (d,) or tuple(dims.offset_dims) != tuple(e for e in range(rank) if e != d) \
+            or any(sizes[e] != operand.shape[e] for e in range(rank) if e != d):
+        return None
+    starts = _starts(plan, np.asarray(value).reshape(indices.shape))[:, d]
+    np.clip(starts, 0, operand.shape[d] - 1, out=starts)
+    found = repeat_pattern(starts)
+    return None if found is None else (d, *found)
+
+
+def _gather_repeats(lw: Lowering, node: Node, out: Ref) -> bool:
+    """:func:`repeat_gather`'s gathers: the operand's slices at that stride, each repeated, one DMA whose
+    source repeats through a stride-0 dimension, where the general path makes a GpSimd indirect copy per
+    slice (unet_diffusers' up-sampling to 32 x 32: two gathers, 14.3 us of its critical path). A gather of
+    such a gather along another dimension, its only reader, is one DMA from the first one's operand (the
+    first one's DMA, unread, is dropped: a 2-D up-sampling is one hop through HBM, not two). False for
+    any other gather (the general path then runs)."""
+    found = repeat_gather(node)
+    if found is None:
+        return False
+    inner = node.operands[0]
+    below = repeat_gather(inner) if lw.consumers.get(inner.id) == {node.id} and inner.id not in lw.output_of \
+        else None
+    tries: list[tuple[tuple[tuple[int, int, int, int], ...], Node]] = [((found,), inner)]
+    if below is not None and below[0] != found[0]:
+        tries.insert(0, ((found, below), inner.operands[0]))
+    for pats, src in tries:
+        try:
+            lw.graph.add("dma", "dma", *_repeated(out, lw.ref(src), pats))
+            return True
+        except (AccessError, IndexError, ValueError):
+            continue
+    return False
+
+
+def _repeated(out: Ref, src: Ref, pats: tuple[tuple[int, int, int, int], ...]) -> tuple[Ref, Ref]:
+    """The DMA's destination and source for ``out = src`` gathered by each ``(d, base, step, k)`` of
+    ``pats`` (different dimensions): ``out`` with each such dimension split into ``[m, k]``, ``src`` with
+    ``m`` of its slices at ``step`` from ``base`` and a stride-0 dimension of ``k`` after each."""
+    by_dim = {d: (base, step, k) for d, base, step, k in pats}
+    m = {d: out.shape[d] // k for d, (_, _, k) in by_dim.items()}
+    key = []
+    for d in range(len(out.shape)):
+        base, step = by_dim[d][:2] if d in by_dim else (0, 0)
+        key.append(slice(base, base + step * (m[d] - 1) + 1, step) if d in by_dim else slice(None))
+    src = src[tuple(key)]
+    for d in sorted(by_dim, reverse=True):
+        src = src.reshape(*src.shape[:d + 1], 1, *src.shape[d + 1:]).broadcast(d + 1, by_dim[d][2])
+    split = [x for d, n in enumerate(out.shape) for x in ((m[d], by_dim[d][2]) if d in by_dim else (n,))]
+    dst = out.reshape(*split)
+    src.ap, dst.ap  # noqa: B018 - resolved: raises where the access pattern cannot express the view
+    return dst, src
 
 
 COLUMN_GATHER_MAX = 4096  # index vectors x columns a partition's selection tile takes (the column path)

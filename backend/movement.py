@@ -99,16 +99,19 @@ def copy(lw: Lowering, node: Node) -> None:
 @lowers("concatenate")
 def concatenate(lw: Lowering, node: Node) -> None:
     """Each operand's elements are DMAed into their place in the result (a slice strided along its
-    innermost dimension through SBUF: :func:`_strided_rows`)."""
+    innermost dimension through SBUF: :func:`_strided_rows`), except those written there as they were
+    computed (``Lowering._in_concat``)."""
     out = lw.result(node)
     axis = node.attrs["dimension"]
     at = 0
     for op in node.operands:
         n = op.shape[axis]
         key = tuple(slice(at, at + n) if d == axis else slice(None) for d in range(len(node.shape)))
+        at += n
+        if lw.in_place.get(op.id) is lw.values.get(op.id, False):
+            continue  # written there already (Lowering._in_concat)
         if not _strided_rows(lw, out[key], op):
             lw.graph.add("dma", "dma", out[key], lw.ref(op))
-        at += n
 
 
 def _strided_rows(lw: Lowering, dst: Ref, op: Node) -> bool:

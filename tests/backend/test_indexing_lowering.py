@@ -330,3 +330,95 @@ def test_a_gather_of_whole_columns_selects_them_on_chip(target: str) -> None:
     got, _ = device_run(m, {"in0": a, "in1": idx}, target)
     want = reference_run(m, {"in0": a, "in1": idx})
     np.testing.assert_array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
+
+
+def _resize_hlo(indices: list[int], dim: int) -> str:
+    """A gather along ``dim`` of a [1, 6, 5, 16] value by constant start indices, as jax.image.resize's
+    nearest method lowers (once generic has folded its index arithmetic to a constant)."""
+    n = len(indices)
+    shape = [1, 6, 5, 16]
+    sizes = list(shape)
+    sizes[dim] = 1
+    out = list(shape)
+    out[dim] = n
+    const = ", ".join(f"{{{i}}}" for i in indices)
+    offset = ",".join(str(e) for e in range(4) if e != dim)
+    return (f"HloModule resize\nENTRY main {{\n  x = f32[{','.join(map(str, shape))}] parameter(0)\n"
+            f"  i = s32[{n},1] constant({{ {const} }})\n"
+            f"  ROOT g = f32[{','.join(map(str, out))}] gather(x, i), offset_dims={{{offset}}}, "
+            f"collapsed_slice_dims={{{dim}}}, start_index_map={{{dim}}}, index_vector_dim=1, "
+            f"slice_sizes={{{','.join(map(str, sizes))}}}\n}}\n")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("indices", "dim", "repeats"), [
+    ([i // 2 for i in range(12)], 1, True),  # nearest up-sampling of the rows by 2
+    ([i // 3 for i in range(15)], 2, True),  # of the columns by 3
+    ([1 + 2 * (i // 2) for i in range(4)], 1, True),  # every other row from the second, each twice
+    ([4, 4, 4], 2, True),  # one column repeated
+    ([0, 0, 1, 2, 2, 3], 1, False),  # uneven: the general path
+    ([5, 3, 1], 1, False),  # backwards: the general path
+    ([i // 2 for i in range(12)][:11] + [9], 1, True),  # clamped: 9 is the last row, 5, as the gather clamps
+])
+def test_a_gather_repeating_constant_indices_is_one_dma(indices: list[int], dim: int, repeats: bool,
+                                                        target: str) -> None:
+    """Nearest-neighbour up-sampling (jax.image.resize's gathers by i // k) and strided takes: the rows are
+    one DMA whose source repeats through a stride-0 dimension, no indirect copy; other constant indices
+    take the general path. Either way, bit for bit the reference's values."""
+    from harness import reference_run
+
+    from nxsat.backend.indexing import repeat_pattern
+
+    m = module_of(_resize_hlo(indices, dim))
+    prog = compile_graph(m, sim.load_target(target)).program
+    assert any(i.opcode == "gather" for i in prog.instrs) is not repeats
+    clamped = np.clip(np.array(indices), 0, [1, 6, 5, 16][dim] - 1)
+    assert (repeat_pattern(clamped) is not None) is repeats
+    x = np.random.default_rng(5).standard_normal((1, 6, 5, 16)).astype(np.float32)
+    got, _ = device_run(m, {"in0": x}, target)
+    want = reference_run(m, {"in0": x})
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(want[0], np.take(x, clamped, axis=dim))
+
+
+def test_repeat_pattern() -> None:
+    from nxsat.backend.indexing import repeat_pattern
+
+    assert repeat_pattern(np.array([0, 0, 1, 1, 2, 2])) == (0, 1, 2)
+    assert repeat_pattern(np.array([3, 5, 7])) == (3, 2, 1)
+    assert repeat_pattern(np.array([2, 2, 2])) == (2, 1, 3)
+    assert repeat_pattern(np.array([0, 0, 1])) is None  # the last run is short
+    assert repeat_pattern(np.array([0, 1, 1])) is None
+    assert repeat_pattern(np.array([4, 2])) is None  # backwards
+    assert repeat_pattern(np.array([], np.int64)) is None
+
+
+RESIZE_2D = """HloModule resize2d
+ENTRY main {
+  x = f32[1,4,3,8] parameter(0)
+  e = f32[1,4,3,8] exponential(x)
+  r = s32[8,1] constant({ {0}, {0}, {1}, {1}, {2}, {2}, {3}, {3} })
+  c = s32[6,1] constant({ {0}, {0}, {1}, {1}, {2}, {2} })
+  g1 = f32[1,8,3,8] gather(e, r), offset_dims={0,2,3}, collapsed_slice_dims={1}, start_index_map={1}, \
+index_vector_dim=1, slice_sizes={1,1,3,8}
+  ROOT g2 = f32[1,8,6,8] gather(g1, c), offset_dims={0,1,3}, collapsed_slice_dims={2}, start_index_map={2}, \
+index_vector_dim=1, slice_sizes={1,8,1,8}
+}
+""".replace("\\\n", "")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_two_dimensional_up_sampling_is_one_dma(target: str) -> None:
+    """jax.image.resize's nearest up-sampling of rows and columns, two gathers: one DMA from the value up-sampled
+    (the first gather's result is never written), bit for bit np.repeat's."""
+    from harness import reference_run
+
+    m = module_of(RESIZE_2D)
+    prog = compile_graph(m, sim.load_target(target)).program
+    assert not any(i.opcode == "gather" for i in prog.instrs)
+    assert not any("g1" in t for t in prog.tensors)
+    x = np.random.default_rng(6).standard_normal((1, 4, 3, 8)).astype(np.float32)
+    got, _ = device_run(m, {"in0": x}, target)
+    want = reference_run(m, {"in0": x})
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(want[0], np.repeat(np.repeat(np.exp(x), 2, axis=1), 2, axis=2), rtol=1e-6)

@@ -300,3 +300,32 @@ def test_strided_windows_are_stacked_through_sbuf() -> None:
     assert dmas and all(i.reads[0].ap.dims[-1][1] == 1 and i.writes[0].ap.dims[-1][1] == 1 for i in dmas)
     rng = np.random.default_rng(5)
     assert_device_matches(m, {"x": rng.standard_normal((2, 8, 33, 33)).astype(np.float32)})
+
+
+def _concat_hlo(shared: bool, returned: bool) -> str:
+    """exp(a) and -b concatenated along their last dimension; ``shared``: exp(a) is read again, by a sum;
+    ``returned``: the model returns the concatenation (else its square)."""
+    root = "c" if returned else "sq"
+    lines = ["HloModule cat", "ENTRY main {", "  a = f32[4,6,8] parameter(0)", "  b = f32[4,6,5] parameter(1)",
+             "  ea = f32[4,6,8] exponential(a)", "  nb = f32[4,6,5] negate(b)",
+             "  c = f32[4,6,13] concatenate(ea, nb), dimensions={2}", "  sq = f32[4,6,13] multiply(c, c)"]
+    if shared:
+        lines += ["  s = f32[4,6,8] add(ea, ea)", f"  ROOT t = (f32[4,6,13], f32[4,6,8]) tuple({root}, s)"]
+    else:
+        lines += [f"  ROOT r = f32[4,6,13] copy({root})"]
+    return "\n".join([*lines, "}", ""])
+
+
+@pytest.mark.parametrize("returned", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_concatenation_s_operands_are_written_in_place(shared: bool, returned: bool) -> None:
+    """An operand the concatenation alone reads is computed straight into its slice of the result: no buffer
+    of its own and no copy (a UNet's skip concatenation). One read elsewhere too keeps its buffer and is
+    copied. Either way the reference's values."""
+    m = module_of(_concat_hlo(shared, returned))
+    prog = compile_graph(m, load_target("trn1")).program
+    own = {name for name in prog.tensors if name.startswith(("ea", "nb"))}
+    assert own == ({"ea"} if shared else set()), own
+    rng = np.random.default_rng(7)
+    assert_device_matches(m, {"a": rng.standard_normal((4, 6, 8)).astype(np.float32),
+                              "b": rng.standard_normal((4, 6, 5)).astype(np.float32)})
