@@ -84,9 +84,13 @@ SEARCH_TIMED_SHARES = (0.4, 0.5)
 # with half the prefetch share; -O3 measures the others too. ResNet-50 at 0.35, 0.4, 0.45: 540.3, 532.7,
 # 533.7 us under unet-inference, 602.6, 590.6, 610.3 generic (without a ring 563.4 and 640.2), when the
 # weights were converted on an engine; converted by the DMA, generic 598.6 -> 567.0 with the ring and
-# unet-inference 509.4 without it (512.2 with)
+# unet-inference 509.4 without it (512.2 with). -O2 measures it at three shares: how much SBUF the ring may
+# take before the work's tiles no longer fit beside it varies with the model, and the larger share wins up to
+# there (ResNet-50 under unet-inference 509.5, 493.7, 473.4 us at 0.4, 0.5, 0.6, the work spilled at 0.62;
+# generic 555.9 and 542.3 at 0.4 and 0.5, spilled at 0.55)
 RING_SHARE = 0.4
-SEARCH_RINGS = (0.3, 0.5)
+RING_SHARES = (RING_SHARE, 0.5, 0.6)
+SEARCH_RINGS = (0.3,)  # -O3's further shares
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
 # 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)
 LEVEL1_CHECK_INSTRUCTIONS = 50_000
@@ -381,8 +385,8 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     rooms = [replace(stream, room=r) for r in SEARCH_ROOMS]
     shares = [replace(timed_half, prefetch=p) for p in SEARCH_TIMED_SHARES]
     # and with the weights it converts in a ring of their own (ResNet-50 generic 598.6 -> 567.0 us; RING_SHARE)
-    ring = replace(timed_half, ring=RING_SHARE)
-    rings = [replace(timed_half, ring=r) for r in SEARCH_RINGS]
+    rings = [replace(timed_half, ring=r) for r in RING_SHARES]
+    more_rings = [replace(timed_half, ring=r) for r in SEARCH_RINGS]
 
     def streams_weights() -> bool:
         """The model's inputs and constants do not all fit in the prefetch share: what it holds ahead matters."""
@@ -411,14 +415,14 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
             found_la = {s.lookahead: _latency(out) for s, out in done if s.lookahead != stream.lookahead}
             return [ScheduleOptions(min(found_la, key=lambda k: found_la[k]), SEARCH_WEIGHT_QUEUES), stream, *critical,
                     half_stream, timed_half, *(rooms + shares if streams_weights() else []),
-                    *([ring, *rings] if streams_converted() else [])]
+                    *([*rings, *more_rings] if streams_converted() else [])]
         return []
 
     def streaming_plan(n: int, done: list[tuple[Any, Any]]) -> list[Any]:
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
         also in time; then the streaming one in program order and, where the weights do not all fit in the
         prefetch share, with half of it in time and that one again with the converted weights in a ring of
-        their own: six or eight at once, on as many CPUs as there are (BERT-12: three and four on two).
+        their own at three shares of SBUF (RING_SHARES): up to eleven at once, on as many CPUs as there are.
         (The streaming one with half the share in program order won on none
         of the eleven models of bench/model_types.py in either family once the schedules in time were
         measured: -O3 still tries it; gemma3_1b under transformer keeps the streaming one in program order,
@@ -428,7 +432,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         if n > SEARCH_MAX_INSTRUCTIONS:
             return [DEFAULT_SCHEDULE]
         return [DEFAULT_SCHEDULE, *critical, stream, *([timed_half] if streams_weights() else []),
-                *([ring] if streams_converted() else [])]
+                *(rings if streams_converted() else [])]
 
     @cache
     def level1() -> tuple[Any, tuple[str, ...], frozenset[str]]:
