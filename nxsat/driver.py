@@ -84,13 +84,15 @@ SEARCH_TIMED_SHARES = (0.4, 0.5)
 # with half the prefetch share; -O3 measures the others too. ResNet-50 at 0.35, 0.4, 0.45: 540.3, 532.7,
 # 533.7 us under unet-inference, 602.6, 590.6, 610.3 generic (without a ring 563.4 and 640.2), when the
 # weights were converted on an engine; converted by the DMA, generic 598.6 -> 567.0 with the ring and
-# unet-inference 509.4 without it (512.2 with). -O2 measures it at three shares: how much SBUF the ring may
-# take before the work's tiles no longer fit beside it varies with the model, and the larger share wins up to
-# there (ResNet-50 under unet-inference 509.5, 493.7, 473.4 us at 0.4, 0.5, 0.6, the work spilled at 0.62;
-# generic 555.9 and 542.3 at 0.4 and 0.5, spilled at 0.55)
-RING_SHARE = 0.4
-RING_SHARES = (RING_SHARE, 0.5, 0.6)
-SEARCH_RINGS = (0.3,)  # -O3's further shares
+# unet-inference 509.4 without it (512.2 with). How much SBUF the ring may take before the work's tiles no
+# longer fit beside it is the model's, and the larger share wins up to there (ResNet-50 under unet-inference
+# 509.5, 493.7, 473.4 us at 0.4, 0.5, 0.6, the work spilled at 0.62; generic 555.9 and 542.3 at 0.4 and 0.5,
+# spilled at 0.55): -O2 measures two shares, -O3 two more. 0.4 was the fastest ring on none of the eleven
+# models of bench/model_types.py under any of the three types (BERT-12 1,487.4, 1,487.4, 1,485.3 us at 0.4,
+# 0.5, 0.6; gpt2_extract under transformer 219.2 and 248.2 at 0.4 and 0.5, where it keeps a schedule
+# without a ring, 208.7)
+RING_SHARES = (0.5, 0.6)
+SEARCH_RINGS = (0.3, 0.4)  # -O3's further shares
 # -O2 also measures -O1's program up to this size: a second build costs a few seconds there (gemma3_1b,
 # 98k instructions, 36 -> 51 s of compile for a program 14% slower than -O2's)
 LEVEL1_CHECK_INSTRUCTIONS = 50_000
@@ -384,7 +386,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
     # during the stem); BERT-12 1,711.5 with the prefetch share, 1,723.3 and 1,787.6 with these
     rooms = [replace(stream, room=r) for r in SEARCH_ROOMS]
     shares = [replace(timed_half, prefetch=p) for p in SEARCH_TIMED_SHARES]
-    # and with the weights it converts in a ring of their own (ResNet-50 generic 598.6 -> 567.0 us; RING_SHARE)
+    # and with the weights it converts in a ring of their own (ResNet-50 generic 598.6 -> 567.0 us; RING_SHARES)
     rings = [replace(timed_half, ring=r) for r in RING_SHARES]
     more_rings = [replace(timed_half, ring=r) for r in SEARCH_RINGS]
 
@@ -422,7 +424,7 @@ def compile_model(path: str, opts: CompileOptions, progress: Progress | None = N
         """-O2's: the default schedule, it and the streaming one in critical-path order, the streaming one
         also in time; then the streaming one in program order and, where the weights do not all fit in the
         prefetch share, with half of it in time and that one again with the converted weights in a ring of
-        their own at three shares of SBUF (RING_SHARES): up to eleven at once, on as many CPUs as there are.
+        their own at two shares of SBUF (RING_SHARES): up to ten at once, on as many CPUs as there are.
         (The streaming one with half the share in program order won on none
         of the eleven models of bench/model_types.py in either family once the schedules in time were
         measured: -O3 still tries it; gemma3_1b under transformer keeps the streaming one in program order,

@@ -279,7 +279,7 @@ def test_o2_streams_weights_that_do_not_fit_with_half_the_prefetch_share_too() -
         (48, 0, False, False, None, None), (48, 0, True, False, None, None), (4800, 8, True, False, None, None),
         (4800, 8, True, True, None, None), (4800, 8, True, True, None, None), (4800, 8, False, False, None, None),
         (4800, 8, False, True, half, None), *((4800, 8, False, True, half, r) for r in driver.RING_SHARES)]
-    assert all(t["latency_us"] is not None or t["failed"] == "NCC_EOOM001" for t in tried[-3:])
+    assert all(t["latency_us"] is not None or t["failed"] == "NCC_EOOM001" for t in tried[-2:])
     assert rep["latency_us"] == min(t["latency_us"] for t in tried if t["latency_us"] is not None)
     # in fp32 nothing is converted: the ring would be empty, its schedule the one before it, so it is not tried
     fp32 = driver.compile_model(str(DATA / "bert" / "bert_base_l2.hlo"), driver.CompileOptions(

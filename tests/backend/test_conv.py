@@ -839,16 +839,16 @@ def test_resnet50(target: str) -> None:
 @pytest.mark.slow
 def test_resnet50_under_unet_inference_loads_its_weights_in_bf16() -> None:
     """-O2 with bf16 matmuls: every fp32 weight is loaded into a bf16 tile, the DMA converting it (no engine
-    pass over 25M weights). unet-inference, with a fifth of generic's elementwise work, keeps the schedule
-    without the converted weights' ring (509.4 against 512.2 us; generic keeps the ring, 598.6 -> 567.0:
-    backend/schedule.py ``ScheduleOptions.ring``). It computes what the reference does: the class scores
-    within bf16's error, the state passed through unchanged."""
-    from nxsat.driver import CompileOptions, compile_model
+    pass over 25M weights), and the converted weights stream through a ring of SBUF of their own at one of
+    -O2's shares (60%: 473.4 us, against 497.9 without a ring; backend/schedule.py ``ScheduleOptions.ring``,
+    nxsat/driver.py ``RING_SHARES``). It computes what the reference does: the class scores within bf16's
+    error, the state passed through unchanged."""
+    from nxsat.driver import RING_SHARES, CompileOptions, compile_model
 
     path = DATA / "hlo" / "resnet50_keras_jax_f32.hlo"
     result = compile_model(str(path), CompileOptions(model_type="unet-inference", auto_cast="matmult"))
     search = result.report["search"]
-    assert not search["tried"][search["chosen"]].get("ring")
+    assert search["tried"][search["chosen"]].get("ring") in RING_SHARES
     model = sim.load(result.neff)
     prog = model.program
     weights = {n for n, t in prog.tensors.items() if t.kind == "input" and n.startswith("state") and len(t.shape) == 4}
