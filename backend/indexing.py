@@ -687,11 +687,8 @@ def _repeated(out: Ref, src: Ref, pats: tuple[tuple[int, int, int, int], ...]) -
     ``m`` of its slices at ``step`` from ``base`` and a stride-0 dimension of ``k`` after each."""
     by_dim = {d: (base, step, k) for d, base, step, k in pats}
     m = {d: out.shape[d] // k for d, (_, _, k) in by_dim.items()}
-    key = []
-    for d in range(len(out.shape)):
-        base, step = by_dim[d][:2] if d in by_dim else (0, 0)
-        key.append(slice(base, base + step * (m[d] - 1) + 1, step) if d in by_dim else slice(None))
-    src = src[tuple(key)]
+    src = src[tuple(slice(by_dim[d][0], by_dim[d][0] + by_dim[d][1] * (m[d] - 1) + 1, by_dim[d][1])
+                    if d in by_dim else slice(None) for d in range(len(out.shape)))]
     for d in sorted(by_dim, reverse=True):
         src = src.reshape(*src.shape[:d + 1], 1, *src.shape[d + 1:]).broadcast(d + 1, by_dim[d][2])
     split = [x for d, n in enumerate(out.shape) for x in ((m[d], by_dim[d][2]) if d in by_dim else (n,))]

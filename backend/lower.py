@@ -15,7 +15,7 @@ ones (warning NCC_WTYP001, as neuronx-cc documents), predicates are bytes on chi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,13 +208,14 @@ class Lowering:
         return self._by_id[node_id]
 
     def result(self, node: Node, name: str | None = None) -> Ref:
-        """Where a computed node's value goes: its output buffer when the model returns it (the first
-        one; others are copied), else a new scratch buffer."""
+        """Where a computed node's value goes (:meth:`_home`), set as its value."""
         r = self._home(node, name)
         self.set(node, r)
         return r
 
     def _home(self, node: Node, name: str | None = None) -> Ref:
+        """Its output buffer when the model returns it (the first one; others are copied), its slice of a
+        concatenation that alone reads it (:meth:`_in_concat`), else a new scratch buffer."""
         home = self._concat_home.get(node.id)  # a concatenate whose result an operand made first
         if home is not None:
             self._filling.discard(id(home.buf))  # sealed once the concatenate is lowered
@@ -244,10 +245,7 @@ class Lowering:
         if home is None:
             home = self._concat_home[cat.id] = self._home(cat)
             self._filling.add(id(home.buf))
-        axis = cat.attrs["dimension"]
-        k = next(i for i, o in enumerate(cat.operands) if o.id == node.id)
-        at = sum(o.shape[axis] for o in cat.operands[:k])
-        r = home[tuple(slice(at, at + node.shape[axis]) if d == axis else slice(None) for d in range(len(cat.shape)))]
+        r = home[next(key for op, key in concat_parts(cat) if op.id == node.id)]
         self.in_place[node.id] = r
         return r
 
@@ -467,6 +465,16 @@ class Lowering:
         self.graph.origin = None
         self.graph.drop_dead()  # what was lowered for a reader that did not read it in the end
         psum_operands(self.graph, self.target)
+
+
+def concat_parts(node: Node) -> Iterator[tuple[Node, tuple[slice, ...]]]:
+    """A concatenate's operands, each with the index of its place in the result."""
+    axis = node.attrs["dimension"]
+    at = 0
+    for op in node.operands:
+        n = op.shape[axis]
+        yield op, tuple(slice(at, at + n) if d == axis else slice(None) for d in range(len(node.shape)))
+        at += n
 
 
 def _no_empty(node: Node, t: TensorType) -> None:

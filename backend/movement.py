@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from nxsat.backend.graph import Ref
-from nxsat.backend.lower import Lowering, device_dtype, lowers, onchip_dtype, reshapes
+from nxsat.backend.lower import Lowering, concat_parts, device_dtype, lowers, onchip_dtype, reshapes
 from nxsat.ir import Node
 
 
@@ -102,12 +102,7 @@ def concatenate(lw: Lowering, node: Node) -> None:
     innermost dimension through SBUF: :func:`_strided_rows`), except those written there as they were
     computed (``Lowering._in_concat``)."""
     out = lw.result(node)
-    axis = node.attrs["dimension"]
-    at = 0
-    for op in node.operands:
-        n = op.shape[axis]
-        key = tuple(slice(at, at + n) if d == axis else slice(None) for d in range(len(node.shape)))
-        at += n
+    for op, key in concat_parts(node):
         if lw.in_place.get(op.id) is lw.values.get(op.id, False):
             continue  # written there already (Lowering._in_concat)
         if not _strided_rows(lw, out[key], op):

@@ -410,7 +410,7 @@ index_vector_dim=1, slice_sizes={1,8,1,8}
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_two_dimensional_up_sampling_is_one_dma(target: str) -> None:
     """jax.image.resize's nearest up-sampling of rows and columns, two gathers: one DMA from the value up-sampled
-    (the first gather's result is never written), bit for bit np.repeat's."""
+    (the first gather's result is never written), bit for bit the reference's values (np.repeat's of exp)."""
     from harness import reference_run
 
     m = module_of(RESIZE_2D)
